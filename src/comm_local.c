@@ -1,0 +1,77 @@
+/*
+ * comm_local.c - the one-rank backend: every collective is a copy or nothing.
+ * Used when fsdp-train runs without mpirun, and by unit tests.
+ */
+#include "comm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int local_allgather(struct fsdp_comm *c, const float *shard, float *full, size_t n,
+                           char *err)
+{
+    (void)c, (void)err;
+    if (full != shard)
+        memmove(full, shard, n * sizeof *full);
+    return 0;
+}
+
+static int local_reduce_scatter(struct fsdp_comm *c, const float *full, float *shard, size_t n,
+                                char *err)
+{
+    (void)c, (void)err;
+    if (full != shard)
+        memmove(shard, full, n * sizeof *shard);
+    return 0;
+}
+
+static int local_allreduce(struct fsdp_comm *c, float *buf, size_t n, char *err)
+{
+    (void)c, (void)buf, (void)n, (void)err;
+    return 0;
+}
+
+static int local_allreduce_f64(struct fsdp_comm *c, double *buf, size_t n, char *err)
+{
+    (void)c, (void)buf, (void)n, (void)err;
+    return 0;
+}
+
+static int local_bcast(struct fsdp_comm *c, void *buf, size_t bytes, int root, char *err)
+{
+    (void)c, (void)buf, (void)bytes, (void)root, (void)err;
+    return 0;
+}
+
+static int local_barrier(struct fsdp_comm *c, char *err)
+{
+    (void)c, (void)err;
+    return 0;
+}
+
+static void local_finalize(struct fsdp_comm *c) { (void)c; }
+
+static void local_abort(struct fsdp_comm *c, int code)
+{
+    (void)c;
+    exit(code);
+}
+
+void fsdp_comm_local_init(struct fsdp_comm *c)
+{
+    *c = (struct fsdp_comm){
+        .name = "local",
+        .rank = 0,
+        .world = 1,
+        .local_rank = 0,
+        .local_size = 1,
+        .allgather = local_allgather,
+        .reduce_scatter = local_reduce_scatter,
+        .allreduce_sum = local_allreduce,
+        .allreduce_sum_f64 = local_allreduce_f64,
+        .bcast_bytes = local_bcast,
+        .barrier = local_barrier,
+        .abort = local_abort,
+        .finalize = local_finalize,
+    };
+}

@@ -1,0 +1,130 @@
+/*
+ * comm_mpi.c - collectives over Open MPI.
+ *
+ * MPI counts are int; the FSDP units here are far below 2^31 elements per
+ * shard, and a larger count is refused with an error rather than truncated.
+ * MPI errors are returned, not fatal (MPI_ERRORS_RETURN), so the trainer can
+ * report which collective failed.
+ */
+#include "comm.h"
+
+#include "util.h"
+
+#include <limits.h>
+#include <mpi.h>
+#include <stdlib.h>
+
+static int mpi_fail(int rc, const char *what, char *err)
+{
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    return fsdp_err(err, "mpi: %s failed: %s", what, msg);
+}
+
+static int count_ok(size_t n, const char *what, char *err)
+{
+    if (n > INT_MAX)
+        return fsdp_err(err, "mpi: %s of %zu elements exceeds MPI's int count", what, n);
+    return 0;
+}
+
+static int mpi_allgather(struct fsdp_comm *c, const float *shard, float *full, size_t n,
+                         char *err)
+{
+    (void)c;
+    if (count_ok(n, "allgather", err))
+        return -1;
+    const void *send = shard == full + (size_t)c->rank * n ? MPI_IN_PLACE : shard;
+    int rc = MPI_Allgather(send, (int)n, MPI_FLOAT, full, (int)n, MPI_FLOAT, MPI_COMM_WORLD);
+    return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "allgather", err);
+}
+
+static int mpi_reduce_scatter(struct fsdp_comm *c, const float *full, float *shard, size_t n,
+                              char *err)
+{
+    (void)c;
+    if (count_ok(n, "reduce-scatter", err))
+        return -1;
+    int rc = MPI_Reduce_scatter_block(full, shard, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "reduce-scatter", err);
+}
+
+static int mpi_allreduce(struct fsdp_comm *c, float *buf, size_t n, char *err)
+{
+    (void)c;
+    if (count_ok(n, "allreduce", err))
+        return -1;
+    int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "allreduce", err);
+}
+
+static int mpi_allreduce_f64(struct fsdp_comm *c, double *buf, size_t n, char *err)
+{
+    (void)c;
+    if (count_ok(n, "allreduce", err))
+        return -1;
+    int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "allreduce", err);
+}
+
+static int mpi_bcast(struct fsdp_comm *c, void *buf, size_t bytes, int root, char *err)
+{
+    (void)c;
+    if (count_ok(bytes, "broadcast", err))
+        return -1;
+    int rc = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD);
+    return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "broadcast", err);
+}
+
+static int mpi_barrier(struct fsdp_comm *c, char *err)
+{
+    (void)c;
+    int rc = MPI_Barrier(MPI_COMM_WORLD);
+    return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "barrier", err);
+}
+
+static void mpi_abort(struct fsdp_comm *c, int code)
+{
+    (void)c;
+    MPI_Abort(MPI_COMM_WORLD, code);
+}
+
+static void mpi_finalize(struct fsdp_comm *c)
+{
+    (void)c;
+    MPI_Finalize();
+}
+
+int fsdp_comm_launched_by_mpi(void)
+{
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
+}
+
+int fsdp_comm_mpi_init(struct fsdp_comm *c, int *argc, char ***argv, char *err)
+{
+    int provided = 0;
+    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    if (rc != MPI_SUCCESS)
+        return fsdp_err(err, "mpi: MPI_Init failed (code %d)", rc);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    *c = (struct fsdp_comm){
+        .name = "mpi",
+        .allgather = mpi_allgather,
+        .reduce_scatter = mpi_reduce_scatter,
+        .allreduce_sum = mpi_allreduce,
+        .allreduce_sum_f64 = mpi_allreduce_f64,
+        .bcast_bytes = mpi_bcast,
+        .barrier = mpi_barrier,
+        .abort = mpi_abort,
+        .finalize = mpi_finalize,
+    };
+    MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &c->world);
+    MPI_Comm local;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &local);
+    MPI_Comm_rank(local, &c->local_rank);
+    MPI_Comm_size(local, &c->local_size);
+    MPI_Comm_free(&local);
+    return 0;
+}

@@ -1,0 +1,201 @@
+/*
+ * data.c - reading, validating and writing token files; the sample stream.
+ */
+#include "data.h"
+
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static uint32_t le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+int token_file_open(struct token_file *f, const char *path, int vocab, char *err)
+{
+    memset(f, 0, sizeof *f);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return fsdp_err(err, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int e = errno;
+        close(fd);
+        return fsdp_err(err, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return fsdp_err(err, "%s: not a regular file", path);
+    }
+    const size_t hdr = DATA_HEADER_INTS * 4, len = (size_t)st.st_size;
+    if (len < hdr) {
+        close(fd);
+        return fsdp_err(err, "%s: not a token file: %zu bytes, shorter than the %zu-byte header",
+                        path, len, hdr);
+    }
+    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (map == MAP_FAILED)
+        return fsdp_err(err, "%s: cannot map: %s", path, strerror(e));
+    const unsigned char *b = map;
+    uint32_t magic = le32(b), version = le32(b + 4), count = le32(b + 8);
+    int rc = 0;
+    if (magic != DATA_MAGIC)
+        rc = fsdp_err(err, "%s: not a token file: magic %u, expected %d", path, magic, DATA_MAGIC);
+    else if (version != DATA_VERSION)
+        rc = fsdp_err(err, "%s: unsupported token file version %u (expected %d: uint16 tokens)",
+                      path, version, DATA_VERSION);
+    else if (count > INT32_MAX)
+        rc = fsdp_err(err, "%s: corrupt header: token count %u is negative as int32", path, count);
+    else if (len - hdr < (size_t)count * 2)
+        rc = fsdp_err(err, "%s: truncated: header says %u tokens, file holds %zu", path, count,
+                      (len - hdr) / 2);
+    else if (len - hdr > (size_t)count * 2)
+        rc = fsdp_err(err, "%s: %zu bytes after the %u tokens the header declares", path,
+                      len - hdr - (size_t)count * 2, count);
+    if (rc) {
+        munmap(map, len);
+        return rc;
+    }
+    const uint16_t *tok = (const uint16_t *)(b + hdr);
+    for (size_t i = 0; i < count; i++) {
+        if (tok[i] >= vocab) {
+            munmap(map, len);
+            return fsdp_err(err,
+                            "%s: token %u at index %zu is outside the model's vocabulary of %d "
+                            "(use --vocab or a model whose vocabulary covers it)",
+                            path, tok[i], i, vocab);
+        }
+    }
+    f->tokens = tok;
+    f->ntokens = count;
+    f->map = map;
+    f->map_len = len;
+    return 0;
+}
+
+void token_file_close(struct token_file *f)
+{
+    if (f->map)
+        munmap(f->map, f->map_len);
+    memset(f, 0, sizeof *f);
+}
+
+static int write_all(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int token_file_write(const char *path, const uint16_t *tokens, size_t n, char *err)
+{
+    if (n > INT32_MAX)
+        return fsdp_err(err, "%s: %zu tokens do not fit the format's int32 count", path, n);
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
+        return fsdp_err(err, "%s: path too long", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return fsdp_err(err, "%s: cannot create: %s", tmp, strerror(errno));
+    int32_t header[DATA_HEADER_INTS] = {DATA_MAGIC, DATA_VERSION, (int32_t)n};
+    /* The format is little-endian; so is every machine this builds for. */
+    _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "little-endian host");
+    if (write_all(fd, header, sizeof header) || write_all(fd, tokens, n * sizeof *tokens) ||
+        fsync(fd)) {
+        int e = errno;
+        close(fd);
+        unlink(tmp);
+        return fsdp_err(err, "%s: write failed: %s", tmp, strerror(e));
+    }
+    if (close(fd) || rename(tmp, path)) {
+        int e = errno;
+        unlink(tmp);
+        return fsdp_err(err, "%s: cannot commit: %s", path, strerror(e));
+    }
+    /* fsync the directory so the rename itself survives a crash */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return 0;
+}
+
+int sample_stream_init(struct sample_stream *s, const struct token_file *f, int T, uint64_t seed,
+                       char *err)
+{
+    memset(s, 0, sizeof *s);
+    s->file = f;
+    s->T = T;
+    s->seed = seed;
+    s->nsamples = f->ntokens > 0 ? (f->ntokens - 1) / (size_t)T : 0;
+    if (s->nsamples == 0)
+        return fsdp_err(err, "data: %zu tokens hold no sample of %d+1 tokens", f->ntokens, T);
+    s->perm = malloc(s->nsamples * sizeof *s->perm);
+    if (!s->perm)
+        return fsdp_err(err, "data: out of memory for %llu sample indices",
+                        (unsigned long long)s->nsamples);
+    s->epoch = UINT64_MAX;
+    return 0;
+}
+
+void sample_stream_free(struct sample_stream *s)
+{
+    free(s->perm);
+    s->perm = NULL;
+}
+
+static void make_permutation(struct sample_stream *s, uint64_t epoch)
+{
+    /* Fisher-Yates with a generator keyed by (seed, epoch). */
+    struct fsdp_rng r = {fsdp_mix64(s->seed ^ 0x5eedda7a) ^ fsdp_mix64(epoch + 1)};
+    for (uint64_t i = 0; i < s->nsamples; i++)
+        s->perm[i] = i;
+    for (uint64_t i = s->nsamples - 1; i > 0; i--) {
+        uint64_t j = fsdp_rng_below(&r, i + 1);
+        uint64_t t = s->perm[i];
+        s->perm[i] = s->perm[j];
+        s->perm[j] = t;
+    }
+    s->epoch = epoch;
+}
+
+uint64_t sample_stream_index(struct sample_stream *s, uint64_t k)
+{
+    uint64_t epoch = k / s->nsamples;
+    if (epoch != s->epoch)
+        make_permutation(s, epoch);
+    return s->perm[k % s->nsamples];
+}
+
+void sample_stream_fetch(const struct sample_stream *s, uint64_t i, int32_t *inputs,
+                         int32_t *targets)
+{
+    const uint16_t *p = s->file->tokens + i * (uint64_t)s->T;
+    for (int t = 0; t < s->T; t++) {
+        inputs[t] = p[t];
+        targets[t] = p[t + 1];
+    }
+}

@@ -1,0 +1,56 @@
+/*
+ * data.h - token files (llm.c's format) and the sample stream.
+ *
+ * A token file is a 256 x int32 little-endian header (magic 20240520,
+ * version 1, header[2] = token count) followed by that many uint16 tokens.
+ * A sample is T+1 consecutive tokens starting at a multiple of T: inputs are
+ * the first T, targets the last T. The order of samples is a seeded
+ * permutation per epoch of the global sample indices, the same for any world
+ * size; the loader's whole state is one cursor (samples consumed so far), so
+ * it reshards trivially.
+ */
+#ifndef FSDP_DATA_H
+#define FSDP_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DATA_MAGIC 20240520
+#define DATA_VERSION 1
+#define DATA_HEADER_INTS 256
+#define DATA_EOT 0 /* byte-level end-of-text token (NUL never occurs in text) */
+
+struct token_file {
+    const uint16_t *tokens;
+    size_t ntokens;
+    void *map;
+    size_t map_len;
+};
+
+/* Maps and validates a token file: header, exact length, every token below
+ * vocab. Errors name the file and the problem. */
+int token_file_open(struct token_file *f, const char *path, int vocab, char *err);
+void token_file_close(struct token_file *f);
+
+/* Writes tokens to path atomically (temporary file, fsync, rename). */
+int token_file_write(const char *path, const uint16_t *tokens, size_t n, char *err);
+
+struct sample_stream {
+    const struct token_file *file;
+    int T;
+    uint64_t nsamples;
+    uint64_t seed;
+    uint64_t epoch;     /* epoch whose permutation is in perm */
+    uint64_t *perm;
+};
+
+int sample_stream_init(struct sample_stream *s, const struct token_file *f, int T, uint64_t seed,
+                       char *err);
+void sample_stream_free(struct sample_stream *s);
+/* The sample index at global stream position k. */
+uint64_t sample_stream_index(struct sample_stream *s, uint64_t k);
+/* Copies T inputs and T targets of sample index i as int32. */
+void sample_stream_fetch(const struct sample_stream *s, uint64_t i, int32_t *inputs,
+                         int32_t *targets);
+
+#endif

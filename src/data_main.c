@@ -1,0 +1,257 @@
+/*
+ * data_main.c - fsdp-data: turns UTF-8 text into token files.
+ *
+ *   fsdp-data prepare --out FILE [--val-out FILE] [--val-fraction F]
+ *                     [--doc-sep LINE] INPUT...
+ *
+ * Tokens are bytes (vocabulary 256). Each input file is one document, or
+ * several when --doc-sep names a line that separates documents (fortune
+ * files use "%"). Every document is preceded by the end-of-text token 0,
+ * which is why text containing NUL bytes is refused. The validation split is
+ * deterministic: a document goes to the validation file when a hash of its
+ * index falls below the fraction.
+ */
+#include "data.h"
+#include "util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct tokens {
+    uint16_t *v;
+    size_t n, cap;
+};
+
+static int push(struct tokens *t, const unsigned char *p, size_t n, char *err)
+{
+    if (t->n + n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 1 << 16;
+        while (cap < t->n + n + 1)
+            cap *= 2;
+        uint16_t *v = realloc(t->v, cap * sizeof *v);
+        if (!v)
+            return fsdp_err(err, "out of memory at %zu tokens", t->n);
+        t->v = v;
+        t->cap = cap;
+    }
+    t->v[t->n++] = DATA_EOT;
+    for (size_t i = 0; i < n; i++)
+        t->v[t->n++] = p[i];
+    return 0;
+}
+
+/* Returns the offset of the first byte that is not valid UTF-8 (or is NUL),
+ * or n when all of it is valid. */
+static size_t utf8_check(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        size_t len;
+        unsigned min;
+        if (c == 0)
+            return i;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xe0) == 0xc0) {
+            len = 2, min = 0x80, c &= 0x1f;
+        } else if ((c & 0xf0) == 0xe0) {
+            len = 3, min = 0x800, c &= 0x0f;
+        } else if ((c & 0xf8) == 0xf0) {
+            len = 4, min = 0x10000, c &= 0x07;
+        } else {
+            return i;
+        }
+        if (i + len > n)
+            return i;
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xc0) != 0x80)
+                return i;
+            c = c << 6 | (s[i + k] & 0x3f);
+        }
+        if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
+            return i;
+        i += len;
+    }
+    return n;
+}
+
+static int read_file(const char *path, unsigned char **out, size_t *len, char *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return fsdp_err(err, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    unsigned char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap)
+            break;
+        unsigned char *nb = realloc(buf, cap * 2);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf)
+        return fsdp_err(err, "%s: out of memory", path);
+    if (bad) {
+        free(buf);
+        return fsdp_err(err, "%s: read error", path);
+    }
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+struct split {
+    struct tokens train, val;
+    double val_fraction;
+    size_t docs, val_docs;
+};
+
+static int add_document(struct split *s, const unsigned char *p, size_t n, char *err)
+{
+    if (n == 0)
+        return 0;
+    uint64_t h = fsdp_mix64(0xd0c5517eULL ^ s->docs);
+    int to_val = (double)(h >> 11) * (1.0 / 9007199254740992.0) < s->val_fraction;
+    s->docs++;
+    s->val_docs += (size_t)to_val;
+    return push(to_val ? &s->val : &s->train, p, n, err);
+}
+
+static int split_file(struct split *s, const char *path, const char *sep, char *err)
+{
+    unsigned char *buf = NULL;
+    size_t n = 0;
+    if (read_file(path, &buf, &n, err))
+        return -1;
+    size_t bad = utf8_check(buf, n);
+    if (bad < n) {
+        int rc = fsdp_err(err, "%s: byte %zu: %s", path, bad,
+                          buf[bad] == 0 ? "NUL byte (reserved for end-of-text)"
+                                        : "not valid UTF-8 text");
+        free(buf);
+        return rc;
+    }
+    int rc = 0;
+    if (!sep) {
+        rc = add_document(s, buf, n, err);
+    } else {
+        size_t seplen = strlen(sep), start = 0, i = 0;
+        while (i <= n && !rc) {
+            size_t eol = i;
+            while (eol < n && buf[eol] != '\n')
+                eol++;
+            if (eol - i == seplen && memcmp(buf + i, sep, seplen) == 0) {
+                rc = add_document(s, buf + start, i - start, err);
+                start = eol + 1 < n ? eol + 1 : n;
+            }
+            i = eol + 1;
+        }
+        if (!rc && start < n)
+            rc = add_document(s, buf + start, n - start, err);
+    }
+    free(buf);
+    return rc;
+}
+
+static void usage(void)
+{
+    printf("usage: fsdp-data prepare --out FILE [--val-out FILE] [--val-fraction F]\n"
+           "                         [--doc-sep LINE] INPUT...\n"
+           "\n"
+           "Turns UTF-8 text files into byte-level token files in llm.c's format\n"
+           "(vocabulary 256, token 0 = end of text before every document).\n"
+           "  --out FILE          training tokens\n"
+           "  --val-out FILE      validation tokens (a deterministic split of documents)\n"
+           "  --val-fraction F    share of documents for validation (default 0.05)\n"
+           "  --doc-sep LINE      a line that separates documents inside a file (e.g. %%)\n");
+}
+
+int main(int argc, char **argv)
+{
+    char err[ERR_LEN];
+    if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        usage();
+        return 0;
+    }
+    if (argc < 2 || strcmp(argv[1], "prepare") != 0) {
+        fprintf(stderr, "fsdp-data: expected the command 'prepare' (see fsdp-data --help)\n");
+        return 2;
+    }
+    const char *out = NULL, *val_out = NULL, *sep = NULL;
+    double frac = 0.05;
+    int first_input = 0;
+    for (int i = 2; i < argc; i++) {
+        const char *f = argv[i];
+        if (strcmp(f, "--help") == 0) {
+            usage();
+            return 0;
+        }
+        if (strncmp(f, "--", 2) != 0) {
+            first_input = i;
+            break;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "fsdp-data: %s needs a value (see fsdp-data --help)\n", f);
+            return 2;
+        }
+        const char *v = argv[++i];
+        if (strcmp(f, "--out") == 0)
+            out = v;
+        else if (strcmp(f, "--val-out") == 0)
+            val_out = v;
+        else if (strcmp(f, "--doc-sep") == 0)
+            sep = v;
+        else if (strcmp(f, "--val-fraction") == 0) {
+            if (fsdp_parse_f64(v, &frac) || frac <= 0 || frac >= 1) {
+                fprintf(stderr, "fsdp-data: --val-fraction '%s' is not a number in (0, 1)\n", v);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "fsdp-data: unknown option '%s' (see fsdp-data --help)\n", f);
+            return 2;
+        }
+    }
+    if (!out || !first_input) {
+        fprintf(stderr, "fsdp-data: --out FILE and at least one INPUT are required "
+                        "(see fsdp-data --help)\n");
+        return 2;
+    }
+    struct split s = {.val_fraction = val_out ? frac : 0.0};
+    int rc = 0;
+    for (int i = first_input; i < argc && !rc; i++)
+        rc = split_file(&s, argv[i], sep, err);
+    if (!rc && s.train.n == 0)
+        rc = fsdp_err(err, "no training text: the inputs hold no documents");
+    if (!rc && val_out && s.val.n == 0)
+        rc = fsdp_err(err, "the validation split is empty (%zu documents; use --doc-sep, more "
+                           "inputs or a larger --val-fraction)", s.docs);
+    if (!rc)
+        rc = token_file_write(out, s.train.v, s.train.n, err);
+    if (!rc && val_out)
+        rc = token_file_write(val_out, s.val.v, s.val.n, err);
+    if (!rc)
+        fprintf(stderr, "fsdp-data: %zu documents: %zu tokens -> %s", s.docs, s.train.n, out);
+    if (!rc && val_out)
+        fprintf(stderr, ", %zu documents: %zu tokens -> %s", s.val_docs, s.val.n, val_out);
+    if (!rc)
+        fputc('\n', stderr);
+    free(s.train.v);
+    free(s.val.v);
+    if (rc) {
+        fprintf(stderr, "fsdp-data: %s\n", err);
+        return 1;
+    }
+    return 0;
+}

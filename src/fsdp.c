@@ -1,0 +1,508 @@
+/*
+ * fsdp.c - the FSDP engine: shard layout, gather/free, the forward and
+ * backward passes over units, gradient reduction and the sharded AdamW step.
+ *
+ * The passes are straight-line calls of the backend's kernels in the order
+ * of the model (llm.c style). Activations of every layer live in one
+ * allocation sized for the micro-batch; the backward pass reuses one layer's
+ * worth of gradient scratch.
+ */
+#include "fsdp.h"
+
+#include "util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *fsdp_shard_name(enum fsdp_shard s)
+{
+    return s == FSDP_SHARD_FULL ? "full" : s == FSDP_SHARD_GRAD_OP ? "grad-op" : "none";
+}
+
+int fsdp_shard_parse(const char *s, enum fsdp_shard *out)
+{
+    if (strcmp(s, "full") == 0)
+        *out = FSDP_SHARD_FULL;
+    else if (strcmp(s, "grad-op") == 0)
+        *out = FSDP_SHARD_GRAD_OP;
+    else if (strcmp(s, "none") == 0)
+        *out = FSDP_SHARD_NONE;
+    else
+        return -1;
+    return 0;
+}
+
+static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+/* Shards start on 64-byte boundaries inside each state kind's allocation. */
+#define ALIGN_FLOATS 16
+
+static int alloc_acts(struct fsdp_engine *e, char *err)
+{
+    const struct model_config *c = &e->m->cfg;
+    const size_t L = (size_t)c->layers, C = (size_t)c->dim, NH = (size_t)c->heads;
+    const size_t BT = (size_t)e->B * e->T, TT = (size_t)e->T * e->T;
+    struct fsdp_acts *a = &e->a;
+    struct {
+        float **p;
+        size_t n;
+    } plan[] = {
+        {&a->encoded, BT * C},        {&a->ln1, L * BT * C},          {&a->ln1_mean, L * BT},
+        {&a->ln1_rstd, L * BT},       {&a->qkv, L * BT * 3 * C},      {&a->atty, L * BT * C},
+        {&a->att, L * e->B * NH * TT}, {&a->residual2, L * BT * C},   {&a->ln2, L * BT * C},
+        {&a->ln2_mean, L * BT},       {&a->ln2_rstd, L * BT},         {&a->fch, L * BT * 4 * C},
+        {&a->fch_gelu, L * BT * 4 * C}, {&a->residual3, L * BT * C},  {&a->lnf, BT * C},
+        {&a->lnf_mean, BT},           {&a->lnf_rstd, BT},             {&a->logits, BT * c->vocab_pad},
+        {&a->losses, BT},             {&a->scratch, BT * C},          {&a->dres, BT * C},
+        {&a->dbtc, BT * C},           {&a->d4c, BT * 4 * C},          {&a->datt, e->B * NH * TT},
+    };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
+        total += round_up(plan[i].n, ALIGN_FLOATS);
+    float *base = e->k->alloc(total * sizeof(float));
+    if (!base)
+        return fsdp_err(err, "fsdp: out of memory for %zu MiB of activations",
+                        total * sizeof(float) >> 20);
+    a->floats = total;
+    for (size_t i = 0, off = 0; i < sizeof plan / sizeof plan[0]; i++) {
+        *plan[i].p = base + off;
+        off += round_up(plan[i].n, ALIGN_FLOATS);
+    }
+    e->mem.act_bytes = total * sizeof(float);
+    return 0;
+}
+
+static void build_segments(struct fsdp_engine *e)
+{
+    const struct model_layout *m = e->m;
+    e->nsegs = 0;
+    for (int u = 0; u < m->nunits; u++) {
+        const struct fsdp_unit *U = &e->units[u];
+        const struct model_unit *mu = &m->units[u];
+        for (int i = 0; i < mu->ntensors; i++) {
+            const struct model_tensor *t = &m->tensors[mu->first_tensor + i];
+            size_t lo = t->offset > U->shard_lo ? t->offset : U->shard_lo;
+            size_t hi = t->offset + t->numel;
+            if (hi > U->shard_lo + U->shard_n)
+                hi = U->shard_lo + U->shard_n;
+            if (lo >= hi)
+                continue;
+            e->segs[e->nsegs++] =
+                (struct fsdp_segment){U->shard_off + (lo - U->shard_lo), hi - lo, t->decay};
+        }
+    }
+}
+
+int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct fsdp_kernels *k,
+              struct fsdp_comm *comm, enum fsdp_shard shard, int B, char *err)
+{
+    memset(e, 0, sizeof *e);
+    e->m = m;
+    e->k = k;
+    e->comm = comm;
+    e->shard = shard;
+    e->B = B;
+    e->T = m->cfg.seq;
+    e->block_holder = -1;
+    const int nu = m->nunits;
+    const size_t W = shard == FSDP_SHARD_NONE ? 1 : (size_t)comm->world;
+    const size_t rank = shard == FSDP_SHARD_NONE ? 0 : (size_t)comm->rank;
+
+    e->units = calloc((size_t)nu, sizeof *e->units);
+    e->segs = calloc((size_t)m->ntensors, sizeof *e->segs);
+    if (!e->units || !e->segs)
+        goto oom;
+    size_t max_shard = 0;
+    for (int u = 0; u < nu; u++) {
+        struct fsdp_unit *U = &e->units[u];
+        U->numel = m->units[u].numel;
+        U->padded = round_up(U->numel, W);
+        U->shard_n = U->padded / W;
+        U->shard_lo = rank * U->shard_n;
+        U->shard_off = e->shard_total;
+        e->shard_total += round_up(U->shard_n, ALIGN_FLOATS);
+        if (U->shard_n > max_shard)
+            max_shard = U->shard_n;
+    }
+    float **kinds[4] = {&e->params, &e->grads, &e->exp_avg, &e->exp_avg_sq};
+    for (int i = 0; i < 4; i++) {
+        *kinds[i] = k->alloc(e->shard_total * sizeof(float));
+        if (!*kinds[i])
+            goto oom;
+        e->mem.state_bytes[i] = e->shard_total * sizeof(float);
+    }
+
+    const int lnf = model_unit_lnf(m), blk = model_unit_block(0);
+    if (shard == FSDP_SHARD_NONE) {
+        /* The shard is the whole unit: parameters and gradients are used in
+         * place, always "gathered". */
+        for (int u = 0; u < nu; u++) {
+            e->units[u].full = e->params + e->units[u].shard_off;
+            e->units[u].full_grad = e->grads + e->units[u].shard_off;
+            e->units[u].gathered = 1;
+        }
+    } else {
+        /* Full-size buffers: grad-op keeps every unit, full shares one block
+         * buffer between all blocks. Full gradients always share one block
+         * buffer: only one block is in its backward pass at a time. */
+        size_t pe = round_up(e->units[0].padded, ALIGN_FLOATS);
+        size_t pb = round_up(e->units[blk].padded, ALIGN_FLOATS);
+        size_t pl = round_up(e->units[lnf].padded, ALIGN_FLOATS);
+        size_t gather = shard == FSDP_SHARD_FULL ? pe + pb + pl : pe + pb * m->cfg.layers + pl;
+        e->gather_buf = k->alloc(gather * sizeof(float));
+        e->grad_full_buf = k->alloc((pe + pb + pl) * sizeof(float));
+        e->rs_tmp = k->alloc(round_up(max_shard, ALIGN_FLOATS) * sizeof(float));
+        if (!e->gather_buf || !e->grad_full_buf || !e->rs_tmp)
+            goto oom;
+        e->mem.gather_bytes = gather * sizeof(float);
+        e->mem.grad_full_bytes = (pe + pb + pl) * sizeof(float);
+        e->units[0].full = e->gather_buf;
+        e->units[0].full_grad = e->grad_full_buf;
+        for (int l = 0; l < m->cfg.layers; l++) {
+            struct fsdp_unit *U = &e->units[model_unit_block(l)];
+            U->full = e->gather_buf + pe + (shard == FSDP_SHARD_FULL ? 0 : pb * (size_t)l);
+            U->full_grad = e->grad_full_buf + pe;
+        }
+        e->units[lnf].full = e->gather_buf + gather - pl;
+        e->units[lnf].full_grad = e->grad_full_buf + pe + pb;
+    }
+    build_segments(e);
+    if (alloc_acts(e, err))
+        goto fail;
+    e->inputs = k->alloc((size_t)B * e->T * sizeof(int32_t));
+    e->targets = k->alloc((size_t)B * e->T * sizeof(int32_t));
+    if (!e->inputs || !e->targets)
+        goto oom;
+    return 0;
+oom:
+    fsdp_err(err, "fsdp: out of memory while allocating the rank's state");
+fail:
+    fsdp_free(e);
+    return -1;
+}
+
+void fsdp_free(struct fsdp_engine *e)
+{
+    if (!e->k)
+        return;
+    float *bufs[] = {e->params, e->grads, e->exp_avg, e->exp_avg_sq, e->gather_buf,
+                     e->grad_full_buf, e->rs_tmp, e->a.encoded};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i])
+            e->k->free(bufs[i]);
+    if (e->inputs)
+        e->k->free(e->inputs);
+    if (e->targets)
+        e->k->free(e->targets);
+    free(e->units);
+    free(e->segs);
+    memset(e, 0, sizeof *e);
+}
+
+void fsdp_params_changed(struct fsdp_engine *e)
+{
+    if (e->shard == FSDP_SHARD_NONE)
+        return;
+    for (int u = 0; u < e->m->nunits; u++)
+        e->units[u].gathered = 0;
+    e->block_holder = -1;
+}
+
+void fsdp_init_params(struct fsdp_engine *e, uint64_t seed)
+{
+    const struct model_layout *m = e->m;
+    size_t max_shard = 0;
+    for (int u = 0; u < m->nunits; u++)
+        if (e->units[u].shard_n > max_shard)
+            max_shard = e->units[u].shard_n;
+    float *host = calloc(max_shard ? max_shard : 1, sizeof *host);
+    if (!host)
+        abort(); /* a few MiB at start-up; nothing sensible to do without it */
+    for (int u = 0; u < m->nunits; u++) {
+        const struct fsdp_unit *U = &e->units[u];
+        const struct model_unit *mu = &m->units[u];
+        memset(host, 0, U->shard_n * sizeof *host);
+        for (int i = 0; i < mu->ntensors; i++) {
+            int ti = mu->first_tensor + i;
+            const struct model_tensor *t = &m->tensors[ti];
+            uint64_t key = fsdp_mix64(seed) ^ fsdp_mix64(0x7e2502 + (uint64_t)ti);
+            size_t lo = t->offset > U->shard_lo ? t->offset : U->shard_lo;
+            size_t hi = t->offset + t->numel;
+            if (hi > U->shard_lo + U->shard_n)
+                hi = U->shard_lo + U->shard_n;
+            for (size_t x = lo; x < hi; x++) {
+                float v = t->init_value;
+                if (t->init_std > 0)
+                    v += t->init_std * fsdp_normal_at(key, x - t->offset);
+                host[x - U->shard_lo] = v;
+            }
+        }
+        e->k->upload(e->params + U->shard_off, host, U->shard_n * sizeof *host);
+    }
+    free(host);
+    fsdp_params_changed(e);
+}
+
+void fsdp_set_batch(struct fsdp_engine *e, const int32_t *inputs, const int32_t *targets)
+{
+    size_t bytes = (size_t)e->B * e->T * sizeof(int32_t);
+    e->k->upload(e->inputs, inputs, bytes);
+    e->have_targets = targets != NULL;
+    if (targets)
+        e->k->upload(e->targets, targets, bytes);
+}
+
+/* ---- gather / free / reduce ------------------------------------------------ */
+
+static int unit_gather(struct fsdp_engine *e, int u, char *err)
+{
+    struct fsdp_unit *U = &e->units[u];
+    if (U->gathered)
+        return 0;
+    if (e->shard == FSDP_SHARD_FULL && u != 0 && u != model_unit_lnf(e->m)) {
+        if (e->block_holder >= 0)
+            e->units[e->block_holder].gathered = 0;
+        e->block_holder = u;
+    }
+    double t0 = fsdp_now();
+    int rc = e->comm->allgather(e->comm, e->params + U->shard_off, U->full, U->shard_n, err);
+    e->comm_seconds += fsdp_now() - t0;
+    if (rc)
+        return rc;
+    U->gathered = 1;
+    return 0;
+}
+
+/* FULL_SHARD drops a unit's gathered parameters after use. */
+static void unit_reshard(struct fsdp_engine *e, int u)
+{
+    if (e->shard != FSDP_SHARD_FULL)
+        return;
+    e->units[u].gathered = 0;
+    if (e->block_holder == u)
+        e->block_holder = -1;
+}
+
+static void unit_grad_begin(struct fsdp_engine *e, int u)
+{
+    if (e->shard != FSDP_SHARD_NONE)
+        e->k->zero(e->units[u].full_grad, e->units[u].padded);
+}
+
+/* Reduce-scatters a unit's full gradient and adds this rank's part to the
+ * gradient shard (gradients accumulate over micro-batches). */
+static int unit_grad_end(struct fsdp_engine *e, int u, char *err)
+{
+    if (e->shard == FSDP_SHARD_NONE)
+        return 0;
+    const struct fsdp_unit *U = &e->units[u];
+    double t0 = fsdp_now();
+    int rc = e->comm->reduce_scatter(e->comm, U->full_grad, e->rs_tmp, U->shard_n, err);
+    e->comm_seconds += fsdp_now() - t0;
+    if (rc)
+        return rc;
+    e->k->add(e->grads + U->shard_off, e->rs_tmp, U->shard_n);
+    return 0;
+}
+
+void fsdp_release(struct fsdp_engine *e)
+{
+    if (e->shard != FSDP_SHARD_FULL)
+        return;
+    for (int u = 0; u < e->m->nunits; u++)
+        e->units[u].gathered = 0;
+    e->block_holder = -1;
+}
+
+/* ---- forward / backward ---------------------------------------------------- */
+
+static const struct model_tensor *tensor(const struct fsdp_engine *e, int unit, int i)
+{
+    return &e->m->tensors[e->m->units[unit].first_tensor + i];
+}
+
+int fsdp_forward(struct fsdp_engine *e, int B, int T, double *loss_sum, char *err)
+{
+    const struct fsdp_kernels *k = e->k;
+    const struct model_config *c = &e->m->cfg;
+    const int L = c->layers, C = c->dim, NH = c->heads, V = c->vocab, Vp = c->vocab_pad;
+    const size_t BT = (size_t)B * T, S = (size_t)e->B * e->T; /* S: per-layer stride */
+    const size_t TT = (size_t)e->T * e->T;
+    struct fsdp_acts *a = &e->a;
+
+    if (unit_gather(e, 0, err))
+        return -1;
+    const float *wte = e->units[0].full + tensor(e, 0, 0)->offset;
+    const float *wpe = e->units[0].full + tensor(e, 0, 1)->offset;
+    k->encoder_forward(a->encoded, e->inputs, wte, wpe, B, T, C);
+
+    for (int l = 0; l < L; l++) {
+        const int u = model_unit_block(l);
+        if (unit_gather(e, u, err))
+            return -1;
+        struct block_params p;
+        model_block_params(e->m, e->units[u].full, &p);
+        const float *res = l == 0 ? a->encoded : a->residual3 + (l - 1) * S * C;
+        float *ln1 = a->ln1 + l * S * C, *ln1_mean = a->ln1_mean + l * S,
+              *ln1_rstd = a->ln1_rstd + l * S, *qkv = a->qkv + l * S * 3 * C,
+              *atty = a->atty + l * S * C, *att = a->att + l * e->B * NH * TT,
+              *res2 = a->residual2 + l * S * C, *ln2 = a->ln2 + l * S * C,
+              *ln2_mean = a->ln2_mean + l * S, *ln2_rstd = a->ln2_rstd + l * S,
+              *fch = a->fch + l * S * 4 * C, *fch_gelu = a->fch_gelu + l * S * 4 * C,
+              *res3 = a->residual3 + l * S * C;
+
+        k->layernorm_forward(ln1, ln1_mean, ln1_rstd, res, p.t[BT_LN1_W], p.t[BT_LN1_B], BT, C);
+        k->matmul_forward(qkv, ln1, p.t[BT_QKV_W], p.t[BT_QKV_B], BT, C, 3 * C);
+        k->attention_forward(atty, att, qkv, B, T, C, NH);
+        k->matmul_forward(a->scratch, atty, p.t[BT_ATTPROJ_W], p.t[BT_ATTPROJ_B], BT, C, C);
+        k->residual_forward(res2, res, a->scratch, BT * C);
+        k->layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, p.t[BT_LN2_W], p.t[BT_LN2_B], BT, C);
+        k->matmul_forward(fch, ln2, p.t[BT_FC_W], p.t[BT_FC_B], BT, C, 4 * C);
+        k->gelu_forward(fch_gelu, fch, BT * 4 * C);
+        k->matmul_forward(a->scratch, fch_gelu, p.t[BT_FCPROJ_W], p.t[BT_FCPROJ_B], BT, 4 * C, C);
+        k->residual_forward(res3, res2, a->scratch, BT * C);
+        unit_reshard(e, u);
+    }
+
+    const int lnf = model_unit_lnf(e->m);
+    if (unit_gather(e, lnf, err))
+        return -1;
+    const float *lnfw = e->units[lnf].full + tensor(e, lnf, 0)->offset;
+    const float *lnfb = e->units[lnf].full + tensor(e, lnf, 1)->offset;
+    k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->residual3 + (L - 1) * S * C, lnfw,
+                         lnfb, BT, C);
+    k->matmul_forward(a->logits, a->lnf, wte, NULL, BT, C, Vp);
+    if (!loss_sum)
+        return 0;
+    if (!e->have_targets)
+        return fsdp_err(err, "fsdp: forward asked for a loss without targets");
+    k->softmax_crossentropy_forward(a->logits, a->losses, e->targets, BT, V, Vp);
+    float losses[4096];
+    double sum = 0.0;
+    for (size_t i = 0; i < BT; i += 4096) {
+        size_t n = BT - i < 4096 ? BT - i : 4096;
+        k->download(losses, a->losses + i, n * sizeof(float));
+        for (size_t j = 0; j < n; j++)
+            sum += losses[j];
+    }
+    *loss_sum = sum;
+    return 0;
+}
+
+int fsdp_backward(struct fsdp_engine *e, float dloss, char *err)
+{
+    const struct fsdp_kernels *k = e->k;
+    const struct model_config *c = &e->m->cfg;
+    const int L = c->layers, C = c->dim, NH = c->heads, V = c->vocab, Vp = c->vocab_pad;
+    const int B = e->B, T = e->T;
+    const size_t BT = (size_t)B * T, S = BT, TT = (size_t)T * T;
+    const int lnf = model_unit_lnf(e->m);
+    struct fsdp_acts *a = &e->a;
+
+    /* Head (tied to wte) and final LayerNorm. The embedding unit is still
+     * gathered from the forward pass. */
+    if (unit_gather(e, 0, err) || unit_gather(e, lnf, err))
+        return -1;
+    unit_grad_begin(e, 0);
+    unit_grad_begin(e, lnf);
+    const float *wte = e->units[0].full + tensor(e, 0, 0)->offset;
+    float *dwte = e->units[0].full_grad + tensor(e, 0, 0)->offset;
+    float *dwpe = e->units[0].full_grad + tensor(e, 0, 1)->offset;
+    k->softmax_crossentropy_backward(a->logits, e->targets, dloss, BT, V, Vp);
+    k->matmul_backward(a->dbtc, dwte, NULL, a->logits, a->lnf, wte, BT, C, Vp);
+    k->zero(a->dres, BT * C);
+    k->layernorm_backward(a->dres, e->units[lnf].full_grad + tensor(e, lnf, 0)->offset,
+                          e->units[lnf].full_grad + tensor(e, lnf, 1)->offset, a->dbtc,
+                          a->residual3 + (L - 1) * S * C,
+                          e->units[lnf].full + tensor(e, lnf, 0)->offset, a->lnf_mean,
+                          a->lnf_rstd, BT, C);
+    if (unit_grad_end(e, lnf, err))
+        return -1;
+    unit_reshard(e, lnf);
+
+    /* Blocks, last to first. a->dres holds d(loss)/d(residual stream). */
+    for (int l = L - 1; l >= 0; l--) {
+        const int u = model_unit_block(l);
+        if (unit_gather(e, u, err))
+            return -1;
+        unit_grad_begin(e, u);
+        struct block_params p, g;
+        model_block_params(e->m, e->units[u].full, &p);
+        model_block_params(e->m, e->units[u].full_grad, &g);
+        const float *res = l == 0 ? a->encoded : a->residual3 + (l - 1) * S * C;
+        const float *ln1 = a->ln1 + l * S * C, *ln1_mean = a->ln1_mean + l * S,
+                    *ln1_rstd = a->ln1_rstd + l * S, *qkv = a->qkv + l * S * 3 * C,
+                    *atty = a->atty + l * S * C, *att = a->att + l * B * NH * TT,
+                    *res2 = a->residual2 + l * S * C, *ln2 = a->ln2 + l * S * C,
+                    *ln2_mean = a->ln2_mean + l * S, *ln2_rstd = a->ln2_rstd + l * S,
+                    *fch = a->fch + l * S * 4 * C, *fch_gelu = a->fch_gelu + l * S * 4 * C;
+
+        /* residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
+        k->matmul_backward(a->d4c, g.t[BT_FCPROJ_W], g.t[BT_FCPROJ_B], a->dres, fch_gelu,
+                           p.t[BT_FCPROJ_W], BT, 4 * C, C);
+        k->gelu_backward(a->d4c, fch, a->d4c, BT * 4 * C);
+        k->matmul_backward(a->dbtc, g.t[BT_FC_W], g.t[BT_FC_B], a->d4c, ln2, p.t[BT_FC_W], BT, C,
+                           4 * C);
+        k->layernorm_backward(a->dres, g.t[BT_LN2_W], g.t[BT_LN2_B], a->dbtc, res2,
+                              p.t[BT_LN2_W], ln2_mean, ln2_rstd, BT, C);
+        /* residual2 = residual + attproj(attention(qkv(ln1(residual)))) */
+        k->matmul_backward(a->dbtc, g.t[BT_ATTPROJ_W], g.t[BT_ATTPROJ_B], a->dres, atty,
+                           p.t[BT_ATTPROJ_W], BT, C, C);
+        k->attention_backward(a->d4c, a->datt, a->dbtc, qkv, att, B, T, C, NH);
+        k->matmul_backward(a->dbtc, g.t[BT_QKV_W], g.t[BT_QKV_B], a->d4c, ln1, p.t[BT_QKV_W], BT,
+                           C, 3 * C);
+        k->layernorm_backward(a->dres, g.t[BT_LN1_W], g.t[BT_LN1_B], a->dbtc, res,
+                              p.t[BT_LN1_W], ln1_mean, ln1_rstd, BT, C);
+        if (unit_grad_end(e, u, err))
+            return -1;
+        unit_reshard(e, u);
+    }
+
+    k->encoder_backward(dwte, dwpe, a->dres, e->inputs, B, T, C);
+    if (unit_grad_end(e, 0, err))
+        return -1;
+    unit_reshard(e, 0);
+    return 0;
+}
+
+/* ---- optimizer ------------------------------------------------------------- */
+
+void fsdp_zero_grad(struct fsdp_engine *e) { e->k->zero(e->grads, e->shard_total); }
+
+int fsdp_reduce_grads(struct fsdp_engine *e, char *err)
+{
+    if (e->shard != FSDP_SHARD_NONE || e->comm->world == 1)
+        return 0;
+    double t0 = fsdp_now();
+    int rc = e->comm->allreduce_sum(e->comm, e->grads, e->shard_total, err);
+    e->comm_seconds += fsdp_now() - t0;
+    return rc;
+}
+
+int fsdp_grad_norm(struct fsdp_engine *e, double *norm, char *err)
+{
+    double s = e->k->sumsq(e->grads, e->shard_total);
+    if (e->shard != FSDP_SHARD_NONE && e->comm->allreduce_sum_f64(e->comm, &s, 1, err))
+        return -1;
+    *norm = sqrt(s);
+    return 0;
+}
+
+void fsdp_adamw_step(struct fsdp_engine *e, const struct fsdp_adamw *o, int t, float gscale)
+{
+    float bc1 = (float)(1.0 - pow(o->beta1, t)), bc2 = (float)(1.0 - pow(o->beta2, t));
+    for (int i = 0; i < e->nsegs; i++) {
+        const struct fsdp_segment *s = &e->segs[i];
+        e->k->adamw(e->params + s->off, e->grads + s->off, e->exp_avg + s->off,
+                    e->exp_avg_sq + s->off, s->n, o->lr, o->beta1, o->beta2, o->eps,
+                    s->decay ? o->weight_decay : 0.0f, bc1, bc2, gscale);
+    }
+    fsdp_params_changed(e);
+}
+
+void fsdp_logits_row(struct fsdp_engine *e, int t, float *out)
+{
+    const int Vp = e->m->cfg.vocab_pad;
+    e->k->download(out, e->a.logits + (size_t)t * Vp, (size_t)Vp * sizeof(float));
+}

@@ -1,0 +1,137 @@
+/*
+ * fsdp.h - the fully sharded data-parallel engine.
+ *
+ * Each unit of the model (model.h) is one flat buffer of its tensors, padded
+ * to a multiple of the world size W; rank r owns elements
+ * [r * n/W, (r+1) * n/W) of the parameters, gradients and both AdamW moments.
+ * Those shards are the only persistent state: one allocation per state kind.
+ *
+ *   full     FULL_SHARD: a unit is all-gathered before its forward and again
+ *            before its backward, and freed after each; its full gradient is
+ *            reduce-scattered into the shard as soon as its backward is done.
+ *            The embedding unit (whose wte is also the tied output head) stays
+ *            gathered from the first forward to the last backward, like
+ *            PyTorch's root unit.
+ *   grad-op  SHARD_GRAD_OP: gathered once per step and kept until the
+ *            optimizer changes the shard; gradients reduce-scattered.
+ *   none     NO_SHARD: every rank holds everything; gradients all-reduced.
+ *
+ * One training step, as the trainer drives it:
+ *   fsdp_zero_grad; for each micro-batch { fsdp_set_batch; fsdp_forward;
+ *   fsdp_backward }; fsdp_reduce_grads; fsdp_grad_norm; fsdp_adamw_step.
+ */
+#ifndef FSDP_FSDP_H
+#define FSDP_FSDP_H
+
+#include "comm.h"
+#include "kernels.h"
+#include "model.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum fsdp_shard { FSDP_SHARD_FULL, FSDP_SHARD_GRAD_OP, FSDP_SHARD_NONE };
+
+const char *fsdp_shard_name(enum fsdp_shard s);
+int fsdp_shard_parse(const char *s, enum fsdp_shard *out);
+
+struct fsdp_unit {
+    size_t numel;     /* logical elements */
+    size_t padded;    /* numel rounded up to a multiple of the world size */
+    size_t shard_n;   /* elements this rank owns */
+    size_t shard_off; /* where this unit's shard starts in each state kind */
+    size_t shard_lo;  /* first unit element this rank owns */
+    float *full;      /* gathered parameters (valid while gathered) */
+    float *full_grad; /* the unit's full gradient during backward */
+    int gathered;
+};
+
+/* A run of shard elements inside one tensor, for the optimizer. */
+struct fsdp_segment {
+    size_t off, n;
+    int decay;
+};
+
+struct fsdp_acts {
+    float *encoded, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean,
+        *ln2_rstd, *fch, *fch_gelu, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
+    float *scratch, *dres, *dbtc, *d4c, *datt; /* one layer's worth, reused */
+    size_t floats;
+};
+
+struct fsdp_mem {
+    size_t state_bytes[4]; /* params, grads, exp_avg, exp_avg_sq shards */
+    size_t gather_bytes;   /* full parameter buffers */
+    size_t grad_full_bytes;
+    size_t act_bytes;
+};
+
+struct fsdp_engine {
+    const struct model_layout *m;
+    const struct fsdp_kernels *k;
+    struct fsdp_comm *comm;
+    enum fsdp_shard shard;
+    int B, T;
+
+    struct fsdp_unit *units;
+    size_t shard_total;
+    float *params, *grads, *exp_avg, *exp_avg_sq;
+    float *gather_buf, *grad_full_buf, *rs_tmp;
+    int block_holder; /* FULL: which block's parameters are in the shared buffer */
+
+    struct fsdp_segment *segs;
+    int nsegs;
+
+    struct fsdp_acts a;
+    int32_t *inputs, *targets; /* backend memory, B*T each */
+    int have_targets;
+
+    struct fsdp_mem mem;
+    double comm_seconds;
+};
+
+struct fsdp_adamw {
+    float lr, beta1, beta2, eps, weight_decay;
+};
+
+int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct fsdp_kernels *k,
+              struct fsdp_comm *comm, enum fsdp_shard shard, int B, char *err);
+void fsdp_free(struct fsdp_engine *e);
+
+/* GPT-2 initialisation of this rank's shard; identical values for any world
+ * size (each element is a function of seed, tensor and index only). */
+void fsdp_init_params(struct fsdp_engine *e, uint64_t seed);
+
+/* Host arrays of B*T tokens; targets may be NULL (no loss). */
+void fsdp_set_batch(struct fsdp_engine *e, const int32_t *inputs, const int32_t *targets);
+
+/* Runs the forward pass on the first B rows of length T (B <= e->B, T <=
+ * e->T). With targets, returns in *loss_sum the sum of this rank's per-token
+ * losses. */
+int fsdp_forward(struct fsdp_engine *e, int B, int T, double *loss_sum, char *err);
+
+/* Backward of the last full-size forward; dloss is d(total loss)/d(token
+ * loss), 1/(global tokens) for a mean. Gradients are accumulated into the
+ * shard (full, grad-op) or the local full gradient (none). */
+int fsdp_backward(struct fsdp_engine *e, float dloss, char *err);
+
+void fsdp_zero_grad(struct fsdp_engine *e);
+/* After the last micro-batch: all-reduce for none, nothing otherwise. */
+int fsdp_reduce_grads(struct fsdp_engine *e, char *err);
+int fsdp_grad_norm(struct fsdp_engine *e, double *norm, char *err);
+/* One AdamW step (t counts from 1) on the local shard; gscale multiplies the
+ * gradient first (clipping). */
+void fsdp_adamw_step(struct fsdp_engine *e, const struct fsdp_adamw *o, int t, float gscale);
+
+/* Call after writing the parameter shards directly (initialisation, a
+ * checkpoint load, a test): every gathered copy is stale. */
+void fsdp_params_changed(struct fsdp_engine *e);
+
+/* Frees every gathered unit (FULL) so memory returns to the shard size. */
+void fsdp_release(struct fsdp_engine *e);
+
+/* Logits row of position t of batch row 0 after a forward without targets
+ * (host copy of Vp floats). */
+void fsdp_logits_row(struct fsdp_engine *e, int t, float *out);
+
+#endif

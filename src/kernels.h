@@ -1,0 +1,85 @@
+/*
+ * kernels.h - the compute backend: memory and the model's kernels behind one
+ * struct of function pointers, so the FSDP engine never names a device.
+ *
+ * The CPU backend (cpu/kernels_cpu.c) uses OpenMP and OpenBLAS; a CUDA backend
+ * adds a file that fills the same struct. Pointers passed to kernels are
+ * backend memory (from alloc). Dimension names follow llm.c: B batch, T time,
+ * C channels, OC output channels, NH heads, V vocabulary, Vp padded vocabulary,
+ * N rows (B*T).
+ *
+ * Accumulation convention, fixed so the engine can be read top to bottom:
+ * parameter gradients (dw, db, dwte, dwpe) are always accumulated (+=);
+ * activation gradients are overwritten (=) except layernorm_backward's dinp,
+ * which accumulates into the residual stream's gradient.
+ */
+#ifndef FSDP_KERNELS_H
+#define FSDP_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct fsdp_kernels {
+    const char *name;
+
+    /* memory: alloc returns zeroed, touched memory; upload/download copy
+     * between host and backend memory */
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    void (*zero)(float *p, size_t n);
+    void (*copy)(float *dst, const float *src, size_t n);
+    void (*upload)(void *dst, const void *src, size_t bytes);
+    void (*download)(void *dst, const void *src, size_t bytes);
+
+    /* out[b,t,:] = wte[tok[b,t],:] + wpe[t,:] */
+    void (*encoder_forward)(float *out, const int32_t *tok, const float *wte, const float *wpe,
+                            int B, int T, int C);
+    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
+                             int B, int T, int C);
+    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+                              const float *w, const float *b, size_t N, int C);
+    void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, const float *mean,
+                               const float *rstd, size_t N, int C);
+    /* out = inp W^T + bias (bias may be NULL); inp (N,C), W (OC,C), out (N,OC) */
+    void (*matmul_forward)(float *out, const float *inp, const float *w, const float *bias,
+                           size_t N, int C, int OC);
+    /* dinp = dout W; dw += dout^T inp; dbias += sum_rows dout (dbias may be NULL) */
+    void (*matmul_backward)(float *dinp, float *dw, float *dbias, const float *dout,
+                            const float *inp, const float *w, size_t N, int C, int OC);
+    /* causal multi-head attention on qkv (B,T,3C); att (B,NH,T,T) keeps the
+     * softmax for the backward pass; out (B,T,C) */
+    void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,
+                              int NH);
+    /* datt is scratch of (B,NH,T,T) */
+    void (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int C, int NH);
+    void (*gelu_forward)(float *out, const float *inp, size_t n);
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+    /* out = a + b */
+    void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+    /* logits (N,Vp) become probabilities over the first V entries; losses[i] =
+     * -log p[target[i]] */
+    void (*softmax_crossentropy_forward)(float *probs_logits, float *losses,
+                                         const int32_t *targets, size_t N, int V, int Vp);
+    /* probs become dlogits = (probs - onehot(target)) * dloss */
+    void (*softmax_crossentropy_backward)(float *probs_dlogits, const int32_t *targets,
+                                          float dloss, size_t N, int V, int Vp);
+
+    /* optimizer on one contiguous range of a shard: AdamW with bias
+     * corrections bc1 = 1 - beta1^t, bc2 = 1 - beta2^t, gradient scaled by
+     * gscale (clipping), decoupled weight decay wd */
+    void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                  float beta2, float eps, float wd, float bc1, float bc2, float gscale);
+    double (*sumsq)(const float *x, size_t n);
+    /* dst += src */
+    void (*add)(float *dst, const float *src, size_t n);
+};
+
+/* Sets the number of compute threads for the CPU backend (OpenMP + BLAS). */
+void fsdp_kernels_cpu_threads(int n);
+const struct fsdp_kernels *fsdp_kernels_cpu(void);
+/* A one-line description of the CPU math library in use. */
+const char *fsdp_kernels_cpu_blas(void);
+
+#endif

@@ -1,0 +1,381 @@
+/*
+ * train.c - fsdp-train: the training loop around the FSDP engine.
+ *
+ * Started by mpirun it runs one rank per process over Open MPI; started
+ * alone it is one rank with no MPI at all. Rank 0 prints and logs; every
+ * rank runs the same loop so the collectives line up.
+ */
+#include "data.h"
+#include "fsdp.h"
+#include "train_opts.h"
+#include "util.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct trainer {
+    struct train_opts o;
+    struct fsdp_comm comm;
+    struct model_layout model;
+    struct fsdp_engine eng;
+    struct token_file train_file, val_file;
+    struct sample_stream stream;
+    int threads, micro, accum; /* micro: sequences per rank per forward */
+    uint64_t cursor;           /* samples of the stream consumed so far */
+    int32_t *in, *tgt;         /* host batch, micro * T each */
+    FILE *log;
+};
+
+static int pick_threads(const struct trainer *t)
+{
+    if (t->o.threads)
+        return (int)t->o.threads;
+    const char *env = getenv("OMP_NUM_THREADS");
+    long long n;
+    if (env && fsdp_parse_i64(env, 1, 1024, &n) == 0)
+        return (int)n;
+    cpu_set_t set;
+    int avail = 1;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        avail = CPU_COUNT(&set);
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (avail < online) /* mpirun bound this rank to its own cores */
+        return avail;
+    int per = avail / (t->comm.local_size > 0 ? t->comm.local_size : 1);
+    return per > 0 ? per : 1;
+}
+
+static double lr_at(const struct train_opts *o, long long step)
+{
+    if (step < o->warmup)
+        return o->lr * (double)(step + 1) / (double)o->warmup;
+    double min_lr = o->lr * o->min_lr_frac;
+    long long span = o->steps - o->warmup;
+    double progress = span > 0 ? (double)(step - o->warmup) / (double)span : 1.0;
+    if (progress > 1.0)
+        progress = 1.0;
+    return min_lr + 0.5 * (1.0 + cos(M_PI * progress)) * (o->lr - min_lr);
+}
+
+static double mib(size_t b) { return (double)b / 1048576.0; }
+
+static void print_banner(const struct trainer *t)
+{
+    const struct model_config *c = &t->model.cfg;
+    const struct fsdp_mem *m = &t->eng.mem;
+    size_t full = 0;
+    for (int u = 0; u < t->model.nunits; u++)
+        full += t->model.units[u].numel * sizeof(float);
+    fprintf(stderr,
+            "fsdp-train: model %s (L%d C%d H%d T%d V%d), %.2fM parameters; %d rank%s, shard %s, "
+            "%d thread%s per rank; %s\n",
+            t->o.model_name, c->layers, c->dim, c->heads, c->seq, c->vocab,
+            (double)t->model.numel / 1e6, t->comm.world, t->comm.world > 1 ? "s" : "",
+            fsdp_shard_name(t->o.shard), t->threads, t->threads > 1 ? "s" : "",
+            fsdp_kernels_cpu_blas());
+    fprintf(stderr,
+            "fsdp-train: per rank: params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB "
+            "(unsharded %.2f / %.2f / %.2f MiB); gathered params %.2f MiB, full grads %.2f MiB, "
+            "activations %.2f MiB\n",
+            mib(m->state_bytes[0]), mib(m->state_bytes[1]),
+            mib(m->state_bytes[2] + m->state_bytes[3]), mib(full), mib(full), mib(2 * full),
+            mib(m->gather_bytes), mib(m->grad_full_bytes), mib(m->act_bytes));
+    fprintf(stderr,
+            "fsdp-train: global batch %lld = %d ranks x %d micro-batch x %d accumulation, %zu "
+            "training sequences\n",
+            t->o.global_batch, t->comm.world, t->micro, t->accum,
+            (size_t)t->stream.nsamples);
+}
+
+/* Loads micro-batch m of this rank for the step that starts at the cursor. */
+static void load_micro(struct trainer *t, int m)
+{
+    const int T = t->model.cfg.seq;
+    const uint64_t per_rank = (uint64_t)t->o.global_batch / (uint64_t)t->comm.world;
+    uint64_t base = t->cursor + (uint64_t)t->comm.rank * per_rank + (uint64_t)m * t->micro;
+    for (int b = 0; b < t->micro; b++) {
+        uint64_t idx = sample_stream_index(&t->stream, base + (uint64_t)b);
+        sample_stream_fetch(&t->stream, idx, t->in + (size_t)b * T, t->tgt + (size_t)b * T);
+    }
+    fsdp_set_batch(&t->eng, t->in, t->tgt);
+}
+
+/* Mean validation loss over the first val_samples sequences, split over
+ * ranks in contiguous slices. */
+static int validate(struct trainer *t, double *out, char *err)
+{
+    const int T = t->model.cfg.seq, W = t->comm.world;
+    struct sample_stream vs;
+    if (sample_stream_init(&vs, &t->val_file, T, 0, err))
+        return -1;
+    uint64_t n = (uint64_t)t->o.val_samples < vs.nsamples ? (uint64_t)t->o.val_samples
+                                                            : vs.nsamples;
+    uint64_t per = n / (uint64_t)W / (uint64_t)t->micro * (uint64_t)t->micro;
+    if (per == 0) {
+        sample_stream_free(&vs);
+        return fsdp_err(err, "%s: too few validation sequences (%llu) for %d ranks x %d",
+                        t->o.val_data, (unsigned long long)n, W, t->micro);
+    }
+    double sum = 0;
+    for (uint64_t s = 0; s < per; s += (uint64_t)t->micro) {
+        for (int b = 0; b < t->micro; b++)
+            sample_stream_fetch(&vs, (uint64_t)t->comm.rank * per + s + (uint64_t)b,
+                                t->in + (size_t)b * T, t->tgt + (size_t)b * T);
+        fsdp_set_batch(&t->eng, t->in, t->tgt);
+        double l;
+        if (fsdp_forward(&t->eng, t->micro, T, &l, err))
+            goto fail;
+        sum += l;
+    }
+    fsdp_release(&t->eng);
+    if (t->comm.allreduce_sum_f64(&t->comm, &sum, 1, err))
+        goto fail;
+    sample_stream_free(&vs);
+    *out = sum / ((double)per * (double)W * T);
+    return 0;
+fail:
+    sample_stream_free(&vs);
+    return -1;
+}
+
+/* Autoregressive sampling from the end-of-text token; every rank computes
+ * the same tokens (same seed), rank 0 prints them. */
+static int generate(struct trainer *t, char *err)
+{
+    const int T = t->model.cfg.seq, V = t->model.cfg.vocab, Vp = t->model.cfg.vocab_pad;
+    const int n = (int)t->o.sample_len;
+    int32_t *ctx = calloc((size_t)n + 1, sizeof *ctx);
+    float *row = malloc((size_t)Vp * sizeof *row);
+    if (!ctx || !row) {
+        free(ctx);
+        free(row);
+        return fsdp_err(err, "sample: out of memory");
+    }
+    struct fsdp_rng rng = {fsdp_mix64(t->o.seed ^ 0x5a3b1e)};
+    ctx[0] = DATA_EOT;
+    int rc = 0;
+    if (t->comm.rank == 0)
+        printf("--- sample (%d tokens) ---\n", n);
+    for (int i = 1; i <= n; i++) {
+        int len = i < T ? i : T;
+        memset(t->in, 0, (size_t)t->micro * T * sizeof *t->in);
+        memcpy(t->in, ctx + i - len, (size_t)len * sizeof *ctx);
+        fsdp_set_batch(&t->eng, t->in, NULL);
+        if ((rc = fsdp_forward(&t->eng, 1, len, NULL, err)))
+            break;
+        fsdp_logits_row(&t->eng, len - 1, row);
+        float mx = -INFINITY;
+        for (int v = 0; v < V; v++)
+            mx = fmaxf(mx, row[v]);
+        double sum = 0;
+        for (int v = 0; v < V; v++)
+            sum += exp((double)(row[v] - mx));
+        double u = fsdp_rng_uniform(&rng) * sum, acc = 0;
+        int tok = V - 1;
+        for (int v = 0; v < V; v++) {
+            acc += exp((double)(row[v] - mx));
+            if (u < acc) {
+                tok = v;
+                break;
+            }
+        }
+        ctx[i] = tok;
+        if (t->comm.rank == 0) {
+            if (V <= 256)
+                putchar(tok == DATA_EOT ? '\n' : tok);
+            else
+                printf("%d ", tok);
+        }
+    }
+    fsdp_release(&t->eng);
+    if (t->comm.rank == 0) {
+        printf("\n--- end of sample ---\n");
+        fflush(stdout);
+    }
+    free(ctx);
+    free(row);
+    return rc;
+}
+
+static void log_step(struct trainer *t, long long step, double loss, double lr, double norm,
+                     double dt, double val)
+{
+    double tps = (double)t->o.global_batch * t->model.cfg.seq / dt;
+    if (t->comm.rank != 0)
+        return;
+    if ((step + 1) % t->o.log_every == 0 || step + 1 == t->o.steps || !isnan(val)) {
+        fprintf(stderr, "step %6lld/%lld | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | %7.1f ms",
+                step + 1, t->o.steps, loss, lr, norm, tps, dt * 1e3);
+        if (!isnan(val))
+            fprintf(stderr, " | val %.6f", val);
+        fputc('\n', stderr);
+    }
+    if (t->log) {
+        json_t *j = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:I}", "step", (json_int_t)step + 1,
+                              "loss", loss, "lr", lr, "grad_norm", norm, "tokens_per_s", tps,
+                              "ms", dt * 1e3, "samples_seen", (json_int_t)t->cursor);
+        if (j && !isnan(val))
+            json_object_set_new(j, "val_loss", json_real(val));
+        if (j) {
+            json_dumpf(j, t->log, JSON_COMPACT | JSON_REAL_PRECISION(17));
+            fputc('\n', t->log);
+            fflush(t->log);
+            json_decref(j);
+        }
+    }
+}
+
+static int train(struct trainer *t, char *err)
+{
+    const int T = t->model.cfg.seq;
+    const double tokens = (double)t->o.global_batch * T;
+    const struct train_opts *o = &t->o;
+    for (long long step = 0; step < o->steps; step++) {
+        double t0 = fsdp_now(), loss = 0;
+        fsdp_zero_grad(&t->eng);
+        for (int m = 0; m < t->accum; m++) {
+            double l;
+            load_micro(t, m);
+            if (fsdp_forward(&t->eng, t->micro, T, &l, err) ||
+                fsdp_backward(&t->eng, (float)(1.0 / tokens), err))
+                return -1;
+            loss += l;
+        }
+        double norm;
+        if (fsdp_reduce_grads(&t->eng, err) || fsdp_grad_norm(&t->eng, &norm, err) ||
+            t->comm.allreduce_sum_f64(&t->comm, &loss, 1, err))
+            return -1;
+        loss /= tokens;
+        float gscale = 1.0f;
+        if (o->grad_clip > 0 && norm > o->grad_clip)
+            gscale = (float)(o->grad_clip / (norm + 1e-6));
+        double lr = lr_at(o, step);
+        struct fsdp_adamw opt = {(float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
+                                 (float)o->weight_decay};
+        fsdp_adamw_step(&t->eng, &opt, (int)step + 1, gscale);
+        t->cursor += (uint64_t)o->global_batch;
+        double dt = fsdp_now() - t0;
+        double val = NAN;
+        int last = step + 1 == o->steps;
+        if (o->val_data && ((o->val_every && (step + 1) % o->val_every == 0) || last) &&
+            validate(t, &val, err))
+            return -1;
+        if (!isfinite(loss))
+            return fsdp_err(err, "training diverged: loss is %f at step %lld", loss, step + 1);
+        log_step(t, step, loss, lr, norm, dt, val);
+    }
+    return 0;
+}
+
+static int setup(struct trainer *t, char *err)
+{
+    const struct train_opts *o = &t->o;
+    const int W = t->comm.world;
+    if (o->global_batch % W)
+        return fsdp_err(err, "--global-batch %lld is not a multiple of the %d ranks",
+                        o->global_batch, W);
+    long long per_rank = o->global_batch / W;
+    long long micro = o->micro_batch ? o->micro_batch : per_rank;
+    if (per_rank % micro)
+        return fsdp_err(err, "--micro-batch %lld does not divide the %lld sequences per rank",
+                        micro, per_rank);
+    t->micro = (int)micro;
+    t->accum = (int)(per_rank / micro);
+    t->threads = pick_threads(t);
+    fsdp_kernels_cpu_threads(t->threads);
+    if (model_layout_init(&t->model, &o->cfg, err))
+        return -1;
+    if (token_file_open(&t->train_file, o->data, o->cfg.vocab, err))
+        return -1;
+    if (o->val_data && token_file_open(&t->val_file, o->val_data, o->cfg.vocab, err))
+        return -1;
+    if (sample_stream_init(&t->stream, &t->train_file, o->cfg.seq, o->seed, err))
+        return -1;
+    if (t->stream.nsamples < (uint64_t)o->global_batch)
+        return fsdp_err(err, "%s: only %llu sequences of %d+1 tokens, fewer than one global batch",
+                        o->data, (unsigned long long)t->stream.nsamples, o->cfg.seq);
+    t->in = calloc((size_t)t->micro * o->cfg.seq, sizeof *t->in);
+    t->tgt = calloc((size_t)t->micro * o->cfg.seq, sizeof *t->tgt);
+    if (!t->in || !t->tgt)
+        return fsdp_err(err, "out of memory for the batch");
+    if (fsdp_init(&t->eng, &t->model, fsdp_kernels_cpu(), &t->comm, o->shard, t->micro, err))
+        return -1;
+    fsdp_init_params(&t->eng, o->seed);
+    if (o->log_path && t->comm.rank == 0 && !(t->log = fopen(o->log_path, "w")))
+        return fsdp_err(err, "%s: cannot open the log for writing", o->log_path);
+    if (t->comm.rank == 0)
+        print_banner(t);
+    return 0;
+}
+
+static void teardown(struct trainer *t)
+{
+    if (t->log)
+        fclose(t->log);
+    fsdp_free(&t->eng);
+    sample_stream_free(&t->stream);
+    token_file_close(&t->train_file);
+    token_file_close(&t->val_file);
+    model_layout_free(&t->model);
+    free(t->in);
+    free(t->tgt);
+}
+
+int main(int argc, char **argv)
+{
+    static struct trainer t;
+    char err[ERR_LEN] = "";
+    int rc = train_opts_parse(&t.o, argc, argv, err);
+    if (rc == 1) {
+        train_opts_usage();
+        return 0;
+    }
+    if (rc) {
+        fprintf(stderr, "fsdp-train: %s (see fsdp-train --help)\n", err);
+        return 2;
+    }
+    if (fsdp_comm_launched_by_mpi()) {
+        if (fsdp_comm_mpi_init(&t.comm, &argc, &argv, err)) {
+            fprintf(stderr, "fsdp-train: %s\n", err);
+            return 1;
+        }
+    } else {
+        fsdp_comm_local_init(&t.comm);
+    }
+    double t0 = fsdp_now();
+    rc = setup(&t, err);
+    /* Set-up errors (a bad file, a bad batch size) are usually the same on
+     * every rank: agree on them and exit cleanly, rank 0 speaking for all. */
+    double failed[2] = {rc != 0, t.comm.rank == 0 && rc != 0};
+    char agree_err[ERR_LEN];
+    if (t.comm.allreduce_sum_f64(&t.comm, failed, 2, agree_err) == 0 && failed[0] > 0) {
+        if (rc && (t.comm.rank == 0 || failed[1] == 0))
+            fprintf(stderr, "fsdp-train: %s\n", err);
+        teardown(&t);
+        t.comm.finalize(&t.comm);
+        return 1;
+    }
+    if (!rc)
+        rc = train(&t, err);
+    if (!rc && t.o.sample_len > 0)
+        rc = generate(&t, err);
+    if (rc) {
+        fprintf(stderr, "fsdp-train: rank %d: %s\n", t.comm.rank, err);
+        if (t.comm.world > 1)
+            t.comm.abort(&t.comm, 1);
+        teardown(&t);
+        t.comm.finalize(&t.comm);
+        return 1;
+    }
+    if (t.comm.rank == 0)
+        fprintf(stderr, "fsdp-train: done: %lld steps in %.1f s (%.1f s in collectives on rank 0)\n",
+                t.o.steps, fsdp_now() - t0, t.eng.comm_seconds);
+    teardown(&t);
+    t.comm.finalize(&t.comm);
+    return 0;
+}

@@ -1,0 +1,173 @@
+/*
+ * train_opts.c - parsing and checking fsdp-train's flags.
+ *
+ * Model shape: --model picks a preset; --layers/--dim/--heads/--seq/--vocab
+ * override single fields, in any order relative to --model.
+ */
+#include "train_opts.h"
+
+#include "util.h"
+
+#include <stdio.h>
+#include <string.h>
+
+void train_opts_usage(void)
+{
+    printf("usage: fsdp-train --data FILE [options]\n"
+           "       mpirun -np N fsdp-train --data FILE [options]\n"
+           "\n"
+           "data and model:\n"
+           "  --data FILE            training tokens (llm.c format; fsdp-data prepare)\n"
+           "  --val-data FILE        validation tokens\n"
+           "  --model NAME           tiny | small | gpt2-124m (default tiny)\n"
+           "  --layers N --dim N --heads N --seq N --vocab N   override the preset\n"
+           "\n"
+           "training:\n"
+           "  --global-batch G       sequences per step over all ranks (default 8)\n"
+           "  --micro-batch B        sequences per rank per forward (default G/ranks)\n"
+           "  --steps N              optimizer steps (default 200)\n"
+           "  --lr X                 peak learning rate (default 3e-3)\n"
+           "  --min-lr-frac F        cosine floor as a fraction of --lr (default 0.1)\n"
+           "  --warmup N             linear warmup steps (default steps/20)\n"
+           "  --weight-decay X       AdamW decoupled decay on matrices (default 0.1)\n"
+           "  --beta1 X --beta2 X --eps X   AdamW (default 0.9, 0.95, 1e-8)\n"
+           "  --grad-clip X          global gradient norm limit, 0 = off (default 1.0)\n"
+           "  --seed S               initialisation and data order (default 1337)\n"
+           "  --shard full|grad-op|none   FSDP strategy (default full)\n"
+           "  --threads N            compute threads per rank (default cores / local ranks)\n"
+           "\n"
+           "output:\n"
+           "  --log FILE             one JSON object per step\n"
+           "  --log-every K          progress line every K steps (default 1)\n"
+           "  --val-every N          validation loss every N steps (default: at the end)\n"
+           "  --val-samples N        validation sequences (default 64)\n"
+           "  --sample N             print N generated tokens at the end\n"
+           "  --help                 this text\n");
+}
+
+static int need_int(const char *flag, const char *v, long long lo, long long hi, long long *out,
+                    char *err)
+{
+    if (fsdp_parse_i64(v, lo, hi, out))
+        return fsdp_err(err, "%s '%s' is not an integer in %lld..%lld", flag, v, lo, hi);
+    return 0;
+}
+
+static int need_num(const char *flag, const char *v, double lo, double hi, double *out, char *err)
+{
+    if (fsdp_parse_f64(v, out) || *out < lo || *out > hi)
+        return fsdp_err(err, "%s '%s' is not a number in %g..%g", flag, v, lo, hi);
+    return 0;
+}
+
+int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
+{
+    memset(o, 0, sizeof *o);
+    o->model_name = "tiny";
+    o->global_batch = 8;
+    o->steps = 200;
+    o->warmup = -1;
+    o->val_samples = 64;
+    o->log_every = 1;
+    o->lr = 3e-3;
+    o->min_lr_frac = 0.1;
+    o->weight_decay = 0.1;
+    o->beta1 = 0.9;
+    o->beta2 = 0.95;
+    o->eps = 1e-8;
+    o->grad_clip = 1.0;
+    o->seed = 1337;
+    o->shard = FSDP_SHARD_FULL;
+    long long layers = 0, dim = 0, heads = 0, seq = 0, vocab = 0, seed = 1337;
+
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        if (strcmp(f, "--help") == 0 || strcmp(f, "-h") == 0)
+            return 1;
+        if (strncmp(f, "--", 2) != 0)
+            return fsdp_err(err, "unexpected argument '%s'", f);
+        if (i + 1 >= argc)
+            return fsdp_err(err, "%s needs a value", f);
+        const char *v = argv[++i];
+        int rc = 0;
+        if (strcmp(f, "--data") == 0)
+            o->data = v;
+        else if (strcmp(f, "--val-data") == 0)
+            o->val_data = v;
+        else if (strcmp(f, "--log") == 0)
+            o->log_path = v;
+        else if (strcmp(f, "--model") == 0)
+            o->model_name = v;
+        else if (strcmp(f, "--layers") == 0)
+            rc = need_int(f, v, 1, 256, &layers, err);
+        else if (strcmp(f, "--dim") == 0)
+            rc = need_int(f, v, 1, 16384, &dim, err);
+        else if (strcmp(f, "--heads") == 0)
+            rc = need_int(f, v, 1, 1024, &heads, err);
+        else if (strcmp(f, "--seq") == 0)
+            rc = need_int(f, v, 1, 65536, &seq, err);
+        else if (strcmp(f, "--vocab") == 0)
+            rc = need_int(f, v, 2, 65536, &vocab, err);
+        else if (strcmp(f, "--global-batch") == 0)
+            rc = need_int(f, v, 1, 1 << 20, &o->global_batch, err);
+        else if (strcmp(f, "--micro-batch") == 0)
+            rc = need_int(f, v, 1, 1 << 20, &o->micro_batch, err);
+        else if (strcmp(f, "--steps") == 0)
+            rc = need_int(f, v, 1, 1LL << 40, &o->steps, err);
+        else if (strcmp(f, "--warmup") == 0)
+            rc = need_int(f, v, 0, 1LL << 40, &o->warmup, err);
+        else if (strcmp(f, "--val-every") == 0)
+            rc = need_int(f, v, 0, 1LL << 40, &o->val_every, err);
+        else if (strcmp(f, "--val-samples") == 0)
+            rc = need_int(f, v, 1, 1 << 24, &o->val_samples, err);
+        else if (strcmp(f, "--log-every") == 0)
+            rc = need_int(f, v, 1, 1LL << 40, &o->log_every, err);
+        else if (strcmp(f, "--sample") == 0)
+            rc = need_int(f, v, 0, 1 << 20, &o->sample_len, err);
+        else if (strcmp(f, "--threads") == 0)
+            rc = need_int(f, v, 1, 1024, &o->threads, err);
+        else if (strcmp(f, "--seed") == 0)
+            rc = need_int(f, v, 0, INT64_MAX, &seed, err);
+        else if (strcmp(f, "--lr") == 0)
+            rc = need_num(f, v, 0, 10, &o->lr, err);
+        else if (strcmp(f, "--min-lr-frac") == 0)
+            rc = need_num(f, v, 0, 1, &o->min_lr_frac, err);
+        else if (strcmp(f, "--weight-decay") == 0)
+            rc = need_num(f, v, 0, 10, &o->weight_decay, err);
+        else if (strcmp(f, "--beta1") == 0)
+            rc = need_num(f, v, 0, 0.999999, &o->beta1, err);
+        else if (strcmp(f, "--beta2") == 0)
+            rc = need_num(f, v, 0, 0.999999, &o->beta2, err);
+        else if (strcmp(f, "--eps") == 0)
+            rc = need_num(f, v, 1e-30, 1, &o->eps, err);
+        else if (strcmp(f, "--grad-clip") == 0)
+            rc = need_num(f, v, 0, 1e30, &o->grad_clip, err);
+        else if (strcmp(f, "--shard") == 0) {
+            if (fsdp_shard_parse(v, &o->shard))
+                rc = fsdp_err(err, "--shard '%s' is not one of full, grad-op, none", v);
+        } else
+            return fsdp_err(err, "unknown option '%s'", f);
+        if (rc)
+            return rc;
+    }
+    if (!o->data)
+        return fsdp_err(err, "--data FILE is required");
+    if (model_preset(o->model_name, &o->cfg))
+        return fsdp_err(err, "--model '%s' is not one of tiny, small, gpt2-124m", o->model_name);
+    if (layers)
+        o->cfg.layers = (int)layers;
+    if (dim)
+        o->cfg.dim = (int)dim;
+    if (heads)
+        o->cfg.heads = (int)heads;
+    if (seq)
+        o->cfg.seq = (int)seq;
+    if (vocab) {
+        o->cfg.vocab = (int)vocab;
+        o->cfg.vocab_pad = vocab <= 256 ? (int)vocab : (int)((vocab + 63) / 64 * 64);
+    }
+    o->seed = (uint64_t)seed;
+    if (o->warmup < 0)
+        o->warmup = o->steps / 20;
+    return model_config_check(&o->cfg, err);
+}

@@ -1,0 +1,26 @@
+/*
+ * train_opts.h - fsdp-train's command line.
+ */
+#ifndef FSDP_TRAIN_OPTS_H
+#define FSDP_TRAIN_OPTS_H
+
+#include "fsdp.h"
+#include "model.h"
+
+#include <stdint.h>
+
+struct train_opts {
+    const char *data, *val_data, *log_path, *model_name;
+    struct model_config cfg;
+    long long global_batch, micro_batch; /* micro_batch 0: global / world */
+    long long steps, warmup, val_every, val_samples, log_every, sample_len, threads;
+    double lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip;
+    uint64_t seed;
+    enum fsdp_shard shard;
+};
+
+/* Returns 0 to run, 1 when --help was printed, -1 with err on bad input. */
+int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err);
+void train_opts_usage(void);
+
+#endif

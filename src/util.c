@@ -1,0 +1,79 @@
+/*
+ * util.c - error formatting, random numbers, clocks and number parsing.
+ */
+#include "util.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+int fsdp_err(char *err, const char *fmt, ...)
+{
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, ERR_LEN, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+uint64_t fsdp_rng_below(struct fsdp_rng *r, uint64_t n)
+{
+    unsigned __int128 m = (unsigned __int128)fsdp_rng_next(r) * n;
+    uint64_t low = (uint64_t)m;
+    if (low < n) {
+        uint64_t threshold = -n % n;
+        while (low < threshold) {
+            m = (unsigned __int128)fsdp_rng_next(r) * n;
+            low = (uint64_t)m;
+        }
+    }
+    return (uint64_t)(m >> 64);
+}
+
+float fsdp_normal_at(uint64_t key, uint64_t index)
+{
+    /* Box-Muller on two uniforms drawn from a hash of (key, index). */
+    uint64_t a = fsdp_mix64(key ^ fsdp_mix64(index));
+    uint64_t b = fsdp_mix64(a);
+    double u1 = ((double)(a >> 11) + 1.0) * (1.0 / 9007199254740993.0); /* (0, 1] */
+    double u2 = (double)(b >> 11) * (1.0 / 9007199254740992.0);         /* [0, 1) */
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+double fsdp_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int fsdp_parse_i64(const char *s, long long lo, long long hi, long long *out)
+{
+    if (!s || !*s)
+        return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int fsdp_parse_f64(const char *s, double *out)
+{
+    if (!s || !*s)
+        return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v))
+        return -1;
+    *out = v;
+    return 0;
+}

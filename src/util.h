@@ -1,0 +1,64 @@
+/*
+ * util.h - small helpers shared by the trainer's files: error strings, a
+ * counter-based random number generator, and time.
+ *
+ * Errors: a fallible function takes `char *err` (ERR_LEN bytes) and returns a
+ * negative value after filling it with one line that names what failed and
+ * where. Callers either pass it up or print it; nothing below main exits.
+ */
+#ifndef FSDP_UTIL_H
+#define FSDP_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ERR_LEN 512
+
+/* Formats the message into err (if non-NULL) and returns -1. */
+int fsdp_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* splitmix64: a bijective 64-bit mixer; the basis of every random stream here. */
+static inline uint64_t fsdp_mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* A sequential generator whose whole state is one word, so it checkpoints as
+ * a number. */
+struct fsdp_rng {
+    uint64_t state;
+};
+
+static inline uint64_t fsdp_rng_next(struct fsdp_rng *r)
+{
+    r->state += 0x9e3779b97f4a7c15ULL;
+    uint64_t x = r->state;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* Uniform in [0, 1) with 24 random bits, exactly representable as float. */
+static inline float fsdp_rng_uniform(struct fsdp_rng *r)
+{
+    return (float)(fsdp_rng_next(r) >> 40) * (1.0f / 16777216.0f);
+}
+
+/* Uniform integer in [0, n) without modulo bias (Lemire's method, n > 0). */
+uint64_t fsdp_rng_below(struct fsdp_rng *r, uint64_t n);
+
+/* A standard normal value that depends only on (key, index): any rank can
+ * produce element i of a tensor without producing elements 0..i-1. */
+float fsdp_normal_at(uint64_t key, uint64_t index);
+
+/* Monotonic seconds. */
+double fsdp_now(void);
+
+/* Parses a whole decimal string into a number in [lo, hi]; -1 if it is not one. */
+int fsdp_parse_i64(const char *s, long long lo, long long hi, long long *out);
+int fsdp_parse_f64(const char *s, double *out);
+
+#endif

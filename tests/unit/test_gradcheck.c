@@ -1,0 +1,211 @@
+/*
+ * test_gradcheck.c - every parameter tensor's analytic gradient against
+ * central finite differences of the loss, on a small model.
+ *
+ * Tolerance: for each tensor, over all of its elements,
+ *   ||g_analytic - g_numeric|| / (||g_analytic|| + ||g_numeric||) < 5e-3
+ * with eps = 5e-3 in float32. Parameters are drawn with a larger spread than
+ * GPT-2's init so that gradients stand well above float32 rounding; the
+ * padded vocabulary (V=30, Vp=32) and two heads are exercised. A wrong
+ * backward kernel produces errors of order 1e-1 (the tests at the bottom
+ * prove the check catches two such bugs).
+ */
+#include "check.h"
+
+#include "comm.h"
+#include "fsdp.h"
+#include "kernels.h"
+#include "model.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+enum { B = 2, T = 8 };
+static const struct model_config cfg = {.layers = 2, .dim = 16, .heads = 2, .seq = T,
+                                        .vocab = 30, .vocab_pad = 32};
+#define TOL 5e-3
+#define EPS 5e-3f
+
+struct rig {
+    struct model_layout m;
+    struct fsdp_comm comm;
+    struct fsdp_engine e;
+    int32_t in[B * T], tgt[B * T];
+};
+
+static int rig_init(struct rig *r, const struct fsdp_kernels *k, enum fsdp_shard shard)
+{
+    char err[ERR_LEN];
+    if (model_layout_init(&r->m, &cfg, err) != 0)
+        return -1;
+    fsdp_comm_local_init(&r->comm);
+    if (fsdp_init(&r->e, &r->m, k, &r->comm, shard, B, err) != 0)
+        return -1;
+    struct fsdp_rng rng = {42};
+    for (int i = 0; i < B * T; i++) {
+        r->in[i] = (int32_t)fsdp_rng_below(&rng, (uint64_t)cfg.vocab);
+        r->tgt[i] = (int32_t)fsdp_rng_below(&rng, (uint64_t)cfg.vocab);
+    }
+    /* parameters ~ N(init_value, 0.3^2): norms near 1, everything else near 0 */
+    for (int ti = 0; ti < r->m.ntensors; ti++) {
+        const struct model_tensor *t = &r->m.tensors[ti];
+        float *p = r->e.params + r->e.units[t->unit].shard_off + t->offset;
+        for (size_t i = 0; i < t->numel; i++)
+            p[i] = t->init_value + 0.3f * fsdp_normal_at(1000 + (uint64_t)ti, i);
+    }
+    fsdp_set_batch(&r->e, r->in, r->tgt);
+    return 0;
+}
+
+static void rig_free(struct rig *r)
+{
+    fsdp_free(&r->e);
+    model_layout_free(&r->m);
+}
+
+static double loss_of(struct rig *r)
+{
+    double s = 0;
+    char err[ERR_LEN];
+    fsdp_params_changed(&r->e); /* a parameter was edited in place */
+    if (fsdp_forward(&r->e, B, T, &s, err) != 0)
+        return NAN;
+    return s / (B * T);
+}
+
+/* Fills rel[ti] with each tensor's relative error; returns the worst. */
+static double gradcheck(const struct fsdp_kernels *k, enum fsdp_shard shard, double *rel)
+{
+    struct rig r;
+    char err[ERR_LEN];
+    if (rig_init(&r, k, shard) != 0)
+        return INFINITY;
+    fsdp_zero_grad(&r.e);
+    double base;
+    if (fsdp_forward(&r.e, B, T, &base, err) || fsdp_backward(&r.e, 1.0f / (B * T), err)) {
+        rig_free(&r);
+        return INFINITY;
+    }
+    double worst = 0;
+    for (int ti = 0; ti < r.m.ntensors; ti++) {
+        const struct model_tensor *t = &r.m.tensors[ti];
+        size_t off = r.e.units[t->unit].shard_off + t->offset;
+        double diff2 = 0, a2 = 0, n2 = 0;
+        for (size_t i = 0; i < t->numel; i++) {
+            float *p = r.e.params + off + i, saved = *p;
+            *p = saved + EPS;
+            double lp = loss_of(&r);
+            *p = saved - EPS;
+            double lm = loss_of(&r);
+            *p = saved;
+            double num = (lp - lm) / (2.0 * EPS), ana = r.e.grads[off + i];
+            diff2 += (ana - num) * (ana - num);
+            a2 += ana * ana;
+            n2 += num * num;
+        }
+        rel[ti] = sqrt(diff2) / (sqrt(a2) + sqrt(n2) + 1e-30);
+        if (!(a2 > 0))
+            rel[ti] = INFINITY; /* a gradient that is exactly zero is a bug here */
+        if (!(rel[ti] <= worst))
+            worst = rel[ti];
+    }
+    rig_free(&r);
+    return worst;
+}
+
+static void check_all_tensors(enum fsdp_shard shard)
+{
+    struct model_layout m;
+    char err[ERR_LEN];
+    REQUIRE(model_layout_init(&m, &cfg, err) == 0, "%s", err);
+    double *rel = calloc((size_t)m.ntensors, sizeof *rel);
+    gradcheck(fsdp_kernels_cpu(), shard, rel);
+    const char *verbose = getenv("GRADCHECK_VERBOSE");
+    for (int ti = 0; ti < m.ntensors; ti++) {
+        if (verbose)
+            printf("  %-24s %.3g\n", m.tensors[ti].name, rel[ti]);
+        CHECK(rel[ti] < TOL, "%s: relative error %.3g (tolerance %g)", m.tensors[ti].name,
+              rel[ti], TOL);
+    }
+    free(rel);
+    model_layout_free(&m);
+}
+
+static void every_tensor_gradient_matches_finite_differences_full_shard(void)
+{
+    check_all_tensors(FSDP_SHARD_FULL);
+}
+
+static void every_tensor_gradient_matches_finite_differences_no_shard(void)
+{
+    check_all_tensors(FSDP_SHARD_NONE);
+}
+
+/* ---- the check must catch wrong kernels ---------------------------------- */
+
+static const struct fsdp_kernels *real;
+
+/* GELU's derivative without the x * sech^2 term. */
+static void gelu_backward_wrong(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float th = tanhf(0.7978845608f * (x + 0.044715f * x * x * x));
+        dinp[i] = 0.5f * (1.0f + th) * dout[i];
+    }
+}
+
+/* LayerNorm backward that forgets the mean-of-dnorm correction. */
+static void layernorm_backward_wrong(float *dinp, float *dw, float *db, const float *dout,
+                                     const float *inp, const float *w, const float *mean,
+                                     const float *rstd, size_t N, int C)
+{
+    for (size_t i = 0; i < N; i++) {
+        for (int c = 0; c < C; c++) {
+            float norm = (inp[i * C + c] - mean[i]) * rstd[i];
+            dinp[i * C + c] += w[c] * dout[i * C + c] * rstd[i];
+            dw[c] += norm * dout[i * C + c];
+            db[c] += dout[i * C + c];
+        }
+    }
+}
+
+static double worst_with(struct fsdp_kernels *k)
+{
+    struct model_layout m;
+    char err[ERR_LEN];
+    model_layout_init(&m, &cfg, err);
+    double *rel = calloc((size_t)m.ntensors, sizeof *rel);
+    double worst = gradcheck(k, FSDP_SHARD_FULL, rel);
+    free(rel);
+    model_layout_free(&m);
+    return worst;
+}
+
+static void gradcheck_catches_a_wrong_gelu_backward(void)
+{
+    real = fsdp_kernels_cpu();
+    struct fsdp_kernels k = *real;
+    k.gelu_backward = gelu_backward_wrong;
+    double worst = worst_with(&k);
+    if (getenv("GRADCHECK_VERBOSE"))
+        printf("  worst relative error with the wrong kernel: %.3g\n", worst);
+    CHECK(worst > 10 * TOL, "worst relative error %.3g should exceed %g", worst, 10 * TOL);
+}
+
+static void gradcheck_catches_a_wrong_layernorm_backward(void)
+{
+    real = fsdp_kernels_cpu();
+    struct fsdp_kernels k = *real;
+    k.layernorm_backward = layernorm_backward_wrong;
+    double worst = worst_with(&k);
+    if (getenv("GRADCHECK_VERBOSE"))
+        printf("  worst relative error with the wrong kernel: %.3g\n", worst);
+    CHECK(worst > 10 * TOL, "worst relative error %.3g should exceed %g", worst, 10 * TOL);
+}
+
+CHECK_MAIN(TEST(every_tensor_gradient_matches_finite_differences_full_shard),
+           TEST(every_tensor_gradient_matches_finite_differences_no_shard),
+           TEST(gradcheck_catches_a_wrong_gelu_backward),
+           TEST(gradcheck_catches_a_wrong_layernorm_backward))

@@ -1,0 +1,25 @@
+#!/bin/sh
+# Installs every build and run dependency of fsdp-ckpt from Debian 12's archive.
+# Idempotent: a second run only checks that the packages are there.
+# Run as root (or with sudo available) on a fresh Debian 12 machine.
+set -eu
+
+PKGS="build-essential pkg-config meson ninja-build
+      libopenmpi-dev openmpi-bin libopenblas-dev
+      libzstd-dev libssl-dev libjansson-dev
+      fortunes-min fortunes"
+
+missing=""
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+        missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "setup: installing$missing" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q >&2
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -q --no-install-recommends $missing >&2
