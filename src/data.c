@@ -70,11 +70,12 @@ int token_file_open(struct token_file *f, const char *path, int vocab, char *err
     const uint16_t *tok = (const uint16_t *)(b + hdr);
     for (size_t i = 0; i < count; i++) {
         if (tok[i] >= vocab) {
+            unsigned bad = tok[i];
             munmap(map, len);
             return fsdp_err(err,
                             "%s: token %u at index %zu is outside the model's vocabulary of %d "
                             "(use --vocab or a model whose vocabulary covers it)",
-                            path, tok[i], i, vocab);
+                            path, bad, i, vocab);
         }
     }
     f->tokens = tok;

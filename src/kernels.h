@@ -76,6 +76,9 @@ struct fsdp_kernels {
     void (*add)(float *dst, const float *src, size_t n);
 };
 
+/* Call first thing in main: may re-execute the program so that OpenBLAS
+ * loads its kernels for this CPU (see kernels_cpu.c). */
+void fsdp_kernels_cpu_fix_blas_core(char **argv);
 /* Sets the number of compute threads for the CPU backend (OpenMP + BLAS). */
 void fsdp_kernels_cpu_threads(int n);
 const struct fsdp_kernels *fsdp_kernels_cpu(void);

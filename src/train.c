@@ -74,7 +74,7 @@ static void print_banner(const struct trainer *t)
     fprintf(stderr,
             "fsdp-train: model %s (L%d C%d H%d T%d V%d), %.2fM parameters; %d rank%s, shard %s, "
             "%d thread%s per rank; %s\n",
-            t->o.model_name, c->layers, c->dim, c->heads, c->seq, c->vocab,
+            t->o.model_label, c->layers, c->dim, c->heads, c->seq, c->vocab,
             (double)t->model.numel / 1e6, t->comm.world, t->comm.world > 1 ? "s" : "",
             fsdp_shard_name(t->o.shard), t->threads, t->threads > 1 ? "s" : "",
             fsdp_kernels_cpu_blas());
@@ -172,13 +172,14 @@ static int generate(struct trainer *t, char *err)
         float mx = -INFINITY;
         for (int v = 0; v < V; v++)
             mx = fmaxf(mx, row[v]);
+        const double inv_temp = 1.0 / t->o.temperature;
         double sum = 0;
         for (int v = 0; v < V; v++)
-            sum += exp((double)(row[v] - mx));
+            sum += exp((double)(row[v] - mx) * inv_temp);
         double u = fsdp_rng_uniform(&rng) * sum, acc = 0;
         int tok = V - 1;
         for (int v = 0; v < V; v++) {
-            acc += exp((double)(row[v] - mx));
+            acc += exp((double)(row[v] - mx) * inv_temp);
             if (u < acc) {
                 tok = v;
                 break;
@@ -330,6 +331,7 @@ int main(int argc, char **argv)
 {
     static struct trainer t;
     char err[ERR_LEN] = "";
+    fsdp_kernels_cpu_fix_blas_core(argv);
     int rc = train_opts_parse(&t.o, argc, argv, err);
     if (rc == 1) {
         train_opts_usage();

@@ -42,6 +42,7 @@ void train_opts_usage(void)
            "  --val-every N          validation loss every N steps (default: at the end)\n"
            "  --val-samples N        validation sequences (default 64)\n"
            "  --sample N             print N generated tokens at the end\n"
+           "  --temperature X        sampling temperature (default 0.8)\n"
            "  --help                 this text\n");
 }
 
@@ -70,6 +71,7 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
     o->val_samples = 64;
     o->log_every = 1;
     o->lr = 3e-3;
+    o->temperature = 0.8;
     o->min_lr_frac = 0.1;
     o->weight_decay = 0.1;
     o->beta1 = 0.9;
@@ -128,6 +130,8 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
             rc = need_int(f, v, 1, 1024, &o->threads, err);
         else if (strcmp(f, "--seed") == 0)
             rc = need_int(f, v, 0, INT64_MAX, &seed, err);
+        else if (strcmp(f, "--temperature") == 0)
+            rc = need_num(f, v, 1e-3, 100, &o->temperature, err);
         else if (strcmp(f, "--lr") == 0)
             rc = need_num(f, v, 0, 10, &o->lr, err);
         else if (strcmp(f, "--min-lr-frac") == 0)
@@ -166,6 +170,8 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
         o->cfg.vocab = (int)vocab;
         o->cfg.vocab_pad = vocab <= 256 ? (int)vocab : (int)((vocab + 63) / 64 * 64);
     }
+    snprintf(o->model_label, sizeof o->model_label, "%s",
+             layers || dim || heads || seq || vocab ? "custom" : o->model_name);
     o->seed = (uint64_t)seed;
     if (o->warmup < 0)
         o->warmup = o->steps / 20;

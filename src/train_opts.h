@@ -11,10 +11,11 @@
 
 struct train_opts {
     const char *data, *val_data, *log_path, *model_name;
+    char model_label[64]; /* the preset, or "custom" when a field was overridden */
     struct model_config cfg;
     long long global_batch, micro_batch; /* micro_batch 0: global / world */
     long long steps, warmup, val_every, val_samples, log_every, sample_len, threads;
-    double lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip;
+    double temperature, lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip;
     uint64_t seed;
     enum fsdp_shard shard;
 };

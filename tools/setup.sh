@@ -4,8 +4,8 @@
 # Run as root (or with sudo available) on a fresh Debian 12 machine.
 set -eu
 
-PKGS="build-essential pkg-config meson ninja-build
-      libopenmpi-dev openmpi-bin libopenblas-dev
+PKGS="build-essential pkg-config meson ninja-build python3
+      libopenmpi-dev openmpi-bin libopenblas-openmp-dev
       libzstd-dev libssl-dev libjansson-dev
       fortunes-min fortunes"
 

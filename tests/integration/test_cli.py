@@ -1,0 +1,48 @@
+"""Every program: --help exits 0; a bad flag or value gives exactly one line
+on stderr that names it and points at --help, and a non-zero exit."""
+
+from harness import DATA, TRAIN, main, prepare_corpus, run, mpirun
+
+
+def help_exits_zero(tmp):
+    for prog in (TRAIN, DATA):
+        p = run([prog, "--help"])
+        assert "usage:" in p.stdout, p.stdout
+
+
+def bad_flags_give_one_line_and_the_usage_hint(tmp):
+    train, _ = prepare_corpus(tmp)
+    cases = [
+        ([TRAIN, "--data", train, "--bogus", "1"], "unknown option '--bogus'"),
+        ([TRAIN, "--data", train, "--steps", "ten"], "--steps 'ten'"),
+        ([TRAIN, "--data", train, "--shard", "half"], "--shard 'half'"),
+        ([TRAIN, "--data", train, "--model", "huge"], "--model 'huge'"),
+        ([TRAIN, "--data", train, "--dim", "100", "--heads", "3"], "--heads 3 must divide"),
+        ([TRAIN, "--steps", "3"], "--data FILE is required"),
+        ([TRAIN, "--data"], "--data needs a value"),
+        ([DATA, "prepare", "--out"], "--out needs a value"),
+        ([DATA, "prepare", "--frob", "x", "in.txt"], "unknown option '--frob'"),
+        ([DATA, "tokenize"], "expected the command 'prepare'"),
+    ]
+    for args, needle in cases:
+        p = run(args, check=False)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2, f"{args}: exit {p.returncode}"
+        assert len(lines) == 1 and needle in lines[0] and "--help" in lines[0], \
+            f"{args}: {p.stderr!r}"
+
+
+def batch_that_does_not_divide_is_refused_once(tmp):
+    train, _ = prepare_corpus(tmp)
+    p = mpirun(3, [TRAIN, "--data", train, "--global-batch", "8", "--steps", "1"], check=False)
+    lines = [l for l in p.stderr.strip().splitlines() if l.startswith("fsdp-train")]
+    assert p.returncode != 0
+    assert lines == ["fsdp-train: --global-batch 8 is not a multiple of the 3 ranks"], p.stderr
+    p = mpirun(2, [TRAIN, "--data", train, "--global-batch", "8", "--micro-batch", "3",
+                   "--steps", "1"], check=False)
+    assert p.returncode != 0 and "--micro-batch 3 does not divide the 4" in p.stderr, p.stderr
+
+
+if __name__ == "__main__":
+    main([help_exits_zero, bad_flags_give_one_line_and_the_usage_hint,
+          batch_that_does_not_divide_is_refused_once])

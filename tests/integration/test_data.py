@@ -1,0 +1,113 @@
+"""fsdp-data writes llm.c's token format; the trainer refuses files that are
+not in it, are truncated, or hold tokens beyond the model's vocabulary, with
+one line naming the file and the problem; llm.c's GPT-2 token files (vocab
+50257) train unchanged."""
+
+import os
+import random
+import struct
+
+from harness import DATA, TRAIN, main, run, token_file
+
+
+def read_tokens(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    header = struct.unpack("<256i", raw[:1024])
+    return header, list(struct.unpack(f"<{(len(raw) - 1024) // 2}H", raw[1024:]))
+
+
+def prepare_writes_llmc_format_with_end_of_text_between_documents(tmp):
+    a, b = f"{tmp}/a.txt", f"{tmp}/b.txt"
+    with open(a, "w") as f:
+        f.write("first doc\n%\nsecond, caf\u00e9\n")
+    with open(b, "w") as f:
+        f.write("third")
+    out = f"{tmp}/out.bin"
+    run([DATA, "prepare", "--out", out, "--doc-sep", "%", a, b])
+    header, toks = read_tokens(out)
+    assert header[:3] == (20240520, 1, len(toks)), header[:3]
+    want = [0] + list(b"first doc\n") + [0] + list("second, caf\u00e9\n".encode()) + [0] + \
+        list(b"third")
+    assert toks == want, toks
+
+
+def validation_split_is_deterministic_and_disjoint(tmp):
+    src = f"{tmp}/docs.txt"
+    docs = [f"document number {i} " * 3 for i in range(400)]
+    with open(src, "w") as f:
+        f.write("\n%\n".join(docs))
+    outs = []
+    for k in range(2):
+        tr, va = f"{tmp}/t{k}.bin", f"{tmp}/v{k}.bin"
+        run([DATA, "prepare", "--out", tr, "--val-out", va, "--val-fraction", "0.1",
+             "--doc-sep", "%", src])
+        outs.append((open(tr, "rb").read(), open(va, "rb").read()))
+    assert outs[0] == outs[1], "two runs gave different files"
+    _, tr = read_tokens(f"{tmp}/t0.bin")
+    _, va = read_tokens(f"{tmp}/v0.bin")
+    split = lambda toks: [bytes(d).decode() for d in bytes(toks).split(b"\0")[1:]]
+    tdocs, vdocs = split(tr), split(va)
+    assert len(tdocs) + len(vdocs) == 400
+    assert 20 <= len(vdocs) <= 60, f"{len(vdocs)} validation documents for a 0.1 split"
+    assert not set(tdocs) & set(vdocs)
+
+
+def prepare_refuses_invalid_utf8_and_nul(tmp):
+    for name, data, what in (("latin1.txt", b"caf\xe9 au lait", "not valid UTF-8"),
+                             ("nul.txt", b"abc\0def", "NUL byte")):
+        path = f"{tmp}/{name}"
+        with open(path, "wb") as f:
+            f.write(data)
+        p = run([DATA, "prepare", "--out", f"{tmp}/x.bin", path], check=False)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode != 0 and len(lines) == 1, p.stderr
+        assert path in lines[0] and what in lines[0] and "byte 3" in lines[0], lines[0]
+        assert not os.path.exists(f"{tmp}/x.bin")
+
+
+def refused(tmp, path, *needles, extra=()):
+    p = run([TRAIN, "--data", path, "--steps", "1"] + list(extra), check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode != 0, f"exit {p.returncode}"
+    assert len(lines) == 1, f"expected one line, got:\n{p.stderr}"
+    for n in (path,) + needles:
+        assert n in lines[0], f"'{n}' not in: {lines[0]}"
+
+
+def trainer_refuses_bad_token_files(tmp):
+    good = list(range(256)) * 20
+    token_file(f"{tmp}/magic.bin", good, magic=12345)
+    refused(tmp, f"{tmp}/magic.bin", "magic")
+    token_file(f"{tmp}/version.bin", good, version=7)
+    refused(tmp, f"{tmp}/version.bin", "version 7")
+    token_file(f"{tmp}/trunc.bin", good, count=len(good) + 100)
+    refused(tmp, f"{tmp}/trunc.bin", "truncated", str(len(good) + 100))
+    with open(f"{tmp}/short.bin", "wb") as f:
+        f.write(b"\x01\x02\x03")
+    refused(tmp, f"{tmp}/short.bin", "not a token file")
+    token_file(f"{tmp}/vocab.bin", good[:1000] + [300] + good)
+    refused(tmp, f"{tmp}/vocab.bin", "token 300", "index 1000", "vocabulary of 256")
+    refused(tmp, f"{tmp}/missing.bin", "cannot open")
+
+
+def trains_on_gpt2_token_files(tmp):
+    rng = random.Random(3)
+    path = f"{tmp}/gpt2.bin"
+    token_file(path, [rng.randrange(50257) for _ in range(20000)] + [50256])
+    p = run([TRAIN, "--data", path, "--vocab", "50257", "--layers", "1", "--dim", "32",
+             "--heads", "2", "--seq", "32", "--steps", "2", "--global-batch", "4",
+             "--log", f"{tmp}/log.jsonl"])
+    assert "V50257" in p.stderr, p.stderr
+    first = [l for l in open(f"{tmp}/log.jsonl")][0]
+    import json, math
+    assert abs(json.loads(first)["loss"] - math.log(50257)) < 0.2
+    refused(tmp, path, "outside the model's vocabulary of 256")
+
+
+if __name__ == "__main__":
+    main([prepare_writes_llmc_format_with_end_of_text_between_documents,
+          validation_split_is_deterministic_and_disjoint,
+          prepare_refuses_invalid_utf8_and_nul,
+          trainer_refuses_bad_token_files,
+          trains_on_gpt2_token_files])
