@@ -2,12 +2,17 @@
 # Installs every build and run dependency of fsdp-ckpt from Debian 12's archive.
 # Idempotent: a second run only checks that the packages are there.
 # Run as root (or with sudo available) on a fresh Debian 12 machine.
+#   tools/setup.sh          what the build, the demo and the tests need
+#   tools/setup.sh --bench  also PyTorch (python3-torch), the benchmarks' baseline
 set -eu
 
 PKGS="build-essential pkg-config meson ninja-build python3
       libopenmpi-dev openmpi-bin libopenblas-openmp-dev
       libzstd-dev libssl-dev libjansson-dev
       fortunes-min fortunes"
+if [ "${1:-}" = "--bench" ]; then
+    PKGS="$PKGS python3-torch"
+fi
 
 missing=""
 for p in $PKGS; do

@@ -1,0 +1,124 @@
+#!/usr/bin/python3
+"""Training throughput benchmark, one invocation, ratios against baselines
+measured in the same run.
+
+For each model - tiny, small, and the comparison config (--layers 4 --dim 256
+--heads 4 --seq 256, byte vocabulary, global batch 8) - it measures
+fsdp-train's tokens/s on 1 rank with 2 threads and on 2 Open MPI ranks with
+1 thread each (shard full), and, when Debian's python3-torch is installed
+(tools/setup.sh --bench), the same model trained by PyTorch on the CPU with 2
+threads. tokens/s is the median over the steps after the first three. Prints
+a table and writes it as JSON. Installs what is missing and builds first.
+
+    tools/bench/bench_train.py [--out FILE] [--steps-scale X]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BUILD = os.path.join(ROOT, "build")
+TRAIN = os.path.join(BUILD, "src", "fsdp-train")
+DATA = os.path.join(BUILD, "src", "fsdp-data")
+
+MODELS = [
+    ("tiny", ["--model", "tiny"], (4, 128, 4, 128), 40),
+    ("small", ["--model", "small"], (6, 384, 6, 256), 12),
+    ("comparison", ["--layers", "4", "--dim", "256", "--heads", "4", "--seq", "256"],
+     (4, 256, 4, 256), 20),
+]
+WARMUP = 3
+
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+
+
+def sh(args, env=ENV):
+    p = subprocess.run(args, env=env, capture_output=True, text=True, errors="replace")
+    if p.returncode != 0:
+        sys.exit(f"bench: {' '.join(args[:4])}... failed:\n{p.stderr[-2000:]}")
+    return p
+
+
+def ours(data, model_args, steps, ranks, threads, tmp):
+    log = os.path.join(tmp, "log.jsonl")
+    cmd = [TRAIN, "--data", data, "--global-batch", "8", "--steps", str(steps),
+           "--threads", str(threads), "--log", log, "--log-every", "1000"] + model_args
+    if ranks > 1:
+        cmd = ["mpirun", "-np", str(ranks), "--bind-to", "core"] + cmd
+    sh(cmd)
+    rates = [json.loads(l)["tokens_per_s"] for l in open(log)][WARMUP:]
+    return statistics.median(rates)
+
+
+def torch_baseline(data, shape, steps):
+    try:
+        subprocess.run(["/usr/bin/python3", "-c", "import torch"], check=True,
+                       capture_output=True)
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return None
+    L, C, NH, T = shape
+    # Debian's torch uses the system OpenBLAS: give it the same kernel choice
+    # fsdp-train makes for itself (see src/cpu/kernels_cpu.c).
+    env = dict(ENV)
+    flags = open("/proc/cpuinfo").read()
+    if " avx512f " in flags and " avx512vl " in flags:
+        env.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
+    elif " avx2 " in flags:
+        env.setdefault("OPENBLAS_CORETYPE", "Haswell")
+    p = sh(["/usr/bin/python3", os.path.join(ROOT, "tools", "bench", "torch_gpt2.py"),
+            "--data", data, "--layers", str(L), "--dim", str(C), "--heads", str(NH),
+            "--seq", str(T), "--steps", str(steps), "--warmup-steps", str(WARMUP),
+            "--threads", "2"], env)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(BUILD, "bench-train.json"))
+    ap.add_argument("--steps-scale", type=float, default=1.0)
+    a = ap.parse_args()
+    subprocess.run([os.path.join(ROOT, "tools", "setup.sh"), "--bench"], check=True)
+    if not os.path.exists(os.path.join(BUILD, "build.ninja")):
+        subprocess.run(["meson", "setup", BUILD, ROOT], check=True, capture_output=True)
+    subprocess.run(["meson", "compile", "-C", BUILD], check=True, capture_output=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "train.bin")
+        files = sorted(f for f in os.listdir("/usr/share/games/fortunes")
+                       if "." not in f)
+        sh([DATA, "prepare", "--doc-sep", "%", "--out", data] +
+           [os.path.join("/usr/share/games/fortunes", f) for f in files])
+        for name, margs, shape, steps in MODELS:
+            steps = max(WARMUP + 3, int(steps * a.steps_scale))
+            one = ours(data, margs, steps, 1, 2, tmp)
+            two = ours(data, margs, steps, 2, 1, tmp)
+            tb = torch_baseline(data, shape, steps)
+            rows.append({"model": name, "shape": "L%d C%d H%d T%d" % shape,
+                         "one_rank_2_threads": one, "two_ranks_1_thread": two,
+                         "two_over_one": two / one,
+                         "pytorch_2_threads": tb["tokens_per_s"] if tb else None,
+                         "ours_over_pytorch": one / tb["tokens_per_s"] if tb else None,
+                         "torch_version": tb["torch"] if tb else None})
+    print(f"{'model':<11} {'shape':<18} {'1 rank x 2 thr':>15} {'2 ranks x 1 thr':>16} "
+          f"{'2r/1r':>6} {'pytorch 2 thr':>14} {'ours/pytorch':>13}")
+    for r in rows:
+        tb = f"{r['pytorch_2_threads']:14.0f}" if r["pytorch_2_threads"] else f"{'n/a':>14}"
+        ratio = f"{r['ours_over_pytorch']:13.2f}" if r["ours_over_pytorch"] else f"{'n/a':>13}"
+        print(f"{r['model']:<11} {r['shape']:<18} {r['one_rank_2_threads']:15.0f} "
+              f"{r['two_ranks_1_thread']:16.0f} {r['two_over_one']:6.2f} {tb} {ratio}")
+    print("(tokens/s, median of steps after the first %d; global batch 8)" % WARMUP)
+    if not any(r["pytorch_2_threads"] for r in rows):
+        print("(PyTorch baseline skipped: tools/setup.sh --bench installs python3-torch)")
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump({"rows": rows}, f, indent=1)
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
