@@ -49,6 +49,18 @@ static int local_barrier(struct fsdp_comm *c, char *err)
     return 0;
 }
 
+static int local_gather_bytes(struct fsdp_comm *c, const void *buf, size_t n, int root,
+                              char **out, size_t *lens, char *err)
+{
+    (void)c, (void)root, (void)err;
+    *out = malloc(n ? n : 1);
+    if (!*out)
+        return -1;
+    memcpy(*out, buf, n);
+    lens[0] = n;
+    return 0;
+}
+
 static void local_finalize(struct fsdp_comm *c) { (void)c; }
 
 static void local_abort(struct fsdp_comm *c, int code)
@@ -71,6 +83,7 @@ void fsdp_comm_local_init(struct fsdp_comm *c)
         .allreduce_sum_f64 = local_allreduce_f64,
         .bcast_bytes = local_bcast,
         .barrier = local_barrier,
+        .gather_bytes = local_gather_bytes,
         .abort = local_abort,
         .finalize = local_finalize,
     };

@@ -84,6 +84,54 @@ static int mpi_barrier(struct fsdp_comm *c, char *err)
     return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "barrier", err);
 }
 
+static int mpi_gather_bytes(struct fsdp_comm *c, const void *buf, size_t n, int root, char **out,
+                            size_t *lens, char *err)
+{
+    *out = NULL;
+    if (count_ok(n, "gather", err))
+        return -1;
+    int len = (int)n, *all = NULL, *displs = NULL, rc;
+    if (c->rank == root) {
+        all = calloc((size_t)c->world, sizeof *all);
+        displs = calloc((size_t)c->world, sizeof *displs);
+        if (!all || !displs) {
+            free(all);
+            free(displs);
+            return fsdp_err(err, "mpi: out of memory for a gather");
+        }
+    }
+    rc = MPI_Gather(&len, 1, MPI_INT, all, 1, MPI_INT, root, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) {
+        free(all);
+        free(displs);
+        return mpi_fail(rc, "gather", err);
+    }
+    size_t total = 0;
+    if (c->rank == root) {
+        for (int r = 0; r < c->world; r++) {
+            displs[r] = (int)total;
+            lens[r] = (size_t)all[r];
+            total += (size_t)all[r];
+        }
+        if (total > INT_MAX || !(*out = malloc(total ? total : 1))) {
+            /* still take part, so the other ranks are not left waiting */
+            MPI_Gatherv(buf, len, MPI_BYTE, NULL, all, displs, MPI_BYTE, root, MPI_COMM_WORLD);
+            free(all);
+            free(displs);
+            return fsdp_err(err, "mpi: cannot receive %zu gathered bytes", total);
+        }
+    }
+    rc = MPI_Gatherv(buf, len, MPI_BYTE, *out, all, displs, MPI_BYTE, root, MPI_COMM_WORLD);
+    free(all);
+    free(displs);
+    if (rc != MPI_SUCCESS) {
+        free(*out);
+        *out = NULL;
+        return mpi_fail(rc, "gather", err);
+    }
+    return 0;
+}
+
 static void mpi_abort(struct fsdp_comm *c, int code)
 {
     (void)c;
@@ -116,6 +164,7 @@ int fsdp_comm_mpi_init(struct fsdp_comm *c, int *argc, char ***argv, char *err)
         .allreduce_sum_f64 = mpi_allreduce_f64,
         .bcast_bytes = mpi_bcast,
         .barrier = mpi_barrier,
+        .gather_bytes = mpi_gather_bytes,
         .abort = mpi_abort,
         .finalize = mpi_finalize,
     };

@@ -241,6 +241,8 @@ void fsdp_init_params(struct fsdp_engine *e, uint64_t seed)
         e->k->upload(e->params + U->shard_off, host, U->shard_n * sizeof *host);
     }
     free(host);
+    e->k->zero(e->exp_avg, e->shard_total);
+    e->k->zero(e->exp_avg_sq, e->shard_total);
     fsdp_params_changed(e);
 }
 

@@ -98,8 +98,9 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
               struct fsdp_comm *comm, enum fsdp_shard shard, int B, char *err);
 void fsdp_free(struct fsdp_engine *e);
 
-/* GPT-2 initialisation of this rank's shard; identical values for any world
- * size (each element is a function of seed, tensor and index only). */
+/* GPT-2 initialisation of this rank's shard, optimizer moments zeroed;
+ * identical values for any world size (each element is a function of seed,
+ * tensor and index only). */
 void fsdp_init_params(struct fsdp_engine *e, uint64_t seed);
 
 /* Host arrays of B*T tokens; targets may be NULL (no loss). */

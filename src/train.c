@@ -5,6 +5,7 @@
  * alone it is one rank with no MPI at all. Rank 0 prints and logs; every
  * rank runs the same loop so the collectives line up.
  */
+#include "checkpoint.h"
 #include "data.h"
 #include "fsdp.h"
 #include "train_opts.h"
@@ -29,6 +30,11 @@ struct trainer {
     uint64_t cursor;           /* samples of the stream consumed so far */
     int32_t *in, *tgt;         /* host batch, micro * T each */
     FILE *log;
+    struct ckptr ck;
+    int have_ckpt;
+    long long start_step; /* steps already done when this process started */
+    uint64_t sample_rng;  /* state of the sampling generator */
+    int agreed_error;     /* every rank knows: rank 0 reports, nobody aborts */
 };
 
 static int pick_threads(const struct trainer *t)
@@ -156,7 +162,7 @@ static int generate(struct trainer *t, char *err)
         free(row);
         return fsdp_err(err, "sample: out of memory");
     }
-    struct fsdp_rng rng = {fsdp_mix64(t->o.seed ^ 0x5a3b1e)};
+    struct fsdp_rng rng = {t->sample_rng};
     ctx[0] = DATA_EOT;
     int rc = 0;
     if (t->comm.rank == 0)
@@ -231,12 +237,73 @@ static void log_step(struct trainer *t, long long step, double loss, double lr, 
     }
 }
 
+static json_t *trainer_state(const struct trainer *t, long long step)
+{
+    const struct train_opts *o = &t->o;
+    char rng[24];
+    snprintf(rng, sizeof rng, "%016llx", (unsigned long long)t->sample_rng);
+    return json_pack("{s:I, s:I, s:I, s:I, s:s, s:I, s:i, s:{s:f, s:f, s:I, s:I}, "
+                     "s:{s:s, s:f, s:f, s:f, s:f, s:I}}",
+                     "step", (json_int_t)step, "tokens_seen",
+                     (json_int_t)(t->cursor * (uint64_t)o->cfg.seq), "data_cursor",
+                     (json_int_t)t->cursor, "seed", (json_int_t)o->seed, "rng_state",
+                     rng, "global_batch", (json_int_t)o->global_batch,
+                     "seq", o->cfg.seq, "schedule", "lr", o->lr, "min_lr_frac", o->min_lr_frac,
+                     "warmup", (json_int_t)o->warmup, "total_steps", (json_int_t)o->steps,
+                     "optimizer", "name", "adamw", "beta1", o->beta1, "beta2", o->beta2, "eps",
+                     o->eps, "weight_decay", o->weight_decay, "t", (json_int_t)step);
+}
+
+static int restore_state(struct trainer *t, json_t *j, uint64_t step, char *err)
+{
+    json_int_t s = -1, cursor = -1;
+    const char *rng = NULL;
+    char *end = NULL;
+    if (json_unpack(j, "{s:I, s:I, s:s}", "step", &s, "data_cursor", &cursor, "rng_state",
+                    &rng) ||
+        s < 0 || cursor < 0 || (uint64_t)s != step)
+        return fsdp_err(err, "checkpoint step %llu: trainer state lacks step, data_cursor or "
+                        "rng_state", (unsigned long long)step);
+    unsigned long long r = strtoull(rng, &end, 16);
+    if (!*rng || *end)
+        return fsdp_err(err, "checkpoint step %llu: rng_state '%s' is not hexadecimal",
+                        (unsigned long long)step, rng);
+    t->start_step = s;
+    t->cursor = (uint64_t)cursor;
+    t->sample_rng = (uint64_t)r;
+    return 0;
+}
+
+static int save(struct trainer *t, long long step, char *err)
+{
+    json_t *state = trainer_state(t, step);
+    if (!state)
+        return fsdp_err(err, "checkpoint: out of memory");
+    double t0 = fsdp_now();
+    int rc = ckptr_save(&t->ck, (uint64_t)step, state, err);
+    json_decref(state);
+    if (rc) {
+        t->agreed_error = 1;
+        char msg[ERR_LEN];
+        snprintf(msg, sizeof msg, "%s", err);
+        if (t->ck.newest_committed)
+            return fsdp_err(err, "checkpoint of step %lld failed: %s (the newest committed "
+                            "checkpoint is step %llu)", step, msg,
+                            (unsigned long long)t->ck.newest_committed);
+        return fsdp_err(err, "checkpoint of step %lld failed: %s", step, msg);
+    }
+    if (t->comm.rank == 0)
+        fprintf(stderr, "fsdp-train: checkpoint step %lld committed in %.2f s\n", step,
+                fsdp_now() - t0);
+    return 0;
+}
+
 static int train(struct trainer *t, char *err)
 {
     const int T = t->model.cfg.seq;
     const double tokens = (double)t->o.global_batch * T;
     const struct train_opts *o = &t->o;
-    for (long long step = 0; step < o->steps; step++) {
+    for (long long step = t->start_step; step < o->steps; step++) {
         double t0 = fsdp_now(), loss = 0;
         fsdp_zero_grad(&t->eng);
         for (int m = 0; m < t->accum; m++) {
@@ -269,6 +336,9 @@ static int train(struct trainer *t, char *err)
         if (!isfinite(loss))
             return fsdp_err(err, "training diverged: loss is %f at step %lld", loss, step + 1);
         log_step(t, step, loss, lr, norm, dt, val);
+        if (t->have_ckpt && ((o->ckpt.every && (step + 1) % o->ckpt.every == 0) || last) &&
+            save(t, step + 1, err))
+            return -1;
     }
     return 0;
 }
@@ -307,15 +377,47 @@ static int setup(struct trainer *t, char *err)
     if (fsdp_init(&t->eng, &t->model, fsdp_kernels_cpu(), &t->comm, o->shard, t->micro, err))
         return -1;
     fsdp_init_params(&t->eng, o->seed);
-    if (o->log_path && t->comm.rank == 0 && !(t->log = fopen(o->log_path, "w")))
+    t->sample_rng = fsdp_mix64(o->seed ^ 0x5a3b1e);
+    if (o->log_path && t->comm.rank == 0 && !(t->log = fopen(o->log_path, "a")))
         return fsdp_err(err, "%s: cannot open the log for writing", o->log_path);
     if (t->comm.rank == 0)
         print_banner(t);
     return 0;
 }
 
+/* Collective: opens the checkpoint store and resumes from it. */
+static int setup_checkpoints(struct trainer *t, char *err)
+{
+    if (!t->o.ckpt.uri)
+        return 0;
+    t->agreed_error = 1; /* everything here is agreed on by all ranks */
+    if (ckptr_open(&t->ck, &t->o.ckpt, &t->eng, &t->comm, &t->model, err))
+        return -1;
+    t->have_ckpt = 1;
+    json_t *state;
+    uint64_t step;
+    int rc = ckptr_resume(&t->ck, &state, &step, err);
+    if (rc)
+        return rc;
+    if (state) {
+        rc = restore_state(t, state, step, err);
+        json_decref(state);
+        if (rc)
+            return rc;
+        if (t->comm.rank == 0)
+            fprintf(stderr, "fsdp-train: resumed from checkpoint step %llu in %s\n",
+                    (unsigned long long)step, t->ck.st->uri);
+    } else {
+        fsdp_init_params(&t->eng, t->o.seed); /* a failed attempt may have written */
+    }
+    t->agreed_error = 0;
+    return 0;
+}
+
 static void teardown(struct trainer *t)
 {
+    if (t->have_ckpt)
+        ckptr_close(&t->ck);
     if (t->log)
         fclose(t->log);
     fsdp_free(&t->eng);
@@ -363,16 +465,23 @@ int main(int argc, char **argv)
         return 1;
     }
     if (!rc)
+        rc = setup_checkpoints(&t, err);
+    if (!rc)
         rc = train(&t, err);
     if (!rc && t.o.sample_len > 0)
         rc = generate(&t, err);
     if (rc) {
-        fprintf(stderr, "fsdp-train: rank %d: %s\n", t.comm.rank, err);
-        if (t.comm.world > 1)
-            t.comm.abort(&t.comm, 1);
+        if (t.agreed_error) { /* every rank knows; rank 0 speaks for all */
+            if (t.comm.rank == 0)
+                fprintf(stderr, "fsdp-train: %s\n", err);
+        } else {
+            fprintf(stderr, "fsdp-train: rank %d: %s\n", t.comm.rank, err);
+            if (t.comm.world > 1)
+                t.comm.abort(&t.comm, 1);
+        }
         teardown(&t);
         t.comm.finalize(&t.comm);
-        return 1;
+        return rc == CKPTR_REFUSED ? 2 : 1;
     }
     if (t.comm.rank == 0)
         fprintf(stderr, "fsdp-train: done: %lld steps in %.1f s (%.1f s in collectives on rank 0)\n",

@@ -36,6 +36,16 @@ void train_opts_usage(void)
            "  --shard full|grad-op|none   FSDP strategy (default full)\n"
            "  --threads N            compute threads per rank (default cores / local ranks)\n"
            "\n"
+           "checkpoints:\n"
+           "  --ckpt URI             where checkpoints live (a path or file://PATH)\n"
+           "  --ckpt-every N         checkpoint every N steps, and always after the last\n"
+           "  --keep K               committed checkpoints to keep (default 3)\n"
+           "  --resume auto|none     auto: continue from the newest committed checkpoint\n"
+           "                         that verifies (default); none: start fresh\n"
+           "  --compress C           none | zstd[:LEVEL] | zstd+shuffle[:LEVEL]\n"
+           "                         (default zstd+shuffle:1)\n"
+           "  --ckpt-chunk-kib N     raw bytes per chunk (default 4096)\n"
+           "\n"
            "output:\n"
            "  --log FILE             one JSON object per step\n"
            "  --log-every K          progress line every K steps (default 1)\n"
@@ -80,6 +90,10 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
     o->grad_clip = 1.0;
     o->seed = 1337;
     o->shard = FSDP_SHARD_FULL;
+    o->ckpt.keep = 3;
+    o->ckpt.resume = 1;
+    o->ckpt.write = (struct ckpt_write_opts){CKPT_CODEC_ZSTD_SHUFFLE4, 1, 4u << 20};
+    long long chunk_kib = 4096;
     long long layers = 0, dim = 0, heads = 0, seq = 0, vocab = 0, seed = 1337;
 
     for (int i = 1; i < argc; i++) {
@@ -146,7 +160,24 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
             rc = need_num(f, v, 1e-30, 1, &o->eps, err);
         else if (strcmp(f, "--grad-clip") == 0)
             rc = need_num(f, v, 0, 1e30, &o->grad_clip, err);
-        else if (strcmp(f, "--shard") == 0) {
+        else if (strcmp(f, "--ckpt") == 0)
+            o->ckpt.uri = v;
+        else if (strcmp(f, "--ckpt-every") == 0)
+            rc = need_int(f, v, 1, 1LL << 40, &o->ckpt.every, err);
+        else if (strcmp(f, "--keep") == 0)
+            rc = need_int(f, v, 1, 1 << 20, &o->ckpt.keep, err);
+        else if (strcmp(f, "--ckpt-chunk-kib") == 0)
+            rc = need_int(f, v, 1, 256 * 1024, &chunk_kib, err);
+        else if (strcmp(f, "--compress") == 0) {
+            char sub[CKPT_ERR_LEN];
+            if (ckpt_parse_compress(v, &o->ckpt.write, sub))
+                rc = fsdp_err(err, "%s", sub);
+        } else if (strcmp(f, "--resume") == 0) {
+            if (strcmp(v, "auto") == 0 || strcmp(v, "none") == 0)
+                o->ckpt.resume = strcmp(v, "auto") == 0;
+            else
+                rc = fsdp_err(err, "--resume '%s' is not auto or none", v);
+        } else if (strcmp(f, "--shard") == 0) {
             if (fsdp_shard_parse(v, &o->shard))
                 rc = fsdp_err(err, "--shard '%s' is not one of full, grad-op, none", v);
         } else
@@ -173,6 +204,9 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
     snprintf(o->model_label, sizeof o->model_label, "%s",
              layers || dim || heads || seq || vocab ? "custom" : o->model_name);
     o->seed = (uint64_t)seed;
+    o->ckpt.write.chunk_bytes = (size_t)chunk_kib * 1024;
+    if (o->ckpt.every && !o->ckpt.uri)
+        return fsdp_err(err, "--ckpt-every needs --ckpt URI");
     if (o->warmup < 0)
         o->warmup = o->steps / 20;
     return model_config_check(&o->cfg, err);

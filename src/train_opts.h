@@ -4,6 +4,7 @@
 #ifndef FSDP_TRAIN_OPTS_H
 #define FSDP_TRAIN_OPTS_H
 
+#include "checkpoint.h"
 #include "fsdp.h"
 #include "model.h"
 
@@ -18,6 +19,7 @@ struct train_opts {
     double temperature, lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip;
     uint64_t seed;
     enum fsdp_shard shard;
+    struct ckptr_opts ckpt; /* ckpt.uri NULL: no checkpoints */
 };
 
 /* Returns 0 to run, 1 when --help was printed, -1 with err on bad input. */

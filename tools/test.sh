@@ -32,11 +32,13 @@ if [ $# -eq 0 ]; then
     configure build-asan -Db_sanitize=address,undefined -Dbuildtype=debugoptimized ||
         build_failed=$((build_failed + 1))
     # Open MPI and OpenBLAS keep allocations alive until exit; leak reports
-    # from them are noise, so leak checking covers the unit tests only.
+    # from them are noise, so leak checking covers the unit tests only. Any
+    # undefined behaviour ends the process (and fails the test).
+    export UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1
     ASAN_OPTIONS=detect_leaks=1 meson test -C build-asan --print-errorlogs --logbase unit \
         --suite unit
     ASAN_OPTIONS=detect_leaks=0 meson test -C build-asan --print-errorlogs --logbase programs \
-        cli token-files
+        cli token-files checkpoint
 fi
 
 /usr/bin/python3 - "$build_failed" <<'PY'

@@ -54,7 +54,13 @@ void fsdp_kernels_cpu_fix_blas_core(char **argv)
     if (!want)
         return;
     setenv("OPENBLAS_CORETYPE", want, 1);
-    execv("/proc/self/exe", argv);
+    /* exec the real path, not /proc/self/exe, so the process keeps its name */
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return;
+    self[n] = 0;
+    execv(self, argv);
     /* exec failed: carry on with the slow kernels */
 }
 

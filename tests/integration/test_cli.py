@@ -1,11 +1,11 @@
 """Every program: --help exits 0; a bad flag or value gives exactly one line
 on stderr that names it and points at --help, and a non-zero exit."""
 
-from harness import DATA, TRAIN, main, prepare_corpus, run, mpirun
+from harness import CKPT, DATA, TRAIN, main, prepare_corpus, run, mpirun
 
 
 def help_exits_zero(tmp):
-    for prog in (TRAIN, DATA):
+    for prog in (TRAIN, DATA, CKPT):
         p = run([prog, "--help"])
         assert "usage:" in p.stdout, p.stdout
 
@@ -23,6 +23,11 @@ def bad_flags_give_one_line_and_the_usage_hint(tmp):
         ([DATA, "prepare", "--out"], "--out needs a value"),
         ([DATA, "prepare", "--frob", "x", "in.txt"], "unknown option '--frob'"),
         ([DATA, "tokenize"], "expected the command 'prepare'"),
+        ([CKPT, "frobnicate", "x"], "bad arguments for 'frobnicate'"),
+        ([CKPT], "expected a command"),
+        ([TRAIN, "--data", train, "--compress", "lz4"], "--compress 'lz4'"),
+        ([TRAIN, "--data", train, "--resume", "maybe"], "--resume 'maybe'"),
+        ([TRAIN, "--data", train, "--ckpt-every", "5"], "--ckpt-every needs --ckpt"),
     ]
     for args, needle in cases:
         p = run(args, check=False)
@@ -30,6 +35,19 @@ def bad_flags_give_one_line_and_the_usage_hint(tmp):
         assert p.returncode == 2, f"{args}: exit {p.returncode}"
         assert len(lines) == 1 and needle in lines[0] and "--help" in lines[0], \
             f"{args}: {p.stderr!r}"
+
+
+def ckpt_tool_errors_are_one_line(tmp):
+    for args, needle in (([CKPT, "ls", f"{tmp}/nothing/here"], None),
+                         ([CKPT, "verify", f"{tmp}/empty"], "no committed checkpoint"),
+                         ([CKPT, "digest", f"{tmp}/empty@42"], "not found"),
+                         ([CKPT, "inspect", "s4://bucket/x"], "unsupported scheme")):
+        p = run(args, check=False)
+        if needle is None:  # an empty store lists nothing and succeeds
+            assert p.returncode == 0 and len(p.stdout.splitlines()) == 1, p.stdout
+            continue
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 1 and len(lines) == 1 and needle in lines[0], (args, p.stderr)
 
 
 def batch_that_does_not_divide_is_refused_once(tmp):
@@ -45,4 +63,5 @@ def batch_that_does_not_divide_is_refused_once(tmp):
 
 if __name__ == "__main__":
     main([help_exits_zero, bad_flags_give_one_line_and_the_usage_hint,
+          ckpt_tool_errors_are_one_line,
           batch_that_does_not_divide_is_refused_once])

@@ -6,6 +6,7 @@ every strategy (full, grad-op, none) and with gradient accumulation; two runs
 at the same world size give bit-identical losses; per-rank state shrinks as
 1/N."""
 
+import os
 import re
 
 from harness import TRAIN, main, mpirun, prepare_corpus, read_log
@@ -16,6 +17,8 @@ TOL = 1e-4
 
 def losses(tmp, train, np, shard, extra=(), tag=""):
     log = f"{tmp}/np{np}-{shard}{tag}.jsonl"
+    if os.path.exists(log):  # fsdp-train appends (one log across restarts)
+        os.remove(log)
     p = mpirun(np, [TRAIN, "--data", train, "--model", "tiny", "--global-batch", "8",
                     "--steps", str(STEPS), "--shard", shard, "--log", log,
                     "--log-every", "100"] + list(extra))

@@ -1,0 +1,197 @@
+/*
+ * ckpt.h - the checkpoint format: manifest, shard writer and verified
+ * reader, step listing and retention.
+ *
+ * Layout in a store (storage.h):
+ *   step-00001000/shard-00000-of-00004   one per rank, written in parallel
+ *   step-00001000/MANIFEST.json          written last, with put-if-absent:
+ *                                        its presence means "committed"
+ *
+ * A shard's raw bytes are the rank's sections back to back: for each unit
+ * and each state kind (param, exp_avg, exp_avg_sq) the elements
+ * [r * n/W, (r+1) * n/W) of that unit's flat float32 buffer. The raw stream
+ * is cut into chunks of a fixed size (a few MiB), each stored on its own:
+ * raw, or zstd (with its frame checksum), optionally after a byte-plane
+ * shuffle of the floats. Each stored chunk has a SHA-256; so has the shard.
+ * Any raw byte range is read by fetching and verifying only the chunks it
+ * covers, so loading on another world size is a plan of ranged reads.
+ *
+ * ckpt knows units, tensors (names, shapes, dtypes) and kinds, nothing of
+ * the model beyond that: the model configuration and the trainer state are
+ * JSON objects it stores and compares but does not interpret.
+ */
+#ifndef FSDP_CKPT_H
+#define FSDP_CKPT_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "storage.h"
+
+#define CKPT_FORMAT_VERSION 1
+#define CKPT_ERR_LEN 512
+#define CKPT_MANIFEST "MANIFEST.json"
+#define CKPT_MAX_MANIFEST_BYTES (64u << 20)
+#define CKPT_MAX_CHUNK_BYTES (256u << 20)
+
+enum ckpt_kind { CKPT_PARAM, CKPT_EXP_AVG, CKPT_EXP_AVG_SQ, CKPT_NKINDS };
+const char *ckpt_kind_name(int kind);
+
+enum ckpt_codec_id { CKPT_CODEC_RAW, CKPT_CODEC_ZSTD, CKPT_CODEC_ZSTD_SHUFFLE4 };
+const char *ckpt_codec_name(int codec);
+
+struct ckpt_tensor {
+    char name[64];
+    int ndim;
+    uint64_t shape[4];
+    uint64_t offset, numel; /* elements, within the unit */
+};
+
+struct ckpt_unit {
+    char name[64];
+    uint64_t numel, padded; /* padded: a multiple of the world size */
+    int ntensors;
+    struct ckpt_tensor *tensors;
+};
+
+struct ckpt_chunk {
+    uint64_t raw_off, raw_len, stored_off, stored_len;
+    int codec;
+    unsigned char sha256[32]; /* of the stored bytes */
+};
+
+/* Elements [lo, lo + n) of (unit, kind) live at raw byte raw_off. */
+struct ckpt_section {
+    int unit, kind;
+    uint64_t lo, n, raw_off;
+};
+
+struct ckpt_shard {
+    char file[64];
+    int rank;
+    uint64_t raw_size, stored_size;
+    unsigned char sha256[32]; /* of the whole stored shard */
+    int nsections, nchunks;
+    struct ckpt_section *sections;
+    struct ckpt_chunk *chunks;
+};
+
+struct ckpt_manifest {
+    int version;
+    uint64_t step, generation;
+    int world;
+    char sharding[16];
+    json_t *model;   /* configuration, compared on resume */
+    json_t *trainer; /* step, data cursor, RNG, schedule ... */
+    int nunits, nshards;
+    struct ckpt_unit *units;
+    struct ckpt_shard *shards;
+};
+
+void ckpt_manifest_free(struct ckpt_manifest *m);
+/* Serialises (one JSON document, keys in a fixed order). */
+char *ckpt_manifest_dump(const struct ckpt_manifest *m);
+/* Parses and validates everything that later sizes an allocation or an
+ * index: counts, offsets, the chunk tables' contiguity, the sections'
+ * agreement with the units and the world size. */
+int ckpt_manifest_parse(const char *buf, size_t len, struct ckpt_manifest *m, char *err);
+json_t *ckpt_shard_to_json(const struct ckpt_shard *s);
+int ckpt_shard_from_json(json_t *j, struct ckpt_shard *s, char *err);
+void ckpt_shard_free(struct ckpt_shard *s);
+/* Units and world size agree with this shard table (for checks before use). */
+int ckpt_manifest_check(const struct ckpt_manifest *m, char *err);
+
+/* ---- names --------------------------------------------------------------- */
+
+void ckpt_step_dir(uint64_t step, char *out, size_t n);
+void ckpt_shard_file(int rank, int world, char *out, size_t n);
+
+/* ---- writing ------------------------------------------------------------- */
+
+struct ckpt_write_opts {
+    int codec; /* CKPT_CODEC_* */
+    int level; /* zstd level */
+    size_t chunk_bytes;
+};
+
+/* Parses "none", "zstd", "zstd:LEVEL", and with shuffle: "zstd+shuffle[:LEVEL]". */
+int ckpt_parse_compress(const char *s, struct ckpt_write_opts *o, char *err);
+
+struct ckpt_src {
+    int unit, kind;
+    uint64_t lo, n;
+    const float *data; /* host memory */
+};
+
+/* Reusable buffers and codec contexts: create once, use for every shard. */
+struct ckpt_codec;
+struct ckpt_codec *ckpt_codec_new(size_t chunk_bytes);
+void ckpt_codec_free(struct ckpt_codec *c);
+
+/* Writes one shard under key and fills out (sections, chunk table,
+ * digests). Durable when it returns 0; on failure nothing is left under
+ * key. hook, if set, is called after each chunk is written (tests use it
+ * to stop a writer mid-shard). */
+int ckpt_shard_write(struct storage *st, const char *key, const char *file,
+                     const struct ckpt_write_opts *o, struct ckpt_codec *codec,
+                     const struct ckpt_src *src, int nsrc, int rank, struct ckpt_shard *out,
+                     void (*hook)(int chunk), char *err);
+
+/* Writes MANIFEST.json with put-if-absent. STORAGE_EXISTS if the step was
+ * already committed. */
+int ckpt_commit(struct storage *st, const struct ckpt_manifest *m, char *err);
+
+/* ---- reading ------------------------------------------------------------- */
+
+struct ckpt_reader {
+    struct storage *st;
+    const struct ckpt_manifest *m;
+    char dir[32];
+    struct ckpt_codec *codec;
+    int cached_shard, cached_chunk; /* the decoded chunk in codec's raw buffer */
+    uint64_t bytes_fetched;
+};
+
+int ckpt_reader_init(struct ckpt_reader *r, struct storage *st, const struct ckpt_manifest *m,
+                     char *err);
+void ckpt_reader_free(struct ckpt_reader *r);
+/* Raw bytes [off, off + len) of a shard, every chunk verified. */
+int ckpt_read_shard(struct ckpt_reader *r, int shard, uint64_t off, uint64_t len, void *dst,
+                    char *err);
+/* Elements [lo, lo + n) of a unit's flat buffer for one kind, from whichever
+ * shards hold them (any world size); padding beyond the unit's numel reads
+ * as zeros. */
+int ckpt_read_unit(struct ckpt_reader *r, int unit, int kind, uint64_t lo, uint64_t n,
+                   float *dst, char *err);
+/* Re-hashes (and decodes) one chunk. */
+int ckpt_verify_chunk(struct ckpt_reader *r, int shard, int chunk, char *err);
+/* Checks a whole shard: its stored size, every chunk, the shard digest.
+ * bad(arg, message) is called once per problem; returns the number of
+ * problems (0: the shard verifies). */
+int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, const char *msg),
+                      void *arg);
+
+/* SHA-256 of each tensor's logical little-endian bytes for each kind. */
+int ckpt_digest(struct ckpt_reader *r, int (*fn)(void *arg, const char *tensor, const char *kind,
+                                                 const char *hex),
+                void *arg, char *err);
+
+/* ---- steps --------------------------------------------------------------- */
+
+struct ckpt_step_info {
+    uint64_t step;
+    int committed;
+    uint64_t stored_bytes;
+    int objects;
+};
+
+/* All steps in the store, ascending. */
+int ckpt_list_steps(struct storage *st, struct ckpt_step_info **out, int *n, char *err);
+int ckpt_load_manifest(struct storage *st, uint64_t step, struct ckpt_manifest *m, char *err);
+/* Removes a step: the manifest first (durably), then everything else. */
+int ckpt_delete_step(struct storage *st, uint64_t step, char *err);
+
+void ckpt_hex(const unsigned char sha[32], char out[65]);
+
+#endif

@@ -1,0 +1,467 @@
+/*
+ * manifest.c - MANIFEST.json: building, serialising, parsing, validating.
+ *
+ * The manifest is the only thing that says how to interpret a shard, and it
+ * comes from disk: every count, offset and length in it is checked before
+ * it sizes an allocation or indexes anything (ckpt_manifest_check).
+ */
+#include "ckpt.h"
+
+#include <inttypes.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *kinds[CKPT_NKINDS] = {"param", "exp_avg", "exp_avg_sq"};
+static const char *codecs[] = {"none", "zstd", "zstd+shuffle4"};
+
+const char *ckpt_kind_name(int k) { return k >= 0 && k < CKPT_NKINDS ? kinds[k] : "?"; }
+const char *ckpt_codec_name(int c) { return c >= 0 && c < 3 ? codecs[c] : "?"; }
+
+void ckpt_step_dir(uint64_t step, char *out, size_t n)
+{
+    snprintf(out, n, "step-%08" PRIu64, step);
+}
+
+void ckpt_shard_file(int rank, int world, char *out, size_t n)
+{
+    snprintf(out, n, "shard-%05d-of-%05d", rank, world);
+}
+
+void ckpt_hex(const unsigned char sha[32], char out[65])
+{
+    for (int i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", sha[i]);
+}
+
+static int unhex(const char *s, unsigned char out[32])
+{
+    if (!s || strlen(s) != 64)
+        return -1;
+    for (int i = 0; i < 32; i++) {
+        unsigned v;
+        char b[3] = {s[2 * i], s[2 * i + 1], 0};
+        if (sscanf(b, "%2x", &v) != 1 || !strchr("0123456789abcdef", b[0]) ||
+            !strchr("0123456789abcdef", b[1]))
+            return -1;
+        out[i] = (unsigned char)v;
+    }
+    return 0;
+}
+
+void ckpt_shard_free(struct ckpt_shard *s)
+{
+    free(s->sections);
+    free(s->chunks);
+    memset(s, 0, sizeof *s);
+}
+
+void ckpt_manifest_free(struct ckpt_manifest *m)
+{
+    for (int i = 0; i < m->nunits && m->units; i++)
+        free(m->units[i].tensors);
+    for (int i = 0; i < m->nshards && m->shards; i++)
+        ckpt_shard_free(&m->shards[i]);
+    free(m->units);
+    free(m->shards);
+    json_decref(m->model);
+    json_decref(m->trainer);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- to JSON --------------------------------------------------------------- */
+
+json_t *ckpt_shard_to_json(const struct ckpt_shard *s)
+{
+    char hex[65];
+    json_t *secs = json_array(), *chunks = json_array();
+    for (int i = 0; i < s->nsections; i++) {
+        const struct ckpt_section *x = &s->sections[i];
+        json_array_append_new(secs, json_pack("{s:i, s:s, s:I, s:I, s:I}", "unit", x->unit,
+                                              "kind", ckpt_kind_name(x->kind), "lo",
+                                              (json_int_t)x->lo, "n", (json_int_t)x->n,
+                                              "raw_offset", (json_int_t)x->raw_off));
+    }
+    for (int i = 0; i < s->nchunks; i++) {
+        const struct ckpt_chunk *c = &s->chunks[i];
+        ckpt_hex(c->sha256, hex);
+        json_array_append_new(
+            chunks, json_pack("{s:I, s:I, s:I, s:I, s:s, s:s}", "raw_offset",
+                              (json_int_t)c->raw_off, "raw_length", (json_int_t)c->raw_len,
+                              "stored_offset", (json_int_t)c->stored_off, "stored_length",
+                              (json_int_t)c->stored_len, "codec", ckpt_codec_name(c->codec),
+                              "sha256", hex));
+    }
+    ckpt_hex(s->sha256, hex);
+    return json_pack("{s:i, s:s, s:I, s:I, s:s, s:o, s:o}", "rank", s->rank, "file", s->file,
+                     "raw_size", (json_int_t)s->raw_size, "stored_size",
+                     (json_int_t)s->stored_size, "sha256", hex, "sections", secs, "chunks",
+                     chunks);
+}
+
+/* The manifest carries the SHA-256 of its own canonical form (sorted keys,
+ * compact, without the "digest" member), so a damaged byte anywhere in it -
+ * a data cursor, a learning rate - is caught, not only in the shards. */
+static int canonical_digest(json_t *j, char hex[65])
+{
+    json_t *copy = json_deep_copy(j);
+    if (!copy)
+        return -1;
+    json_object_del(copy, "digest");
+    char *doc = json_dumps(copy, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+    json_decref(copy);
+    if (!doc)
+        return -1;
+    unsigned char sha[32];
+    unsigned int len = 32;
+    EVP_Digest(doc, strlen(doc), sha, &len, EVP_sha256(), NULL);
+    free(doc);
+    ckpt_hex(sha, hex);
+    return 0;
+}
+
+static int seal(json_t *j)
+{
+    char hex[65];
+    if (canonical_digest(j, hex))
+        return -1;
+    return json_object_set_new(j, "digest", json_string(hex));
+}
+
+char *ckpt_manifest_dump(const struct ckpt_manifest *m)
+{
+    json_t *units = json_array(), *shards = json_array(), *kl = json_array();
+    for (int k = 0; k < CKPT_NKINDS; k++)
+        json_array_append_new(kl, json_string(kinds[k]));
+    for (int u = 0; u < m->nunits; u++) {
+        const struct ckpt_unit *U = &m->units[u];
+        json_t *ts = json_array();
+        for (int i = 0; i < U->ntensors; i++) {
+            const struct ckpt_tensor *t = &U->tensors[i];
+            json_t *shape = json_array();
+            for (int d = 0; d < t->ndim; d++)
+                json_array_append_new(shape, json_integer((json_int_t)t->shape[d]));
+            json_array_append_new(ts, json_pack("{s:s, s:s, s:o, s:I}", "name", t->name, "dtype",
+                                                "float32", "shape", shape, "offset",
+                                                (json_int_t)t->offset));
+        }
+        json_array_append_new(units, json_pack("{s:s, s:I, s:I, s:o}", "name", U->name, "numel",
+                                               (json_int_t)U->numel, "padded",
+                                               (json_int_t)U->padded, "tensors", ts));
+    }
+    for (int i = 0; i < m->nshards; i++)
+        json_array_append_new(shards, ckpt_shard_to_json(&m->shards[i]));
+    json_t *j = json_pack("{s:s, s:i, s:I, s:I, s:i, s:s, s:s, s:o, s:O, s:O, s:o, s:o}",
+                          "format", "fsdp-ckpt", "version", CKPT_FORMAT_VERSION, "step",
+                          (json_int_t)m->step, "generation", (json_int_t)m->generation,
+                          "world_size", m->world, "sharding", m->sharding, "dtype", "float32",
+                          "kinds", kl, "model", m->model ? m->model : json_object(), "trainer",
+                          m->trainer ? m->trainer : json_object(), "units", units, "shards",
+                          shards);
+    char *s = NULL;
+    if (j && seal(j) == 0)
+        s = json_dumps(j, JSON_INDENT(1));
+    json_decref(j);
+    return s;
+}
+
+/* ---- from JSON ------------------------------------------------------------- */
+
+#define LIMIT_UNITS 65536
+#define LIMIT_TENSORS 65536
+#define LIMIT_CHUNKS (1 << 24)
+#define LIMIT_WORLD 65536
+#define LIMIT_NUMEL (1ULL << 40)
+
+static int bad(char *err, const char *what)
+{
+    snprintf(err, CKPT_ERR_LEN, "manifest: %s", what);
+    return -1;
+}
+
+/* A non-negative integer member within [0, max]. */
+static int get_u64(json_t *o, const char *key, uint64_t max, uint64_t *out, char *err)
+{
+    json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+        (uint64_t)json_integer_value(v) > max) {
+        snprintf(err, CKPT_ERR_LEN, "manifest: '%s' is missing or out of range", key);
+        return -1;
+    }
+    *out = (uint64_t)json_integer_value(v);
+    return 0;
+}
+
+static int get_str(json_t *o, const char *key, char *out, size_t n, char *err)
+{
+    const char *s = json_string_value(json_object_get(o, key));
+    if (!s || strlen(s) >= n) {
+        snprintf(err, CKPT_ERR_LEN, "manifest: '%s' is missing or too long", key);
+        return -1;
+    }
+    snprintf(out, n, "%s", s);
+    return 0;
+}
+
+static int lookup(const char *s, const char **names, int n)
+{
+    for (int i = 0; s && i < n; i++)
+        if (strcmp(s, names[i]) == 0)
+            return i;
+    return -1;
+}
+
+int ckpt_shard_from_json(json_t *j, struct ckpt_shard *s, char *err)
+{
+    memset(s, 0, sizeof *s);
+    uint64_t v;
+    char hex[80];
+    json_t *secs = json_object_get(j, "sections"), *chunks = json_object_get(j, "chunks");
+    if (!json_is_object(j) || !json_is_array(secs) || !json_is_array(chunks))
+        return bad(err, "a shard entry lacks sections or chunks");
+    if (get_u64(j, "rank", LIMIT_WORLD, &v, err))
+        return -1;
+    s->rank = (int)v;
+    if (get_str(j, "file", s->file, sizeof s->file, err) ||
+        get_u64(j, "raw_size", UINT64_MAX >> 1, &s->raw_size, err) ||
+        get_u64(j, "stored_size", UINT64_MAX >> 1, &s->stored_size, err) ||
+        get_str(j, "sha256", hex, sizeof hex, err))
+        return -1;
+    if (unhex(hex, s->sha256))
+        return bad(err, "a shard's sha256 is not 64 hex digits");
+    size_t ns = json_array_size(secs), nc = json_array_size(chunks);
+    if (ns > (size_t)LIMIT_UNITS * CKPT_NKINDS || nc > LIMIT_CHUNKS)
+        return bad(err, "too many sections or chunks");
+    s->sections = calloc(ns ? ns : 1, sizeof *s->sections);
+    s->chunks = calloc(nc ? nc : 1, sizeof *s->chunks);
+    if (!s->sections || !s->chunks) {
+        ckpt_shard_free(s);
+        return bad(err, "out of memory");
+    }
+    s->nsections = (int)ns;
+    s->nchunks = (int)nc;
+    for (size_t i = 0; i < ns; i++) {
+        json_t *x = json_array_get(secs, i);
+        struct ckpt_section *d = &s->sections[i];
+        d->kind = lookup(json_string_value(json_object_get(x, "kind")), kinds, CKPT_NKINDS);
+        if (d->kind < 0 || get_u64(x, "unit", LIMIT_UNITS, &v, err) ||
+            get_u64(x, "lo", LIMIT_NUMEL, &d->lo, err) ||
+            get_u64(x, "n", LIMIT_NUMEL, &d->n, err) ||
+            get_u64(x, "raw_offset", UINT64_MAX >> 1, &d->raw_off, err)) {
+            ckpt_shard_free(s);
+            return d->kind < 0 ? bad(err, "a section has an unknown kind") : -1;
+        }
+        d->unit = (int)v;
+    }
+    for (size_t i = 0; i < nc; i++) {
+        json_t *x = json_array_get(chunks, i);
+        struct ckpt_chunk *c = &s->chunks[i];
+        c->codec = lookup(json_string_value(json_object_get(x, "codec")), codecs, 3);
+        if (c->codec < 0 || get_u64(x, "raw_offset", UINT64_MAX >> 1, &c->raw_off, err) ||
+            get_u64(x, "raw_length", CKPT_MAX_CHUNK_BYTES, &c->raw_len, err) ||
+            get_u64(x, "stored_offset", UINT64_MAX >> 1, &c->stored_off, err) ||
+            get_u64(x, "stored_length", 2ULL * CKPT_MAX_CHUNK_BYTES, &c->stored_len, err) ||
+            get_str(x, "sha256", hex, sizeof hex, err) || unhex(hex, c->sha256)) {
+            ckpt_shard_free(s);
+            return c->codec < 0 ? bad(err, "a chunk has an unknown codec")
+                                : bad(err, "a chunk entry is malformed");
+        }
+    }
+    return 0;
+}
+
+static int parse_units(json_t *ju, struct ckpt_manifest *m, char *err)
+{
+    size_t nu = json_array_size(ju);
+    if (!json_is_array(ju) || nu == 0 || nu > LIMIT_UNITS)
+        return bad(err, "'units' is missing, empty or too long");
+    m->units = calloc(nu, sizeof *m->units);
+    if (!m->units)
+        return bad(err, "out of memory");
+    m->nunits = (int)nu;
+    for (size_t u = 0; u < nu; u++) {
+        json_t *x = json_array_get(ju, u), *ts = json_object_get(x, "tensors");
+        struct ckpt_unit *U = &m->units[u];
+        if (get_str(x, "name", U->name, sizeof U->name, err) ||
+            get_u64(x, "numel", LIMIT_NUMEL, &U->numel, err) ||
+            get_u64(x, "padded", LIMIT_NUMEL, &U->padded, err))
+            return -1;
+        size_t nt = json_array_size(ts);
+        if (!json_is_array(ts) || nt == 0 || nt > LIMIT_TENSORS)
+            return bad(err, "a unit's 'tensors' is missing, empty or too long");
+        U->tensors = calloc(nt, sizeof *U->tensors);
+        if (!U->tensors)
+            return bad(err, "out of memory");
+        U->ntensors = (int)nt;
+        for (size_t i = 0; i < nt; i++) {
+            json_t *t = json_array_get(ts, i), *shape = json_object_get(t, "shape");
+            struct ckpt_tensor *T = &U->tensors[i];
+            const char *dtype = json_string_value(json_object_get(t, "dtype"));
+            if (get_str(t, "name", T->name, sizeof T->name, err) ||
+                get_u64(t, "offset", LIMIT_NUMEL, &T->offset, err))
+                return -1;
+            if (!dtype || strcmp(dtype, "float32") != 0)
+                return bad(err, "a tensor's dtype is not float32");
+            size_t nd = json_array_size(shape);
+            if (!json_is_array(shape) || nd < 1 || nd > 4)
+                return bad(err, "a tensor's shape is not 1 to 4 dimensions");
+            T->ndim = (int)nd;
+            T->numel = 1;
+            for (size_t d = 0; d < nd; d++) {
+                json_t *dim = json_array_get(shape, d);
+                if (!json_is_integer(dim) || json_integer_value(dim) < 1 ||
+                    (uint64_t)json_integer_value(dim) > LIMIT_NUMEL)
+                    return bad(err, "a tensor dimension is out of range");
+                T->shape[d] = (uint64_t)json_integer_value(dim);
+                if (T->numel > LIMIT_NUMEL / T->shape[d])
+                    return bad(err, "a tensor is too large");
+                T->numel *= T->shape[d];
+            }
+        }
+    }
+    return 0;
+}
+
+int ckpt_manifest_check(const struct ckpt_manifest *m, char *err)
+{
+    char msg[256];
+    if (m->world < 1 || m->world > LIMIT_WORLD || m->nshards != m->world)
+        return bad(err, "world size and shard count disagree");
+    for (int u = 0; u < m->nunits; u++) {
+        const struct ckpt_unit *U = &m->units[u];
+        if (U->numel == 0 || U->padded < U->numel || U->padded % (uint64_t)m->world ||
+            U->padded - U->numel >= (uint64_t)m->world) {
+            snprintf(msg, sizeof msg, "unit %s: numel %llu and padded %llu do not fit world %d",
+                     U->name, (unsigned long long)U->numel, (unsigned long long)U->padded,
+                     m->world);
+            return bad(err, msg);
+        }
+        uint64_t end = 0;
+        for (int i = 0; i < U->ntensors; i++) {
+            const struct ckpt_tensor *T = &U->tensors[i];
+            if (T->offset < end || T->offset + T->numel > U->numel) {
+                snprintf(msg, sizeof msg, "tensor %s overlaps or lies outside unit %s", T->name,
+                         U->name);
+                return bad(err, msg);
+            }
+            end = T->offset + T->numel;
+        }
+    }
+    for (int r = 0; r < m->nshards; r++) {
+        const struct ckpt_shard *s = &m->shards[r];
+        char want[64];
+        ckpt_shard_file(r, m->world, want, sizeof want);
+        if (s->rank != r || strcmp(s->file, want) != 0) {
+            snprintf(msg, sizeof msg, "shard %d is named '%s', expected '%s'", r, s->file, want);
+            return bad(err, msg);
+        }
+        if (s->nsections != m->nunits * CKPT_NKINDS)
+            return bad(err, "a shard does not hold every unit and kind");
+        uint64_t raw = 0;
+        for (int i = 0; i < s->nsections; i++) {
+            const struct ckpt_section *x = &s->sections[i];
+            if (x->unit != i / CKPT_NKINDS || x->kind != i % CKPT_NKINDS)
+                return bad(err, "a shard's sections are not in unit, kind order");
+            const struct ckpt_unit *U = &m->units[x->unit];
+            uint64_t per = U->padded / (uint64_t)m->world;
+            if (x->lo != (uint64_t)r * per || x->n != per || x->raw_off != raw) {
+                snprintf(msg, sizeof msg, "%s: section %s/%s does not match the layout", s->file,
+                         U->name, ckpt_kind_name(x->kind));
+                return bad(err, msg);
+            }
+            raw += x->n * 4;
+        }
+        if (raw != s->raw_size)
+            return bad(err, "a shard's raw size disagrees with its sections");
+        uint64_t ro = 0, so = 0;
+        for (int i = 0; i < s->nchunks; i++) {
+            const struct ckpt_chunk *c = &s->chunks[i];
+            if (c->raw_off != ro || c->stored_off != so || c->raw_len == 0 || c->raw_len % 4 ||
+                (c->codec == CKPT_CODEC_RAW && c->stored_len != c->raw_len)) {
+                snprintf(msg, sizeof msg, "%s: chunk %d breaks the chunk table", s->file, i);
+                return bad(err, msg);
+            }
+            ro += c->raw_len;
+            so += c->stored_len;
+        }
+        if (ro != s->raw_size || so != s->stored_size) {
+            snprintf(msg, sizeof msg, "%s: chunks do not add up to the shard's sizes", s->file);
+            return bad(err, msg);
+        }
+    }
+    return 0;
+}
+
+int ckpt_manifest_parse(const char *buf, size_t len, struct ckpt_manifest *m, char *err)
+{
+    memset(m, 0, sizeof *m);
+    json_error_t je;
+    json_t *j = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+    if (!j) {
+        snprintf(err, CKPT_ERR_LEN, "manifest: not JSON: %s at line %d", je.text, je.line);
+        return -1;
+    }
+    int rc = -1;
+    uint64_t v;
+    const char *fmt = json_string_value(json_object_get(j, "format"));
+    json_t *shards = json_object_get(j, "shards");
+    if (!fmt || strcmp(fmt, "fsdp-ckpt") != 0) {
+        bad(err, "'format' is not fsdp-ckpt");
+        goto out;
+    }
+    if (get_u64(j, "version", 1000, &v, err))
+        goto out;
+    if (v != CKPT_FORMAT_VERSION) {
+        snprintf(err, CKPT_ERR_LEN, "manifest: format version %llu, this build reads %d",
+                 (unsigned long long)v, CKPT_FORMAT_VERSION);
+        goto out;
+    }
+    m->version = (int)v;
+    char want[65];
+    const char *digest = json_string_value(json_object_get(j, "digest"));
+    if (!digest || canonical_digest(j, want) || strcmp(digest, want) != 0) {
+        bad(err, "its own digest does not match: the manifest is damaged");
+        goto out;
+    }
+    if (get_u64(j, "step", UINT64_MAX >> 1, &m->step, err) ||
+        get_u64(j, "generation", UINT64_MAX >> 1, &m->generation, err) ||
+        get_u64(j, "world_size", LIMIT_WORLD, &v, err) ||
+        get_str(j, "sharding", m->sharding, sizeof m->sharding, err))
+        goto out;
+    m->world = (int)v;
+    const char *dtype = json_string_value(json_object_get(j, "dtype"));
+    if (!dtype || strcmp(dtype, "float32") != 0) {
+        bad(err, "'dtype' is not float32");
+        goto out;
+    }
+    m->model = json_incref(json_object_get(j, "model"));
+    m->trainer = json_incref(json_object_get(j, "trainer"));
+    if (!json_is_object(m->model) || !json_is_object(m->trainer)) {
+        bad(err, "'model' or 'trainer' is not an object");
+        goto out;
+    }
+    if (parse_units(json_object_get(j, "units"), m, err))
+        goto out;
+    size_t ns = json_array_size(shards);
+    if (!json_is_array(shards) || ns != (size_t)m->world) {
+        bad(err, "'shards' does not have one entry per rank");
+        goto out;
+    }
+    m->shards = calloc(ns, sizeof *m->shards);
+    if (!m->shards) {
+        bad(err, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < ns; i++) {
+        if (ckpt_shard_from_json(json_array_get(shards, i), &m->shards[i], err))
+            goto out;
+        m->nshards = (int)i + 1;
+    }
+    rc = ckpt_manifest_check(m, err);
+out:
+    json_decref(j);
+    if (rc)
+        ckpt_manifest_free(m);
+    return rc;
+}

@@ -1,0 +1,149 @@
+/*
+ * steps.c - what steps a store holds, loading a step's manifest, and
+ * removing a step without ever leaving a "committed" step whose shards are
+ * gone (the manifest goes first, durably).
+ */
+#include "ckpt.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct listing {
+    struct ckpt_step_info *v;
+    int n, cap;
+};
+
+/* "step-00000100/NAME" -> 100; -1 for keys that are not a step's object */
+static int parse_step_key(const char *key, uint64_t *step, const char **name)
+{
+    if (strncmp(key, "step-", 5) != 0)
+        return -1;
+    const char *p = key + 5;
+    uint64_t v = 0;
+    int digits = 0;
+    while (*p >= '0' && *p <= '9' && digits < 19) {
+        v = v * 10 + (uint64_t)(*p++ - '0');
+        digits++;
+    }
+    if (digits < 8 || *p != '/')
+        return -1;
+    *step = v;
+    *name = p + 1;
+    return 0;
+}
+
+static int on_key(void *arg, const char *key, uint64_t size)
+{
+    struct listing *l = arg;
+    uint64_t step;
+    const char *name;
+    if (parse_step_key(key, &step, &name))
+        return 0;
+    int i;
+    for (i = 0; i < l->n && l->v[i].step != step; i++)
+        ;
+    if (i == l->n) {
+        if (l->n == l->cap) {
+            int cap = l->cap ? 2 * l->cap : 16;
+            struct ckpt_step_info *v = realloc(l->v, (size_t)cap * sizeof *v);
+            if (!v)
+                return -1;
+            l->v = v;
+            l->cap = cap;
+        }
+        l->v[l->n++] = (struct ckpt_step_info){.step = step};
+    }
+    l->v[i].stored_bytes += size;
+    l->v[i].objects++;
+    if (strcmp(name, CKPT_MANIFEST) == 0)
+        l->v[i].committed = 1;
+    return 0;
+}
+
+static int by_step(const void *a, const void *b)
+{
+    uint64_t x = ((const struct ckpt_step_info *)a)->step;
+    uint64_t y = ((const struct ckpt_step_info *)b)->step;
+    return x < y ? -1 : x > y;
+}
+
+int ckpt_list_steps(struct storage *st, struct ckpt_step_info **out, int *n, char *err)
+{
+    struct listing l = {0};
+    int rc = storage_list(st, "step-", on_key, &l, err);
+    if (rc) {
+        if (rc == -1 && !*err)
+            snprintf(err, CKPT_ERR_LEN, "%s: out of memory while listing", st->uri);
+        free(l.v);
+        return -1;
+    }
+    if (l.n > 1)
+        qsort(l.v, (size_t)l.n, sizeof *l.v, by_step);
+    *out = l.v;
+    *n = l.n;
+    return 0;
+}
+
+int ckpt_load_manifest(struct storage *st, uint64_t step, struct ckpt_manifest *m, char *err)
+{
+    char key[96], dir[32];
+    ckpt_step_dir(step, dir, sizeof dir);
+    snprintf(key, sizeof key, "%s/%s", dir, CKPT_MANIFEST);
+    void *buf;
+    size_t len;
+    int rc = storage_get_all(st, key, CKPT_MAX_MANIFEST_BYTES, &buf, &len, err);
+    if (rc)
+        return rc;
+    char sub[CKPT_ERR_LEN];
+    rc = ckpt_manifest_parse(buf, len, m, sub);
+    free(buf);
+    if (rc) {
+        snprintf(err, CKPT_ERR_LEN, "%s/%s: %s", st->uri, key, sub);
+        return -1;
+    }
+    if (m->step != step) {
+        snprintf(err, CKPT_ERR_LEN, "%s/%s: says step %llu", st->uri, key,
+                 (unsigned long long)m->step);
+        ckpt_manifest_free(m);
+        return -1;
+    }
+    return 0;
+}
+
+struct keys {
+    char (*v)[256];
+    int n, cap;
+};
+
+static int collect(void *arg, const char *key, uint64_t size)
+{
+    (void)size;
+    struct keys *k = arg;
+    if (k->n == k->cap) {
+        int cap = k->cap ? 2 * k->cap : 16;
+        void *v = realloc(k->v, (size_t)cap * sizeof *k->v);
+        if (!v)
+            return -1;
+        k->v = v;
+        k->cap = cap;
+    }
+    snprintf(k->v[k->n++], sizeof k->v[0], "%s", key);
+    return 0;
+}
+
+int ckpt_delete_step(struct storage *st, uint64_t step, char *err)
+{
+    char dir[40], key[96];
+    ckpt_step_dir(step, dir, sizeof dir);
+    snprintf(key, sizeof key, "%s/%s", dir, CKPT_MANIFEST);
+    if (storage_delete(st, key, err))
+        return -1;
+    strcat(dir, "/");
+    struct keys k = {0};
+    int rc = storage_list(st, dir, collect, &k, err);
+    for (int i = 0; !rc && i < k.n; i++)
+        rc = storage_delete(st, k.v[i], err);
+    free(k.v);
+    return rc;
+}

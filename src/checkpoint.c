@@ -1,0 +1,453 @@
+/*
+ * checkpoint.c - the commit protocol and resume with fallback.
+ *
+ * Save (DESIGN.md, Checkpoints):
+ *   1. every rank writes its own shard, in parallel, straight from its
+ *      state; the storage backend makes it durable before returning;
+ *   2. the ranks agree that every write succeeded (a failure anywhere
+ *      fails the checkpoint everywhere) and gather their chunk tables on
+ *      rank 0 - which is also the barrier: rank 0 continues only once all
+ *      shards are durable;
+ *   3. rank 0 writes MANIFEST.json with put-if-absent. Until that moment
+ *      the step is incomplete and never loaded;
+ *   4. rank 0 applies retention: keeps the newest K committed steps and
+ *      removes incomplete steps older than the newest committed one (no
+ *      writer of this run is on them any more).
+ * Resume: newest committed step first; a step that fails to load on any
+ * rank (missing object, bad digest, bad manifest) is reported with the
+ * failing rank's message and the next older one is tried. A checkpoint of a
+ * different model is refused outright.
+ *
+ * Test hook: FSDP_TEST_STOP_AT=POINT:N makes the process stop itself
+ * (SIGSTOP) at POINT during its N-th save: shard-chunk (after the first
+ * chunk of its shard is written), before-commit (rank 0, shards durable,
+ * manifest not yet written), after-commit (rank 0). Tests then SIGKILL the
+ * whole job at a moment they know.
+ */
+#include "checkpoint.h"
+
+#include "util.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- test hook --------------------------------------------------------------- */
+
+static char stop_point[32];
+static int stop_nth, current_save;
+
+static void stop_init(void)
+{
+    const char *s = getenv("FSDP_TEST_STOP_AT");
+    if (!s)
+        return;
+    const char *colon = strchr(s, ':');
+    size_t n = colon ? (size_t)(colon - s) : strlen(s);
+    if (n >= sizeof stop_point)
+        return;
+    memcpy(stop_point, s, n);
+    stop_point[n] = 0;
+    stop_nth = colon ? atoi(colon + 1) : 1;
+}
+
+static void stop_here(const char *point)
+{
+    if (stop_point[0] && current_save == stop_nth && strcmp(point, stop_point) == 0) {
+        fprintf(stderr, "fsdp-train: test hook: stopping at %s of save %d\n", point,
+                current_save);
+        raise(SIGSTOP);
+    }
+}
+
+static void chunk_hook(int chunk)
+{
+    if (chunk == 0)
+        stop_here("shard-chunk");
+}
+
+/* ---- agreement ---------------------------------------------------------------- */
+
+/* All ranks learn whether any failed; rank 0 learns the first failing
+ * rank's message. Returns 0 if every rank succeeded. */
+static int agree(struct fsdp_comm *comm, int rc, char *err)
+{
+    double bad = rc != 0;
+    char local[ERR_LEN];
+    if (comm->allreduce_sum_f64(comm, &bad, 1, local))
+        return fsdp_err(err, "%s", local);
+    if (bad == 0)
+        return 0;
+    const char *mine = rc ? err : "";
+    char *all = NULL;
+    size_t lens[comm->world > 0 ? comm->world : 1];
+    if (comm->gather_bytes(comm, mine, strlen(mine) + 1, 0, &all, lens, local) == 0 &&
+        comm->rank == 0) {
+        size_t off = 0;
+        for (int r = 0; r < comm->world; off += lens[r], r++) {
+            if (lens[r] > 1) {
+                char msg[ERR_LEN];
+                snprintf(msg, sizeof msg, "%.*s", (int)lens[r], all + off);
+                if (comm->world > 1)
+                    fsdp_err(err, "rank %d: %s", r, msg);
+                else
+                    fsdp_err(err, "%s", msg);
+                break;
+            }
+        }
+    }
+    free(all);
+    if (!rc && comm->rank != 0)
+        fsdp_err(err, "another rank failed");
+    return -1;
+}
+
+/* ---- open ------------------------------------------------------------------------ */
+
+static json_t *model_json(const struct model_config *c)
+{
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "layers", c->layers, "dim", c->dim,
+                     "heads", c->heads, "seq", c->seq, "vocab", c->vocab, "vocab_pad",
+                     c->vocab_pad);
+}
+
+int ckptr_open(struct ckptr *c, const struct ckptr_opts *o, struct fsdp_engine *e,
+               struct fsdp_comm *comm, const struct model_layout *m, char *err)
+{
+    memset(c, 0, sizeof *c);
+    c->o = *o;
+    c->e = e;
+    c->comm = comm;
+    c->m = m;
+    c->world = e->shard == FSDP_SHARD_NONE ? 1 : comm->world;
+    stop_init();
+    int rc = storage_open(o->uri, &c->st, err);
+    if (!rc && !(c->codec = ckpt_codec_new(o->write.chunk_bytes)))
+        rc = fsdp_err(err, "checkpoint: out of memory for the codec");
+    if (!rc && !(c->model_json = model_json(&m->cfg)))
+        rc = fsdp_err(err, "checkpoint: out of memory");
+    if (agree(comm, rc, err)) {
+        ckptr_close(c);
+        return -1;
+    }
+    return 0;
+}
+
+void ckptr_close(struct ckptr *c)
+{
+    storage_close(c->st);
+    ckpt_codec_free(c->codec);
+    json_decref(c->model_json);
+    c->st = NULL;
+    c->codec = NULL;
+    c->model_json = NULL;
+}
+
+/* ---- save -------------------------------------------------------------------------- */
+
+static float *kind_base(struct fsdp_engine *e, int kind)
+{
+    return kind == CKPT_PARAM ? e->params : kind == CKPT_EXP_AVG ? e->exp_avg : e->exp_avg_sq;
+}
+
+static int write_own_shard(struct ckptr *c, uint64_t step, char **json_out, char *err)
+{
+    const struct model_layout *m = c->m;
+    struct fsdp_engine *e = c->e;
+    int nsrc = m->nunits * CKPT_NKINDS;
+    struct ckpt_src *src = calloc((size_t)nsrc, sizeof *src);
+    if (!src)
+        return fsdp_err(err, "checkpoint: out of memory");
+    for (int u = 0; u < m->nunits; u++)
+        for (int k = 0; k < CKPT_NKINDS; k++)
+            src[u * CKPT_NKINDS + k] = (struct ckpt_src){
+                u, k, e->units[u].shard_lo, e->units[u].shard_n,
+                kind_base(e, k) + e->units[u].shard_off};
+    char dir[32], file[64], key[128];
+    ckpt_step_dir(step, dir, sizeof dir);
+    ckpt_shard_file(c->comm->rank, c->world, file, sizeof file);
+    snprintf(key, sizeof key, "%s/%s", dir, file);
+    struct ckpt_shard shard;
+    int rc = ckpt_shard_write(c->st, key, file, &c->o.write, c->codec, src, nsrc, c->comm->rank,
+                              &shard, chunk_hook, err);
+    free(src);
+    if (rc)
+        return -1;
+    json_t *j = ckpt_shard_to_json(&shard);
+    ckpt_shard_free(&shard);
+    *json_out = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    return *json_out ? 0 : fsdp_err(err, "checkpoint: out of memory");
+}
+
+static int fill_units(struct ckpt_manifest *man, const struct model_layout *m, int world)
+{
+    man->nunits = m->nunits;
+    man->units = calloc((size_t)m->nunits, sizeof *man->units);
+    if (!man->units)
+        return -1;
+    for (int u = 0; u < m->nunits; u++) {
+        const struct model_unit *mu = &m->units[u];
+        struct ckpt_unit *U = &man->units[u];
+        snprintf(U->name, sizeof U->name, "%s", mu->name);
+        U->numel = mu->numel;
+        U->padded = (mu->numel + (size_t)world - 1) / (size_t)world * (size_t)world;
+        U->ntensors = mu->ntensors;
+        U->tensors = calloc((size_t)mu->ntensors, sizeof *U->tensors);
+        if (!U->tensors)
+            return -1;
+        for (int i = 0; i < mu->ntensors; i++) {
+            const struct model_tensor *t = &m->tensors[mu->first_tensor + i];
+            struct ckpt_tensor *T = &U->tensors[i];
+            snprintf(T->name, sizeof T->name, "%s", t->name);
+            T->ndim = t->ndim;
+            T->shape[0] = t->shape[0];
+            T->shape[1] = t->shape[1];
+            T->offset = t->offset;
+            T->numel = t->numel;
+        }
+    }
+    return 0;
+}
+
+/* Rank 0: the manifest from every rank's chunk table, then the commit. */
+static int commit(struct ckptr *c, uint64_t step, json_t *trainer, const char *all,
+                  const size_t *lens, char *err)
+{
+    struct ckpt_manifest man = {0};
+    man.version = CKPT_FORMAT_VERSION;
+    man.step = step;
+    man.world = c->world;
+    snprintf(man.sharding, sizeof man.sharding, "%s", fsdp_shard_name(c->e->shard));
+    man.model = json_incref(c->model_json);
+    man.trainer = json_incref(trainer);
+    int rc = fill_units(&man, c->m, c->world) ? fsdp_err(err, "checkpoint: out of memory") : 0;
+    man.shards = calloc((size_t)c->world, sizeof *man.shards);
+    if (!rc && !man.shards)
+        rc = fsdp_err(err, "checkpoint: out of memory");
+    size_t off = 0;
+    for (int r = 0; !rc && r < c->world; off += lens[r], r++) {
+        json_error_t je;
+        json_t *j = json_loadb(all + off, lens[r], 0, &je);
+        char sub[ERR_LEN];
+        if (!j || ckpt_shard_from_json(j, &man.shards[r], sub))
+            rc = fsdp_err(err, "checkpoint: rank %d sent an unreadable chunk table", r);
+        else
+            man.nshards = r + 1;
+        json_decref(j);
+    }
+    if (!rc) {
+        stop_here("before-commit");
+        rc = ckpt_commit(c->st, &man, err);
+        if (rc == STORAGE_EXISTS)
+            rc = fsdp_err(err, "checkpoint step %llu is already committed in %s",
+                          (unsigned long long)step, c->st->uri);
+    }
+    ckpt_manifest_free(&man);
+    return rc ? -1 : 0;
+}
+
+/* Rank 0, after a commit: keep the newest K committed steps, drop
+ * incomplete steps below the newest committed one. */
+static int retain(struct ckptr *c, char *err)
+{
+    struct ckpt_step_info *steps;
+    int n;
+    if (ckpt_list_steps(c->st, &steps, &n, err))
+        return -1;
+    int rc = 0, kept = 0;
+    uint64_t newest = 0;
+    for (int i = n - 1; i >= 0; i--)
+        if (steps[i].committed && steps[i].step > newest)
+            newest = steps[i].step;
+    for (int i = n - 1; !rc && i >= 0; i--) {
+        int drop = steps[i].committed ? ++kept > c->o.keep : steps[i].step < newest;
+        if (drop)
+            rc = ckpt_delete_step(c->st, steps[i].step, err);
+    }
+    c->newest_committed = newest;
+    free(steps);
+    return rc;
+}
+
+int ckptr_save(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
+{
+    current_save = ++c->saves;
+    char *mine = NULL;
+    int rc = 0;
+    if (c->comm->rank < c->world)
+        rc = write_own_shard(c, step, &mine, err);
+    if (agree(c->comm, rc, err)) {
+        free(mine);
+        return -1;
+    }
+    char *all = NULL;
+    size_t lens[c->comm->world];
+    const char *send = mine ? mine : "";
+    rc = c->comm->gather_bytes(c->comm, send, mine ? strlen(mine) : 0, 0, &all, lens, err);
+    free(mine);
+    if (!rc && c->comm->rank == 0) {
+        rc = commit(c, step, trainer, all, lens, err);
+        if (!rc) {
+            c->newest_committed = step;
+            stop_here("after-commit");
+            rc = retain(c, err);
+        }
+    }
+    free(all);
+    return agree(c->comm, rc, err);
+}
+
+/* ---- resume ------------------------------------------------------------------------ */
+
+/* Rank 0, at start-up, when no writer of this run exists yet: removes every
+ * step newer than `upto` (they are about to be written again; a damaged
+ * committed one loses its manifest first) and every incomplete step, then
+ * applies retention. */
+static int clean_for_start(struct ckptr *c, uint64_t upto, char *err)
+{
+    struct ckpt_step_info *steps;
+    int n;
+    if (ckpt_list_steps(c->st, &steps, &n, err))
+        return -1;
+    int rc = 0;
+    for (int i = n - 1; !rc && i >= 0; i--)
+        if (steps[i].step > upto || !steps[i].committed)
+            rc = ckpt_delete_step(c->st, steps[i].step, err);
+    free(steps);
+    return rc ? rc : retain(c, err);
+}
+
+static int check_model(struct ckptr *c, const struct ckpt_manifest *man, char *err)
+{
+    if (json_equal(man->model, c->model_json) && man->nunits == c->m->nunits) {
+        for (int u = 0; u < man->nunits; u++)
+            if (man->units[u].numel != c->m->units[u].numel)
+                goto differ;
+        return 0;
+    }
+differ:;
+    char *have = json_dumps(man->model, JSON_COMPACT | JSON_SORT_KEYS);
+    char *want = json_dumps(c->model_json, JSON_COMPACT | JSON_SORT_KEYS);
+    fsdp_err(err,
+             "checkpoint step %llu in %s was written for model %s, this run is %s: refusing "
+             "to resume (use the same model flags, or another --ckpt)",
+             (unsigned long long)man->step, c->st->uri, have ? have : "?", want ? want : "?");
+    free(have);
+    free(want);
+    return CKPTR_REFUSED;
+}
+
+/* Every rank reads its own part of every unit and kind, from whatever
+ * shards hold it (any saved world size). */
+static int load_step(struct ckptr *c, uint64_t step, struct ckpt_manifest *man, char *err)
+{
+    int rc = ckpt_load_manifest(c->st, step, man, err);
+    if (rc)
+        return -1;
+    if ((rc = check_model(c, man, err)))
+        return rc;
+    struct ckpt_reader r;
+    if (ckpt_reader_init(&r, c->st, man, err))
+        return -1;
+    for (int u = 0; !rc && u < c->m->nunits; u++) {
+        const struct fsdp_unit *U = &c->e->units[u];
+        for (int k = 0; !rc && k < CKPT_NKINDS; k++)
+            rc = ckpt_read_unit(&r, u, k, U->shard_lo, U->shard_n,
+                                kind_base(c->e, k) + U->shard_off, err);
+    }
+    ckpt_reader_free(&r);
+    return rc;
+}
+
+int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *loaded, char *err)
+{
+    *trainer = NULL;
+    *loaded = 0;
+    struct fsdp_comm *comm = c->comm;
+    /* rank 0 lists; everyone tries the same candidates in the same order */
+    struct ckpt_step_info *steps = NULL;
+    int n = 0, rc = 0;
+    if (comm->rank == 0)
+        rc = ckpt_list_steps(c->st, &steps, &n, err);
+    if (agree(comm, rc, err))
+        return -1;
+    double count = comm->rank == 0 ? n : 0;
+    if (comm->allreduce_sum_f64(comm, &count, 1, err))
+        return -1;
+    n = (int)count;
+    uint64_t *cand = calloc((size_t)n + 1, sizeof *cand);
+    int ncand = 0;
+    uint64_t newest_any = 0;
+    for (int i = 0; comm->rank == 0 && i < n; i++) {
+        if (steps[i].committed)
+            cand[ncand++] = steps[i].step;
+        newest_any = steps[i].step;
+    }
+    free(steps);
+    if (comm->bcast_bytes(comm, &ncand, sizeof ncand, 0, err) ||
+        comm->bcast_bytes(comm, cand, (size_t)n * sizeof *cand, 0, err)) {
+        free(cand);
+        return -1;
+    }
+    if (!c->o.resume) {
+        uint64_t newest = ncand > 0 ? cand[ncand - 1] : 0;
+        free(cand);
+        if (ncand > 0)
+            return fsdp_err(err, "%s already holds committed checkpoints (newest step %llu): "
+                            "use --resume auto, or another --ckpt", c->st->uri,
+                            (unsigned long long)newest);
+        /* a fresh run owns the location: clear what a crashed run left */
+        if (comm->rank == 0 && newest_any > 0)
+            fprintf(stderr, "fsdp-train: removing incomplete checkpoints in %s\n", c->st->uri);
+        rc = comm->rank == 0 ? clean_for_start(c, 0, err) : 0;
+        return agree(comm, rc, err);
+    }
+    int chosen = -1;
+    for (int i = ncand - 1; i >= 0; i--) {
+        struct ckpt_manifest man = {0};
+        rc = load_step(c, cand[i], &man, err);
+        int refused = rc == CKPTR_REFUSED;
+        double votes[2] = {rc != 0, refused};
+        char sub[ERR_LEN];
+        if (comm->allreduce_sum_f64(comm, votes, 2, sub)) {
+            ckpt_manifest_free(&man);
+            free(cand);
+            return fsdp_err(err, "%s", sub);
+        }
+        if (votes[1] > 0) { /* same verdict on every rank: the model differs */
+            ckpt_manifest_free(&man);
+            free(cand);
+            if (!refused)
+                fsdp_err(err, "another rank refused the checkpoint");
+            return CKPTR_REFUSED;
+        }
+        if (agree(comm, rc, err) == 0) {
+            if (comm->rank == 0 && man.world != comm->world)
+                fprintf(stderr, "fsdp-train: resharding step %llu from %d to %d ranks\n",
+                        (unsigned long long)cand[i], man.world, comm->world);
+            *trainer = json_incref(man.trainer);
+            *loaded = cand[i];
+            c->newest_committed = cand[i];
+            ckpt_manifest_free(&man);
+            chosen = i;
+            break;
+        }
+        ckpt_manifest_free(&man);
+        if (comm->rank == 0)
+            fprintf(stderr, "fsdp-train: checkpoint step %llu is unusable: %s; %s\n",
+                    (unsigned long long)cand[i], err,
+                    i > 0 ? "falling back to the previous committed step"
+                          : "no older committed step: starting from scratch");
+    }
+    free(cand);
+    rc = comm->rank == 0 ? clean_for_start(c, chosen >= 0 ? *loaded : 0, err) : 0;
+    if (agree(comm, rc, err)) {
+        json_decref(*trainer);
+        *trainer = NULL;
+        return -1;
+    }
+    fsdp_params_changed(c->e);
+    return 0;
+}

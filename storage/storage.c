@@ -1,0 +1,161 @@
+/*
+ * storage.c - opening a store by URI and the calls every backend shares.
+ * The core never names a backend beyond choosing one from the URI.
+ */
+#include "storage.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int storage_open(const char *uri, struct storage **out, char *err)
+{
+    *out = NULL;
+    if (!uri || !*uri) {
+        snprintf(err, STORAGE_ERR_LEN, "storage: empty URI");
+        return STORAGE_ERROR;
+    }
+    if (strncmp(uri, "fault:", 6) == 0) {
+        const char *semi = strchr(uri + 6, ';');
+        if (!semi) {
+            snprintf(err, STORAGE_ERR_LEN, "storage: '%s': expected fault:SPEC;URI", uri);
+            return STORAGE_ERROR;
+        }
+        char spec[512];
+        size_t n = (size_t)(semi - (uri + 6));
+        if (n >= sizeof spec) {
+            snprintf(err, STORAGE_ERR_LEN, "storage: fault spec too long");
+            return STORAGE_ERROR;
+        }
+        memcpy(spec, uri + 6, n);
+        spec[n] = 0;
+        struct storage *inner;
+        int rc = storage_open(semi + 1, &inner, err);
+        if (rc)
+            return rc;
+        rc = storage_fault_open(spec, inner, out, err);
+        if (rc)
+            storage_close(inner);
+        return rc;
+    }
+    if (strncmp(uri, "file://", 7) == 0)
+        return storage_posix_open(uri + 7, out, err);
+    const char *colon = strstr(uri, "://");
+    if (colon) {
+        snprintf(err, STORAGE_ERR_LEN, "storage: '%s': unsupported scheme '%.*s' (paths and "
+                 "file:// are supported)", uri, (int)(colon - uri), uri);
+        return STORAGE_ERROR;
+    }
+    return storage_posix_open(uri, out, err);
+}
+
+void storage_close(struct storage *s)
+{
+    if (s)
+        s->ops->close(s);
+}
+
+int storage_put_begin(struct storage *s, const char *key, struct storage_writer **w, char *err)
+{
+    return s->ops->put_begin(s, key, w, err);
+}
+
+int storage_write(struct storage_writer *w, const void *buf, size_t n, char *err)
+{
+    int rc = w->store->ops->write(w, buf, n, err);
+    if (rc == 0) {
+        w->written += n;
+        w->store->bytes_written += n;
+    }
+    return rc;
+}
+
+int storage_writer_commit(struct storage_writer *w, char *err)
+{
+    return w->store->ops->commit(w, err);
+}
+
+void storage_writer_abort(struct storage_writer *w)
+{
+    if (w)
+        w->store->ops->abort(w);
+}
+
+int storage_put(struct storage *s, const char *key, const void *buf, size_t n, char *err)
+{
+    struct storage_writer *w;
+    int rc = storage_put_begin(s, key, &w, err);
+    if (rc)
+        return rc;
+    if ((rc = storage_write(w, buf, n, err))) {
+        storage_writer_abort(w);
+        return rc;
+    }
+    return storage_writer_commit(w, err);
+}
+
+int storage_get_range(struct storage *s, const char *key, uint64_t off, size_t len, void *buf,
+                      char *err)
+{
+    int rc = s->ops->get_range(s, key, off, len, buf, err);
+    if (rc == 0) {
+        s->bytes_read += len;
+        s->gets++;
+    }
+    return rc;
+}
+
+int storage_get_all(struct storage *s, const char *key, size_t max, void **buf, size_t *len,
+                    char *err)
+{
+    uint64_t size;
+    *buf = NULL;
+    int rc = storage_stat(s, key, &size, err);
+    if (rc)
+        return rc;
+    if (size > max) {
+        snprintf(err, STORAGE_ERR_LEN, "%s/%s: %llu bytes, more than the %zu allowed", s->uri,
+                 key, (unsigned long long)size, max);
+        return STORAGE_ERROR;
+    }
+    char *p = malloc((size_t)size + 1);
+    if (!p) {
+        snprintf(err, STORAGE_ERR_LEN, "%s/%s: out of memory", s->uri, key);
+        return STORAGE_ERROR;
+    }
+    if ((rc = storage_get_range(s, key, 0, (size_t)size, p, err))) {
+        free(p);
+        return rc;
+    }
+    p[size] = 0;
+    *buf = p;
+    *len = (size_t)size;
+    return 0;
+}
+
+int storage_stat(struct storage *s, const char *key, uint64_t *size, char *err)
+{
+    return s->ops->stat(s, key, size, err);
+}
+
+int storage_list(struct storage *s, const char *prefix,
+                 int (*fn)(void *arg, const char *key, uint64_t size), void *arg, char *err)
+{
+    return s->ops->list(s, prefix, fn, arg, err);
+}
+
+int storage_delete(struct storage *s, const char *key, char *err)
+{
+    return s->ops->del(s, key, err);
+}
+
+int storage_put_if_absent(struct storage *s, const char *key, const void *buf, size_t n,
+                          char *err)
+{
+    int rc = s->ops->put_if_absent(s, key, buf, n, err);
+    if (rc == 0)
+        s->bytes_written += n;
+    return rc;
+}

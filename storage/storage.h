@@ -1,0 +1,93 @@
+/*
+ * storage.h - one interface over where checkpoints live.
+ *
+ * A store is opened from a URI: a plain path or file://PATH (posix), and
+ * fault:SPEC;URI, which wraps any other store and injects failures (tests,
+ * chaos). s3:// fits the same interface. Keys are relative, '/'-separated
+ * ("step-00000100/MANIFEST.json"). storage knows nothing of tensors.
+ *
+ * Durability contract: storage_writer_commit returns 0 only once the object
+ * is durable under its final key, and before that moment no reader can see
+ * a partial object under that key. storage_put_if_absent is atomic: of two
+ * racing writers exactly one succeeds, the other gets STORAGE_EXISTS.
+ *
+ * Errors: negative returns with a one-line message in err naming the
+ * operation, the object and the cause (errno text); STORAGE_NOT_FOUND and
+ * STORAGE_EXISTS are distinguishable outcomes, not failures to report.
+ */
+#ifndef FSDP_STORAGE_H
+#define FSDP_STORAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define STORAGE_ERR_LEN 512
+
+enum {
+    STORAGE_OK = 0,
+    STORAGE_ERROR = -1,
+    STORAGE_NOT_FOUND = -2,
+    STORAGE_EXISTS = -3,
+};
+
+struct storage;
+
+/* Backends embed this as the first member of their writer. */
+struct storage_writer {
+    struct storage *store;
+    char key[512];
+    uint64_t written;
+};
+
+struct storage_ops {
+    const char *scheme;
+    int (*put_begin)(struct storage *s, const char *key, struct storage_writer **w, char *err);
+    int (*write)(struct storage_writer *w, const void *buf, size_t n, char *err);
+    int (*commit)(struct storage_writer *w, char *err); /* frees w */
+    void (*abort)(struct storage_writer *w);            /* frees w */
+    int (*get_range)(struct storage *s, const char *key, uint64_t off, size_t len, void *buf,
+                     char *err);
+    int (*stat)(struct storage *s, const char *key, uint64_t *size, char *err);
+    /* calls fn for every key that starts with prefix, in no particular order;
+     * a non-zero return from fn stops the listing and is returned */
+    int (*list)(struct storage *s, const char *prefix,
+                int (*fn)(void *arg, const char *key, uint64_t size), void *arg, char *err);
+    int (*del)(struct storage *s, const char *key, char *err); /* absent is fine */
+    int (*put_if_absent)(struct storage *s, const char *key, const void *buf, size_t n,
+                         char *err);
+    void (*close)(struct storage *s);
+};
+
+struct storage {
+    const struct storage_ops *ops;
+    char uri[1024];
+    /* counters for tests and benchmarks */
+    uint64_t bytes_read, bytes_written, gets;
+};
+
+int storage_open(const char *uri, struct storage **out, char *err);
+void storage_close(struct storage *s);
+
+int storage_put_begin(struct storage *s, const char *key, struct storage_writer **w, char *err);
+int storage_write(struct storage_writer *w, const void *buf, size_t n, char *err);
+int storage_writer_commit(struct storage_writer *w, char *err);
+void storage_writer_abort(struct storage_writer *w);
+/* A whole small object in one call (put_begin + write + commit). */
+int storage_put(struct storage *s, const char *key, const void *buf, size_t n, char *err);
+int storage_get_range(struct storage *s, const char *key, uint64_t off, size_t len, void *buf,
+                      char *err);
+/* Reads a whole object of at most max bytes into a fresh allocation. */
+int storage_get_all(struct storage *s, const char *key, size_t max, void **buf, size_t *len,
+                    char *err);
+int storage_stat(struct storage *s, const char *key, uint64_t *size, char *err);
+int storage_list(struct storage *s, const char *prefix,
+                 int (*fn)(void *arg, const char *key, uint64_t size), void *arg, char *err);
+int storage_delete(struct storage *s, const char *key, char *err);
+int storage_put_if_absent(struct storage *s, const char *key, const void *buf, size_t n,
+                          char *err);
+
+/* backends */
+int storage_posix_open(const char *root, struct storage **out, char *err);
+int storage_fault_open(const char *spec, struct storage *inner, struct storage **out, char *err);
+
+#endif

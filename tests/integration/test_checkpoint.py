@@ -1,0 +1,160 @@
+"""Sharded checkpoints on a real filesystem: verified reads, fallback from
+damage, refusal of another model's checkpoint, clean failure on storage
+errors (injected and real), retention. test_kill_resume.py kills runs."""
+
+import glob
+import os
+import subprocess
+
+from harness import (CKPT, TRAIN, committed_steps, digest, kill_job, launch, main, mpirun,
+                     prepare_corpus, run, wait_stopped_or_exit)
+
+STEPS = 90  # long enough for a dozen kills to land (test_kill_resume.py)
+EVERY = 3
+
+
+def train_args(data, ckpt, steps=STEPS, extra=()):
+    return [TRAIN, "--data", data, "--model", "tiny", "--global-batch", "8", "--steps",
+            str(steps), "--ckpt", ckpt, "--ckpt-every", str(EVERY), "--log-every", "1000",
+            "--ckpt-chunk-kib", "512"] + list(extra)
+
+
+def flip_byte(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x01]))
+
+
+def flipped_byte_fails_verify_and_resume_falls_back(tmp):
+    train, _ = prepare_corpus(tmp)
+    ck, ref = f"{tmp}/ck", f"{tmp}/ref"
+    mpirun(2, train_args(train, ref, steps=9))
+    # the same run, stopped and killed right after committing step 6
+    p = launch(2, train_args(train, ck, steps=9), {"FSDP_TEST_STOP_AT": "after-commit:2"})
+    assert wait_stopped_or_exit(p)
+    kill_job(p)
+    assert committed_steps(ck) == [3, 6]
+    shard = f"{ck}/step-00000006/shard-00001-of-00002"
+    flip_byte(shard, os.path.getsize(shard) // 2)
+    p = run([CKPT, "verify", ck], check=False)
+    assert p.returncode == 1, p.stdout
+    bad = [l for l in p.stdout.splitlines() if l.startswith("BAD")]
+    assert bad and "shard-00001-of-00002: chunk" in bad[0] and "sha256 mismatch" in bad[0], \
+        p.stdout
+    assert run([CKPT, "verify", f"{ck}@3"]).returncode == 0
+    p = mpirun(2, train_args(train, ck, steps=9))
+    assert "checkpoint step 6 is unusable" in p.stderr, p.stderr
+    assert "sha256 mismatch" in p.stderr and "falling back" in p.stderr, p.stderr
+    assert "resumed from checkpoint step 3" in p.stderr, p.stderr
+    assert digest(ck) == digest(ref), "resuming from step 3 did not reproduce the run"
+
+
+def damaged_manifest_is_not_committed_and_falls_back(tmp):
+    train, _ = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    mpirun(1, train_args(train, ck, steps=6))
+    man = f"{ck}/step-00000006/MANIFEST.json"
+    text = open(man).read().replace('"data_cursor": 48', '"data_cursor": 40')
+    assert '"data_cursor": 40' in text
+    open(man, "w").write(text)
+    ls = run([CKPT, "ls", ck]).stdout
+    assert "step-00000006  damaged" in ls and "its own digest" in ls, ls
+    p = mpirun(1, train_args(train, ck, steps=6))
+    assert "resumed from checkpoint step 3" in p.stderr, p.stderr
+    assert committed_steps(ck) == [3, 6]
+
+
+def other_model_is_refused(tmp):
+    train, _ = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    mpirun(1, train_args(train, ck, steps=3))
+    p = run(train_args(train, ck, steps=6, extra=["--dim", "64"]), check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2, p.stderr
+    assert any("was written for model" in l and "refusing to resume" in l for l in lines), \
+        p.stderr
+    assert committed_steps(ck) == [3]
+
+
+def resume_none_refuses_a_store_with_checkpoints(tmp):
+    train, _ = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    run(train_args(train, ck, steps=3))
+    p = run(train_args(train, ck, steps=3, extra=["--resume", "none"]), check=False)
+    assert p.returncode == 1 and "already holds committed checkpoints" in p.stderr, p.stderr
+
+
+def retention_keeps_newest_k(tmp):
+    train, _ = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    os.makedirs(f"{ck}/step-00000001")
+    open(f"{ck}/step-00000001/shard-00000-of-00001", "w").write("leftover of a crashed run")
+    run(train_args(train, ck, steps=12, extra=["--keep", "2"]))
+    assert committed_steps(ck) == [9, 12]
+    assert sorted(os.listdir(ck)) == ["step-00000009", "step-00000012"]
+
+
+def no_temporaries(ck):
+    return [f for f in glob.glob(f"{ck}/**", recursive=True) if ".tmp." in f]
+
+
+def storage_errors_fail_the_save_and_keep_committed(tmp):
+    train, _ = prepare_corpus(tmp)
+    # tiny at 512 KiB chunks: 20 chunk writes per 1-rank checkpoint; the
+    # first checkpoint (step 3) succeeds, the second fails.
+    for spec, errno_text in (("write=ENOSPC@25", "No space left on device"),
+                             ("write=EIO@30", "Input/output error"),
+                             ("commit=EACCES@2", "Permission denied"),
+                             ("put=EROFS@2", "Read-only file system"),
+                             ("put_if_absent=EIO@2", "Input/output error")):
+        ck = f"{tmp}/ck-{spec.split('=')[0]}-{errno_text.split()[0]}"
+        p = run(train_args(train, f"fault:{spec};{ck}", steps=9), check=False)
+        assert p.returncode == 1, f"{spec}: exit {p.returncode}"
+        line = [l for l in p.stderr.splitlines() if "checkpoint of step 6 failed" in l]
+        assert line and errno_text in line[0] and "newest committed checkpoint is step 3" in \
+            line[0], f"{spec}: {p.stderr}"
+        assert committed_steps(ck) == [3], f"{spec}: {committed_steps(ck)}"
+        assert run([CKPT, "verify", ck]).returncode == 0
+        assert not no_temporaries(ck) or spec.startswith("put_if"), no_temporaries(ck)
+        # and the run resumes from what is there
+        p = run(train_args(train, ck, steps=9))
+        assert "resumed from checkpoint step 3" in p.stderr
+        assert committed_steps(ck) == [3, 6, 9]
+
+
+def real_enospc_on_a_full_filesystem(tmp):
+    mnt = f"{tmp}/small"
+    os.makedirs(mnt)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=13m", "tmpfs", mnt],
+                      capture_output=True).returncode != 0:
+        print("  skipped: cannot mount a tmpfs here (needs root)")
+        return
+    try:
+        train, _ = prepare_corpus(tmp)
+        ck = f"{mnt}/ck"
+        # one tiny checkpoint is about 8.2 MB: the second does not fit
+        p = run(train_args(train, ck, steps=9, extra=["--compress", "none"]), check=False)
+        assert p.returncode == 1, p.stderr
+        assert "No space left on device" in p.stderr and "checkpoint of step 6 failed" in \
+            p.stderr, p.stderr
+        assert committed_steps(ck) == [3]
+        assert run([CKPT, "verify", ck]).returncode == 0
+        assert not no_temporaries(ck), no_temporaries(ck)
+        subprocess.run(["mount", "-o", "remount,ro", mnt], check=True)
+        p = run(train_args(train, ck, steps=9, extra=["--compress", "none"]), check=False)
+        assert p.returncode == 1 and "Read-only file system" in p.stderr, p.stderr
+        assert run([CKPT, "verify", ck]).returncode == 0
+    finally:
+        subprocess.run(["umount", mnt])
+
+
+if __name__ == "__main__":
+    main([flipped_byte_fails_verify_and_resume_falls_back,
+          damaged_manifest_is_not_committed_and_falls_back,
+          other_model_is_refused,
+          resume_none_refuses_a_store_with_checkpoints,
+          retention_keeps_newest_k,
+          storage_errors_fail_the_save_and_keep_committed,
+          real_enospc_on_a_full_filesystem])

@@ -1,0 +1,93 @@
+"""Resume is bit-exact: a run killed with SIGKILL (every process of the job)
+at a dozen moments - mid-shard, after the shards are durable but before the
+manifest, right after the manifest, and at random times - and resumed with
+--resume auto each time ends with the same digest as an uninterrupted run
+with the same seed, on 1 and on 2 ranks. After every kill, every step that
+fsdp-ckpt ls calls committed verifies."""
+
+import os
+import random
+import subprocess
+import time
+
+from harness import (CKPT, committed_steps, digest, kill_job, launch, main, mpirun,
+                     prepare_corpus, run, wait_stopped_or_exit)
+from test_checkpoint import train_args
+
+
+def assert_committed_verify(ck):
+    for step in committed_steps(ck):
+        p = run([CKPT, "verify", f"{ck}@{step}"], check=False)
+        assert p.returncode == 0, f"step {step} is listed committed but fails verify:\n{p.stdout}"
+
+
+def kill_and_resume(tmp, np, seed):
+    train, _ = prepare_corpus(tmp)
+    ref = f"{tmp}/ref-{np}"
+    t0 = time.monotonic()
+    mpirun(np, train_args(train, ref))
+    wall = time.monotonic() - t0
+    want = digest(ref)
+
+    ck = f"{tmp}/ck-{np}"
+    rng = random.Random(seed)
+    # Kill points: the test hook stops a rank at a precise place of a given
+    # save (mid-shard, shards durable but no manifest, just after the
+    # manifest), or a random moment. Every kill is SIGKILL of every process.
+    plan = []
+    for point in ("shard-chunk", "before-commit", "after-commit"):
+        for _ in range(2):
+            plan.append((point, rng.randint(1, 2)))
+    # Random moments: each run lives 8-14% of an uninterrupted run's wall
+    # time, so all of them together cannot finish the run early.
+    plan += [("time", rng.uniform(0.08, 0.14) * wall) for _ in range(6)]
+    rng.shuffle(plan)
+    kills = 0
+    for kind, arg in plan + [("none", 0)]:
+        env = {"FSDP_TEST_STOP_AT": f"{kind}:{arg}"} if kind not in ("time", "none") else {}
+        p = launch(np, train_args(train, ck), env)
+        if kind == "time":
+            try:
+                p.wait(timeout=arg)
+                stopped = False
+            except subprocess.TimeoutExpired:
+                stopped = True
+        elif kind == "none":
+            stopped = False
+        else:
+            stopped = wait_stopped_or_exit(p)
+        if os.environ.get("VERBOSE"):
+            print(f"    {kind}:{arg}: {'killed' if stopped else 'ran to the end'}; "
+                  f"committed {committed_steps(ck)[-1:]}")
+        if stopped:
+            kill_job(p)
+            kills += 1
+            assert_committed_verify(ck)
+        else:
+            err = p.communicate()[1]
+            assert p.returncode == 0, f"run exited {p.returncode}:\n{err[-2000:]}"
+            if kind == "none":
+                break
+    # finish whatever is left
+    p = launch(np, train_args(train, ck))
+    err = p.communicate()[1]
+    assert p.returncode == 0, err[-2000:]
+    print(f"  {np} rank(s): {kills} SIGKILLs, final digest "
+          f"{'equal' if digest(ck) == want else 'DIFFERENT'}")
+    assert kills >= 10, f"only {kills} kills landed"
+    assert_committed_verify(ck)
+    got = digest(ck)
+    assert got == want, [k for k in want if want[k] != got.get(k)][:5]
+
+
+def resume_after_kill_is_bit_exact_one_rank(tmp):
+    kill_and_resume(tmp, 1, seed=11)
+
+
+def resume_after_kill_is_bit_exact_two_ranks(tmp):
+    kill_and_resume(tmp, 2, seed=12)
+
+
+
+if __name__ == "__main__":
+    main([resume_after_kill_is_bit_exact_one_rank, resume_after_kill_is_bit_exact_two_ranks])

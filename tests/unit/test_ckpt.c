@@ -1,0 +1,279 @@
+/*
+ * test_ckpt.c - the checkpoint format on a real directory: shards written
+ * with every codec and several chunk sizes read back exactly, for any
+ * world size; a flipped byte is caught and named; a manifest whose numbers
+ * do not fit its layout is refused, and no mutation of one crashes the
+ * parser.
+ */
+#include "check.h"
+
+#include "ckpt.h"
+#include "util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static char root[] = "/tmp/fsdp-test-ckpt-XXXXXX";
+enum { NUNITS = 2, W = 3 };
+static const uint64_t numel[NUNITS] = {1000, 37};
+static float *state[NUNITS][CKPT_NKINDS]; /* logical values, padded with zeros */
+
+static uint64_t padded(uint64_t n, int w) { return (n + (uint64_t)w - 1) / (uint64_t)w * (uint64_t)w; }
+
+static void fill_units(struct ckpt_manifest *m, int world)
+{
+    m->nunits = NUNITS;
+    m->units = calloc(NUNITS, sizeof *m->units);
+    for (int u = 0; u < NUNITS; u++) {
+        struct ckpt_unit *U = &m->units[u];
+        snprintf(U->name, sizeof U->name, "unit%d", u);
+        U->numel = numel[u];
+        U->padded = padded(numel[u], world);
+        U->ntensors = 2;
+        U->tensors = calloc(2, sizeof *U->tensors);
+        uint64_t half = numel[u] / 2;
+        U->tensors[0] = (struct ckpt_tensor){"a", 1, {half}, 0, half};
+        U->tensors[1] = (struct ckpt_tensor){"b", 1, {numel[u] - half}, half, numel[u] - half};
+        snprintf(U->tensors[0].name, 64, "u%d.a", u);
+        snprintf(U->tensors[1].name, 64, "u%d.b", u);
+    }
+}
+
+/* Writes step `step` as world W with the given codec and chunk size. */
+static int write_step(struct storage *st, uint64_t step, int codec, size_t chunk, char *err)
+{
+    struct ckpt_manifest m = {0};
+    m.version = CKPT_FORMAT_VERSION;
+    m.step = step;
+    m.world = W;
+    snprintf(m.sharding, sizeof m.sharding, "full");
+    m.model = json_pack("{s:i}", "toy", 1);
+    m.trainer = json_pack("{s:I}", "step", (json_int_t)step);
+    fill_units(&m, W);
+    m.nshards = W;
+    m.shards = calloc(W, sizeof *m.shards);
+    struct ckpt_write_opts o = {codec, 3, chunk};
+    struct ckpt_codec *c = ckpt_codec_new(chunk);
+    char dir[32];
+    ckpt_step_dir(step, dir, sizeof dir);
+    int rc = 0;
+    for (int r = 0; !rc && r < W; r++) {
+        struct ckpt_src src[NUNITS * CKPT_NKINDS];
+        for (int u = 0; u < NUNITS; u++) {
+            uint64_t per = padded(numel[u], W) / W;
+            for (int k = 0; k < CKPT_NKINDS; k++)
+                src[u * CKPT_NKINDS + k] =
+                    (struct ckpt_src){u, k, r * per, per, state[u][k] + r * per};
+        }
+        char file[64], key[128];
+        ckpt_shard_file(r, W, file, sizeof file);
+        snprintf(key, sizeof key, "%s/%s", dir, file);
+        rc = ckpt_shard_write(st, key, file, &o, c, src, NUNITS * CKPT_NKINDS, r, &m.shards[r],
+                              NULL, err);
+    }
+    if (!rc)
+        rc = ckpt_commit(st, &m, err);
+    ckpt_codec_free(c);
+    ckpt_manifest_free(&m);
+    return rc;
+}
+
+static void setup(void)
+{
+    REQUIRE(mkdtemp(root) != NULL, "mkdtemp");
+    struct fsdp_rng rng = {9};
+    for (int u = 0; u < NUNITS; u++)
+        for (int k = 0; k < CKPT_NKINDS; k++) {
+            state[u][k] = calloc(padded(numel[u], 64), sizeof(float));
+            for (uint64_t i = 0; i < numel[u]; i++) /* smooth values: compressible */
+                state[u][k][i] = (float)k + 0.001f * (float)(i % 97) +
+                                 1e-6f * fsdp_rng_uniform(&rng);
+        }
+}
+
+/* Reads every unit and kind back as if on `world` ranks. */
+static int read_back_matches(struct storage *st, uint64_t step, int world, char *err)
+{
+    struct ckpt_manifest m;
+    if (ckpt_load_manifest(st, step, &m, err))
+        return 0;
+    struct ckpt_reader r;
+    ckpt_reader_init(&r, st, &m, err);
+    int ok = 1;
+    for (int u = 0; ok && u < NUNITS; u++) {
+        uint64_t per = padded(numel[u], world) / (uint64_t)world;
+        float *buf = calloc(per, sizeof *buf);
+        for (int k = 0; ok && k < CKPT_NKINDS; k++)
+            for (int rank = 0; ok && rank < world; rank++) {
+                if (ckpt_read_unit(&r, u, k, rank * per, per, buf, err)) {
+                    ok = 0;
+                    break;
+                }
+                for (uint64_t i = 0; i < per; i++) {
+                    uint64_t x = rank * per + i;
+                    float want = x < numel[u] ? state[u][k][x] : 0.0f;
+                    if (memcmp(&buf[i], &want, 4) != 0) {
+                        snprintf(err, CKPT_ERR_LEN, "unit %d kind %d element %llu differs", u, k,
+                                 (unsigned long long)x);
+                        ok = 0;
+                        break;
+                    }
+                }
+            }
+        free(buf);
+    }
+    ckpt_reader_free(&r);
+    ckpt_manifest_free(&m);
+    return ok;
+}
+
+static void round_trip_every_codec_chunk_size_and_world(void)
+{
+    char err[CKPT_ERR_LEN];
+    struct storage *st;
+    REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
+    const int codecs[] = {CKPT_CODEC_RAW, CKPT_CODEC_ZSTD, CKPT_CODEC_ZSTD_SHUFFLE4};
+    const size_t chunks[] = {64, 1000, 1 << 20};
+    uint64_t step = 1;
+    for (int ci = 0; ci < 3; ci++)
+        for (int si = 0; si < 3; si++, step++) {
+            REQUIRE(write_step(st, step, codecs[ci], chunks[si], err) == 0, "%s", err);
+            for (int world = 1; world <= 5; world++)
+                CHECK(read_back_matches(st, step, world, err), "codec %d chunk %zu world %d: %s",
+                      codecs[ci], chunks[si], world, err);
+        }
+    struct ckpt_step_info *steps;
+    int n;
+    REQUIRE(ckpt_list_steps(st, &steps, &n, err) == 0, "%s", err);
+    CHECK(n == 9 && steps[0].step == 1 && steps[8].step == 9 && steps[8].committed, "listing");
+    free(steps);
+    storage_close(st);
+}
+
+static void count_bad(void *arg, const char *msg)
+{
+    (void)msg;
+    (*(int *)arg)++;
+}
+
+static void a_flipped_byte_is_named_by_shard_and_chunk(void)
+{
+    char err[CKPT_ERR_LEN], path[600];
+    struct storage *st;
+    REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
+    REQUIRE(write_step(st, 100, CKPT_CODEC_ZSTD_SHUFFLE4, 1000, err) == 0, "%s", err);
+    snprintf(path, sizeof path, "%s/step-00000100/shard-00001-of-00003", root);
+    FILE *f = fopen(path, "r+b");
+    REQUIRE(f != NULL, "open %s", path);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, size / 2, SEEK_SET);
+    int b = fgetc(f);
+    fseek(f, size / 2, SEEK_SET);
+    fputc(b ^ 0x10, f);
+    fclose(f);
+    CHECK(!read_back_matches(st, 100, 2, err) && strstr(err, "shard-00001-of-00003: chunk") &&
+              strstr(err, "sha256 mismatch"),
+          "error: %s", err);
+    struct ckpt_manifest m;
+    REQUIRE(ckpt_load_manifest(st, 100, &m, err) == 0, "%s", err);
+    struct ckpt_reader r;
+    ckpt_reader_init(&r, st, &m, err);
+    int problems = 0;
+    for (int s = 0; s < m.nshards; s++) {
+        int bad = 0;
+        problems += ckpt_verify_shard(&r, s, count_bad, &bad) > 0;
+    }
+    CHECK(problems == 1, "%d shards reported bad, expected exactly one", problems);
+    ckpt_reader_free(&r);
+    ckpt_manifest_free(&m);
+    ckpt_delete_step(st, 100, err);
+    storage_close(st);
+}
+
+/* Breaks one number of a valid manifest, re-serialises (which re-seals its
+ * digest), and expects the parser to refuse it naming the problem. */
+static void inconsistent_manifests_are_refused(void)
+{
+    char err[CKPT_ERR_LEN];
+    struct storage *st;
+    REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
+    REQUIRE(write_step(st, 200, CKPT_CODEC_ZSTD, 1000, err) == 0, "%s", err);
+    struct {
+        const char *what, *needle;
+    } cases[] = {
+        {"chunk length", "chunk"},     {"section offset", "section"}, {"padding", "padded"},
+        {"tensor outside", "outside"}, {"shard name", "named"},      {"world", "one entry per rank"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct ckpt_manifest m;
+        REQUIRE(ckpt_load_manifest(st, 200, &m, err) == 0, "%s", err);
+        switch (i) {
+        case 0: m.shards[1].chunks[0].raw_len += 4; break;
+        case 1: m.shards[2].sections[1].raw_off += 4; break;
+        case 2: m.units[1].padded += 3; break;
+        case 3: m.units[0].tensors[1].shape[0] += 1; break;
+        case 4: snprintf(m.shards[0].file, sizeof m.shards[0].file, "../../etc/passwd"); break;
+        case 5: m.world = 2; break;
+        }
+        char *doc = ckpt_manifest_dump(&m);
+        ckpt_manifest_free(&m);
+        REQUIRE(doc != NULL, "dump");
+        struct ckpt_manifest back;
+        int rc = ckpt_manifest_parse(doc, strlen(doc), &back, err);
+        CHECK(rc != 0 && strstr(err, cases[i].needle), "%s: rc %d, error '%s'", cases[i].what,
+              rc, err);
+        if (rc == 0)
+            ckpt_manifest_free(&back);
+        free(doc);
+    }
+    storage_close(st);
+}
+
+static void mutated_manifests_never_crash_the_parser(void)
+{
+    char err[CKPT_ERR_LEN], path[600];
+    snprintf(path, sizeof path, "%s/step-00000200/MANIFEST.json", root);
+    FILE *f = fopen(path, "rb");
+    REQUIRE(f != NULL, "open %s", path);
+    static char doc[1 << 20];
+    size_t n = fread(doc, 1, sizeof doc, f);
+    fclose(f);
+    struct fsdp_rng rng = {3};
+    int accepted = 0;
+    for (int i = 0; i < 3000; i++) {
+        static char mut[1 << 20];
+        memcpy(mut, doc, n);
+        size_t len = n;
+        int kind = (int)fsdp_rng_below(&rng, 3);
+        size_t at = (size_t)fsdp_rng_below(&rng, n);
+        if (kind == 0)
+            mut[at] = (char)fsdp_rng_below(&rng, 256);
+        else if (kind == 1)
+            len = at; /* truncated */
+        else
+            mut[at] = "0123456789-e.\"{}[],:"[fsdp_rng_below(&rng, 20)];
+        struct ckpt_manifest m;
+        if (ckpt_manifest_parse(mut, len, &m, err) == 0) {
+            accepted++;
+            ckpt_manifest_free(&m);
+        }
+    }
+    /* only changes that leave the canonical form alone (whitespace) pass */
+    CHECK(accepted < 300, "%d of 3000 mutated manifests accepted", accepted);
+}
+
+static void teardown(void)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    CHECK(system(cmd) == 0, "%s", cmd);
+    for (int u = 0; u < NUNITS; u++)
+        for (int k = 0; k < CKPT_NKINDS; k++)
+            free(state[u][k]);
+}
+
+CHECK_MAIN(TEST(setup), TEST(round_trip_every_codec_chunk_size_and_world),
+           TEST(a_flipped_byte_is_named_by_shard_and_chunk),
+           TEST(inconsistent_manifests_are_refused),
+           TEST(mutated_manifests_never_crash_the_parser), TEST(teardown))

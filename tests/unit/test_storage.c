@@ -1,0 +1,162 @@
+/*
+ * test_storage.c - the posix backend's contract: objects appear only when
+ * committed, aborts leave nothing, put-if-absent never replaces, listing
+ * and deletion, keys that try to leave the root are refused, and the fault
+ * wrapper injects what it is told.
+ */
+#include "check.h"
+
+#include "storage.h"
+
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char root[] = "/tmp/fsdp-test-storage-XXXXXX";
+static struct storage *st;
+
+static int count_files(const char *dir)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "find '%s' -type f | wc -l", dir);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    if (p) {
+        if (fscanf(p, "%d", &n) != 1)
+            n = -1;
+        pclose(p);
+    }
+    return n;
+}
+
+static void setup(void)
+{
+    char err[STORAGE_ERR_LEN];
+    REQUIRE(mkdtemp(root) != NULL, "mkdtemp");
+    REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
+}
+
+static void object_is_invisible_until_commit(void)
+{
+    char err[STORAGE_ERR_LEN], buf[16];
+    uint64_t size;
+    struct storage_writer *w;
+    REQUIRE(storage_put_begin(st, "a/b/obj", &w, err) == 0, "%s", err);
+    REQUIRE(storage_write(w, "hello ", 6, err) == 0, "%s", err);
+    CHECK(storage_stat(st, "a/b/obj", &size, err) == STORAGE_NOT_FOUND, "visible before commit");
+    REQUIRE(storage_write(w, "world", 5, err) == 0, "%s", err);
+    REQUIRE(storage_writer_commit(w, err) == 0, "%s", err);
+    CHECK(storage_stat(st, "a/b/obj", &size, err) == 0 && size == 11, "size %llu",
+          (unsigned long long)size);
+    CHECK(storage_get_range(st, "a/b/obj", 6, 5, buf, err) == 0 && memcmp(buf, "world", 5) == 0,
+          "ranged read");
+    CHECK(storage_get_range(st, "a/b/obj", 8, 5, buf, err) == STORAGE_ERROR &&
+              strstr(err, "truncated"),
+          "read past the end: %s", err);
+}
+
+static void abort_leaves_nothing(void)
+{
+    char err[STORAGE_ERR_LEN];
+    struct storage_writer *w;
+    int before = count_files(root);
+    REQUIRE(storage_put_begin(st, "c/aborted", &w, err) == 0, "%s", err);
+    REQUIRE(storage_write(w, "x", 1, err) == 0, "%s", err);
+    storage_writer_abort(w);
+    CHECK(count_files(root) == before, "files left behind");
+}
+
+static void put_if_absent_never_replaces(void)
+{
+    char err[STORAGE_ERR_LEN], buf[8];
+    REQUIRE(storage_put_if_absent(st, "m/MANIFEST", "first", 5, err) == 0, "%s", err);
+    CHECK(storage_put_if_absent(st, "m/MANIFEST", "second", 6, err) == STORAGE_EXISTS,
+          "second writer was not refused");
+    CHECK(storage_get_range(st, "m/MANIFEST", 0, 5, buf, err) == 0 &&
+              memcmp(buf, "first", 5) == 0,
+          "content replaced");
+    CHECK(count_files(root) >= 0 && count_files(root) == 2, "temporaries left: %d files",
+          count_files(root));
+}
+
+struct seen {
+    int n;
+    char keys[8][64];
+};
+
+static int on_key(void *arg, const char *key, uint64_t size)
+{
+    (void)size;
+    struct seen *s = arg;
+    if (s->n < 8)
+        snprintf(s->keys[s->n], 64, "%s", key);
+    s->n++;
+    return 0;
+}
+
+static void list_by_prefix_and_delete(void)
+{
+    char err[STORAGE_ERR_LEN];
+    REQUIRE(storage_put(st, "step-1/x", "1", 1, err) == 0, "%s", err);
+    REQUIRE(storage_put(st, "step-1/y", "2", 1, err) == 0, "%s", err);
+    REQUIRE(storage_put(st, "step-2/x", "3", 1, err) == 0, "%s", err);
+    struct seen s = {0};
+    REQUIRE(storage_list(st, "step-1/", on_key, &s, err) == 0, "%s", err);
+    CHECK(s.n == 2, "%d keys under step-1/", s.n);
+    s.n = 0;
+    REQUIRE(storage_list(st, "step-", on_key, &s, err) == 0, "%s", err);
+    CHECK(s.n == 3, "%d keys under step-", s.n);
+    CHECK(storage_delete(st, "step-1/x", err) == 0 && storage_delete(st, "step-1/y", err) == 0,
+          "%s", err);
+    CHECK(storage_delete(st, "step-1/missing", err) == 0, "deleting a missing key failed");
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/step-1", root);
+    CHECK(access(dir, F_OK) != 0, "empty directory left behind");
+}
+
+static void keys_cannot_escape_the_root(void)
+{
+    char err[STORAGE_ERR_LEN];
+    const char *bad[] = {"../x", "a/../../x", "/etc/passwd", "a//b", "", "a/.."};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint64_t size;
+        CHECK(storage_stat(st, bad[i], &size, err) == STORAGE_ERROR && strstr(err, "invalid key"),
+              "key '%s' was accepted", bad[i]);
+    }
+}
+
+static void fault_wrapper_injects_errors(void)
+{
+    char err[STORAGE_ERR_LEN], uri[600];
+    struct storage *f;
+    snprintf(uri, sizeof uri, "fault:write=ENOSPC@2,put_if_absent=EIO@1;%s", root);
+    REQUIRE(storage_open(uri, &f, err) == 0, "%s", err);
+    struct storage_writer *w;
+    REQUIRE(storage_put_begin(f, "f/obj", &w, err) == 0, "%s", err);
+    CHECK(storage_write(w, "a", 1, err) == 0, "first write failed");
+    CHECK(storage_write(w, "b", 1, err) == STORAGE_ERROR &&
+              strstr(err, "No space left on device") && strstr(err, "f/obj"),
+          "second write: %s", err);
+    storage_writer_abort(w);
+    CHECK(storage_put_if_absent(f, "f/m", "x", 1, err) == STORAGE_ERROR &&
+              strstr(err, "Input/output error"),
+          "put_if_absent: %s", err);
+    CHECK(storage_put_if_absent(f, "f/m", "x", 1, err) == 0, "second put_if_absent: %s", err);
+    storage_close(f);
+    CHECK(storage_open("fault:write=EBOGUS@1;/tmp", &f, err) == STORAGE_ERROR &&
+              strstr(err, "bad fault rule"),
+          "a bad rule was accepted");
+}
+
+static void teardown(void)
+{
+    storage_close(st);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    CHECK(system(cmd) == 0, "%s", cmd);
+}
+
+CHECK_MAIN(TEST(setup), TEST(object_is_invisible_until_commit), TEST(abort_leaves_nothing),
+           TEST(put_if_absent_never_replaces), TEST(list_by_prefix_and_delete),
+           TEST(keys_cannot_escape_the_root), TEST(fault_wrapper_injects_errors), TEST(teardown))

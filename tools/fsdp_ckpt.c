@@ -1,0 +1,270 @@
+/*
+ * fsdp_ckpt.c - fsdp-ckpt: look at and check checkpoints without MPI.
+ *
+ *   fsdp-ckpt ls URI                     every step: committed or incomplete,
+ *                                        world size, bytes stored, ratio
+ *   fsdp-ckpt inspect URI[@STEP] [--json]
+ *   fsdp-ckpt verify URI[@STEP]          re-hash every chunk of every shard
+ *   fsdp-ckpt digest URI[@STEP]          NAME KIND SHA256 per tensor and kind,
+ *                                        over the logical unsharded bytes
+ *
+ * URI is a path or file://PATH; without @STEP the newest committed step.
+ * Exit status: 0 ok, 1 a check failed or the store could not be read,
+ * 2 bad usage.
+ */
+#include "ckpt.h"
+#include "storage.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: fsdp-ckpt ls URI\n"
+               "       fsdp-ckpt inspect URI[@STEP] [--json]\n"
+               "       fsdp-ckpt verify URI[@STEP]\n"
+               "       fsdp-ckpt digest URI[@STEP]\n"
+               "URI: a path or file://PATH; @STEP picks a step (default: newest committed)\n");
+}
+
+static int die(const char *msg)
+{
+    fprintf(stderr, "fsdp-ckpt: %s\n", msg);
+    return 1;
+}
+
+/* Splits "URI@STEP"; step stays 0 (newest) without a well-formed suffix. */
+static void split_uri(const char *arg, char *uri, size_t n, uint64_t *step, int *has_step)
+{
+    snprintf(uri, n, "%s", arg);
+    *step = 0;
+    *has_step = 0;
+    char *at = strrchr(uri, '@');
+    if (!at || !at[1])
+        return;
+    char *end;
+    unsigned long long v = strtoull(at + 1, &end, 10);
+    if (*end == 0 && !strchr(at + 1, '-')) {
+        *at = 0;
+        *step = v;
+        *has_step = 1;
+    }
+}
+
+static int open_store(const char *uri, struct storage **st, char *err)
+{
+    return storage_open(uri, st, err) ? -1 : 0;
+}
+
+static int newest_committed(struct storage *st, uint64_t *step, char *err)
+{
+    struct ckpt_step_info *steps;
+    int n;
+    if (ckpt_list_steps(st, &steps, &n, err))
+        return -1;
+    int found = 0;
+    for (int i = 0; i < n; i++)
+        if (steps[i].committed) {
+            *step = steps[i].step;
+            found = 1;
+        }
+    free(steps);
+    if (!found)
+        snprintf(err, CKPT_ERR_LEN, "%s: no committed checkpoint", st->uri);
+    return found ? 0 : -1;
+}
+
+/* Opens URI[@STEP] and loads the manifest. */
+static int load(const char *arg, struct storage **st, struct ckpt_manifest *m, char *err)
+{
+    char uri[1024];
+    uint64_t step;
+    int has_step;
+    split_uri(arg, uri, sizeof uri, &step, &has_step);
+    if (open_store(uri, st, err))
+        return -1;
+    if ((!has_step && newest_committed(*st, &step, err)) ||
+        ckpt_load_manifest(*st, step, m, err)) {
+        storage_close(*st);
+        *st = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+static double mib(uint64_t b) { return (double)b / 1048576.0; }
+
+static int cmd_ls(const char *uri)
+{
+    char err[CKPT_ERR_LEN];
+    struct storage *st;
+    if (open_store(uri, &st, err))
+        return die(err);
+    struct ckpt_step_info *steps;
+    int n;
+    if (ckpt_list_steps(st, &steps, &n, err)) {
+        storage_close(st);
+        return die(err);
+    }
+    printf("%-14s %-11s %5s %12s %12s %6s\n", "STEP", "STATE", "WORLD", "STORED_MIB", "RAW_MIB",
+           "RATIO");
+    for (int i = 0; i < n; i++) {
+        char dir[32];
+        ckpt_step_dir(steps[i].step, dir, sizeof dir);
+        if (!steps[i].committed) {
+            printf("%-14s %-11s %5s %12.2f %12s %6s\n", dir, "incomplete", "-",
+                   mib(steps[i].stored_bytes), "-", "-");
+            continue;
+        }
+        struct ckpt_manifest m;
+        if (ckpt_load_manifest(st, steps[i].step, &m, err)) {
+            printf("%-14s %-11s %5s %12.2f %12s %6s  (%s)\n", dir, "damaged", "-",
+                   mib(steps[i].stored_bytes), "-", "-", err);
+            continue;
+        }
+        uint64_t raw = 0, stored = 0;
+        for (int s = 0; s < m.nshards; s++) {
+            raw += m.shards[s].raw_size;
+            stored += m.shards[s].stored_size;
+        }
+        printf("%-14s %-11s %5d %12.2f %12.2f %6.2f\n", dir, "committed", m.world,
+               mib(steps[i].stored_bytes), mib(raw), stored ? (double)raw / (double)stored : 0);
+        ckpt_manifest_free(&m);
+    }
+    free(steps);
+    storage_close(st);
+    return 0;
+}
+
+static int cmd_inspect(const char *arg, int as_json)
+{
+    char err[CKPT_ERR_LEN];
+    struct storage *st;
+    struct ckpt_manifest m;
+    if (load(arg, &st, &m, err))
+        return die(err);
+    if (as_json) {
+        char *doc = ckpt_manifest_dump(&m);
+        printf("%s\n", doc ? doc : "{}");
+        free(doc);
+    } else {
+        char *model = json_dumps(m.model, JSON_COMPACT);
+        char *trainer = json_dumps(m.trainer, JSON_COMPACT);
+        printf("step %" PRIu64 ", world size %d, generation %" PRIu64 ", sharding %s, format %d\n",
+               m.step, m.world, m.generation, m.sharding, m.version);
+        printf("model   %s\ntrainer %s\n", model ? model : "?", trainer ? trainer : "?");
+        free(model);
+        free(trainer);
+        printf("\n%-6s %-28s %-8s %-16s %12s %12s\n", "UNIT", "TENSOR", "DTYPE", "SHAPE",
+               "OFFSET", "NUMEL");
+        for (int u = 0; u < m.nunits; u++) {
+            const struct ckpt_unit *U = &m.units[u];
+            printf("%-6d %-28s %-8s %-16s %12s %12" PRIu64 "  (padded %" PRIu64 ")\n", u,
+                   U->name, "", "", "", U->numel, U->padded);
+            for (int t = 0; t < U->ntensors; t++) {
+                const struct ckpt_tensor *T = &U->tensors[t];
+                char shape[64] = "";
+                for (int d = 0; d < T->ndim; d++)
+                    snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%" PRIu64,
+                             d ? "x" : "", T->shape[d]);
+                printf("%-6s %-28s %-8s %-16s %12" PRIu64 " %12" PRIu64 "\n", "", T->name,
+                       "float32", shape, T->offset, T->numel);
+            }
+        }
+        printf("\n%-22s %12s %12s %7s  %s\n", "SHARD", "RAW", "STORED", "CHUNKS", "SHA256");
+        for (int s = 0; s < m.nshards; s++) {
+            char hex[65];
+            ckpt_hex(m.shards[s].sha256, hex);
+            printf("%-22s %12" PRIu64 " %12" PRIu64 " %7d  %s\n", m.shards[s].file,
+                   m.shards[s].raw_size, m.shards[s].stored_size, m.shards[s].nchunks, hex);
+        }
+    }
+    ckpt_manifest_free(&m);
+    storage_close(st);
+    return 0;
+}
+
+static void report_bad(void *arg, const char *msg)
+{
+    (*(int *)arg)++;
+    printf("BAD %s\n", msg);
+}
+
+static int cmd_verify(const char *arg)
+{
+    char err[CKPT_ERR_LEN], dir[32];
+    struct storage *st;
+    struct ckpt_manifest m;
+    if (load(arg, &st, &m, err))
+        return die(err);
+    struct ckpt_reader r;
+    if (ckpt_reader_init(&r, st, &m, err)) {
+        ckpt_manifest_free(&m);
+        storage_close(st);
+        return die(err);
+    }
+    int bad = 0, chunks = 0;
+    for (int s = 0; s < m.nshards; s++) {
+        ckpt_verify_shard(&r, s, report_bad, &bad);
+        chunks += m.shards[s].nchunks;
+    }
+    ckpt_step_dir(m.step, dir, sizeof dir);
+    if (bad)
+        fprintf(stderr, "fsdp-ckpt: %s/%s: %d problem%s in %d shards, %d chunks\n", st->uri, dir,
+                bad, bad > 1 ? "s" : "", m.nshards, chunks);
+    else
+        printf("%s/%s: OK (%d shards, %d chunks, every chunk and shard digest verified)\n",
+               st->uri, dir, m.nshards, chunks);
+    ckpt_reader_free(&r);
+    ckpt_manifest_free(&m);
+    storage_close(st);
+    return bad ? 1 : 0;
+}
+
+static int print_digest(void *arg, const char *tensor, const char *kind, const char *hex)
+{
+    (void)arg;
+    printf("%s %s %s\n", tensor, kind, hex);
+    return 0;
+}
+
+static int cmd_digest(const char *arg)
+{
+    char err[CKPT_ERR_LEN];
+    struct storage *st;
+    struct ckpt_manifest m;
+    if (load(arg, &st, &m, err))
+        return die(err);
+    struct ckpt_reader r;
+    int rc = ckpt_reader_init(&r, st, &m, err);
+    if (!rc) {
+        rc = ckpt_digest(&r, print_digest, NULL, err);
+        ckpt_reader_free(&r);
+    }
+    ckpt_manifest_free(&m);
+    storage_close(st);
+    return rc ? die(err) : 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        usage(stdout);
+        return 0;
+    }
+    const char *cmd = argc >= 2 ? argv[1] : "";
+    int json = argc == 4 && strcmp(argv[3], "--json") == 0;
+    if (argc == 3 && strcmp(cmd, "ls") == 0)
+        return cmd_ls(argv[2]);
+    if ((argc == 3 || json) && strcmp(cmd, "inspect") == 0)
+        return cmd_inspect(argv[2], json);
+    if (argc == 3 && strcmp(cmd, "verify") == 0)
+        return cmd_verify(argv[2]);
+    if (argc == 3 && strcmp(cmd, "digest") == 0)
+        return cmd_digest(argv[2]);
+    fprintf(stderr, "fsdp-ckpt: %s%s%s (see fsdp-ckpt --help)\n",
+            *cmd ? "bad arguments for '" : "expected a command", cmd, *cmd ? "'" : "");
+    return 2;
+}
