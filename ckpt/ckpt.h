@@ -129,10 +129,21 @@ struct ckpt_codec;
 struct ckpt_codec *ckpt_codec_new(size_t chunk_bytes);
 void ckpt_codec_free(struct ckpt_codec *c);
 
-/* Writes one shard under key and fills out (sections, chunk table,
- * digests). Durable when it returns 0; on failure nothing is left under
- * key. hook, if set, is called after each chunk is written (tests use it
- * to stop a writer mid-shard). */
+/* A streaming shard writer: sections declared up front (their raw_off is
+ * computed), their bytes appended in order in pieces of any size, one
+ * chunk of memory. finish makes the shard durable and fills out; on any
+ * failure nothing is left under the key. hook, if set, runs after each
+ * chunk is written (tests stop a writer mid-shard with it). */
+struct ckpt_shard_writer;
+int ckpt_writer_begin(struct storage *st, const char *key, const char *file,
+                      const struct ckpt_write_opts *o, struct ckpt_codec *codec, int rank,
+                      const struct ckpt_section *secs, int nsec, void (*hook)(int chunk),
+                      struct ckpt_shard_writer **w, char *err);
+int ckpt_writer_append(struct ckpt_shard_writer *w, const void *data, size_t bytes, char *err);
+int ckpt_writer_finish(struct ckpt_shard_writer *w, struct ckpt_shard *out, char *err);
+void ckpt_writer_abort(struct ckpt_shard_writer *w);
+
+/* Writes one shard from memory (begin, append every source, finish). */
 int ckpt_shard_write(struct storage *st, const char *key, const char *file,
                      const struct ckpt_write_opts *o, struct ckpt_codec *codec,
                      const struct ckpt_src *src, int nsrc, int rank, struct ckpt_shard *out,
@@ -144,13 +155,20 @@ int ckpt_commit(struct storage *st, const struct ckpt_manifest *m, char *err);
 
 /* ---- reading ------------------------------------------------------------- */
 
+#define CKPT_READER_CACHE 4
+
 struct ckpt_reader {
     struct storage *st;
     const struct ckpt_manifest *m;
     char dir[32];
     struct ckpt_codec *codec;
-    int cached_shard, cached_chunk; /* the decoded chunk in codec's raw buffer */
-    uint64_t bytes_fetched;
+    struct {
+        int shard, chunk;
+        uint64_t used;
+        unsigned char *raw;
+    } cache[CKPT_READER_CACHE]; /* decoded chunks, least recently used goes */
+    uint64_t tick;
+    uint64_t bytes_fetched, chunks_fetched; /* stored bytes read from storage */
 };
 
 int ckpt_reader_init(struct ckpt_reader *r, struct storage *st, const struct ckpt_manifest *m,
@@ -164,6 +182,19 @@ int ckpt_read_shard(struct ckpt_reader *r, int shard, uint64_t off, uint64_t len
  * as zeros. */
 int ckpt_read_unit(struct ckpt_reader *r, int unit, int kind, uint64_t lo, uint64_t n,
                    float *dst, char *err);
+/* The reshard planner: fills every wanted range of (unit, kind) elements
+ * from whichever old shards hold it. FSDP shards are contiguous ranges of
+ * each flat unit, so each want maps onto at most a few (old shard, byte
+ * range) pieces by interval arithmetic; the pieces are read sorted by shard
+ * and offset, so every chunk is fetched and verified once. Elements past a
+ * unit's numel (padding for the new world size) are zeros. */
+struct ckpt_want {
+    int unit, kind;
+    uint64_t lo, n;
+    float *dst;
+};
+int ckpt_load(struct ckpt_reader *r, const struct ckpt_want *w, int nw, char *err);
+
 /* Re-hashes (and decodes) one chunk. */
 int ckpt_verify_chunk(struct ckpt_reader *r, int shard, int chunk, char *err);
 /* Checks a whole shard: its stored size, every chunk, the shard digest.
@@ -176,6 +207,13 @@ int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, c
 int ckpt_digest(struct ckpt_reader *r, int (*fn)(void *arg, const char *tensor, const char *kind,
                                                  const char *hex),
                 void *arg, char *err);
+
+/* ---- resharding ---------------------------------------------------------- */
+
+/* Writes step m->step of src again into dst for `world` ranks, streaming
+ * (memory: a few chunks). Commits only when every new shard is durable. */
+int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct storage *dst,
+                 int world, const struct ckpt_write_opts *o, char *err);
 
 /* ---- steps --------------------------------------------------------------- */
 

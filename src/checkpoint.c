@@ -340,8 +340,9 @@ differ:;
 }
 
 /* Every rank reads its own part of every unit and kind, from whatever
- * shards hold it (any saved world size). */
-static int load_step(struct ckptr *c, uint64_t step, struct ckpt_manifest *man, char *err)
+ * shards hold it (any saved world size), as one plan of ranged reads. */
+static int load_step(struct ckptr *c, uint64_t step, struct ckpt_manifest *man,
+                     uint64_t *bytes_read, char *err)
 {
     int rc = ckpt_load_manifest(c->st, step, man, err);
     if (rc)
@@ -351,14 +352,43 @@ static int load_step(struct ckptr *c, uint64_t step, struct ckpt_manifest *man, 
     struct ckpt_reader r;
     if (ckpt_reader_init(&r, c->st, man, err))
         return -1;
-    for (int u = 0; !rc && u < c->m->nunits; u++) {
+    int nw = c->m->nunits * CKPT_NKINDS;
+    struct ckpt_want *w = calloc((size_t)nw, sizeof *w);
+    if (!w)
+        rc = fsdp_err(err, "checkpoint: out of memory");
+    for (int u = 0; w && u < c->m->nunits; u++) {
         const struct fsdp_unit *U = &c->e->units[u];
-        for (int k = 0; !rc && k < CKPT_NKINDS; k++)
-            rc = ckpt_read_unit(&r, u, k, U->shard_lo, U->shard_n,
-                                kind_base(c->e, k) + U->shard_off, err);
+        for (int k = 0; k < CKPT_NKINDS; k++)
+            w[u * CKPT_NKINDS + k] = (struct ckpt_want){u, k, U->shard_lo, U->shard_n,
+                                                        kind_base(c->e, k) + U->shard_off};
     }
+    if (!rc)
+        rc = ckpt_load(&r, w, nw, err);
+    *bytes_read = r.bytes_fetched;
+    free(w);
     ckpt_reader_free(&r);
     return rc;
+}
+
+/* Rank 0 prints how much each rank read: about its share, not everything. */
+static void report_reads(struct ckptr *c, const struct ckpt_manifest *man, uint64_t mine)
+{
+    char line[64], err[ERR_LEN], *all = NULL;
+    size_t lens[c->comm->world];
+    snprintf(line, sizeof line, " %llu", (unsigned long long)mine);
+    if (c->comm->gather_bytes(c->comm, line, strlen(line), 0, &all, lens, err) == 0 &&
+        c->comm->rank == 0) {
+        uint64_t stored = 0;
+        size_t total = 0;
+        for (int s = 0; s < man->nshards; s++)
+            stored += man->shards[s].stored_size;
+        for (int r = 0; r < c->comm->world; r++)
+            total += lens[r];
+        fprintf(stderr, "fsdp-train: loading step %llu read%.*s bytes on ranks 0..%d, of %llu "
+                "stored\n", (unsigned long long)man->step, (int)total, all, c->comm->world - 1,
+                (unsigned long long)stored);
+    }
+    free(all);
 }
 
 int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *loaded, char *err)
@@ -407,7 +437,8 @@ int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *loaded, char *err)
     int chosen = -1;
     for (int i = ncand - 1; i >= 0; i--) {
         struct ckpt_manifest man = {0};
-        rc = load_step(c, cand[i], &man, err);
+        uint64_t bytes_read = 0;
+        rc = load_step(c, cand[i], &man, &bytes_read, err);
         int refused = rc == CKPTR_REFUSED;
         double votes[2] = {rc != 0, refused};
         char sub[ERR_LEN];
@@ -424,6 +455,7 @@ int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *loaded, char *err)
             return CKPTR_REFUSED;
         }
         if (agree(comm, rc, err) == 0) {
+            report_reads(c, &man, bytes_read);
             if (comm->rank == 0 && man.world != comm->world)
                 fprintf(stderr, "fsdp-train: resharding step %llu from %d to %d ranks\n",
                         (unsigned long long)cand[i], man.world, comm->world);

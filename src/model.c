@@ -88,8 +88,8 @@ int model_layout_init(struct model_layout *m, const struct model_config *cfg, ch
      * 1/sqrt(2L), biases 0, LayerNorm gains 1. */
     const float std = 0.02f, res_std = 0.02f / sqrtf(2.0f * (float)L);
     snprintf(m->units[0].name, MODEL_MAX_NAME, "embed");
-    add_tensor(m, 0, "wte", (size_t)cfg->vocab_pad, C, 1, std, 0);
-    add_tensor(m, 0, "wpe", (size_t)cfg->seq, C, 1, std, 0);
+    add_tensor(m, 0, "wte.weight", (size_t)cfg->vocab_pad, C, 1, std, 0);
+    add_tensor(m, 0, "wpe.weight", (size_t)cfg->seq, C, 1, std, 0);
     for (int l = 0; l < L; l++) {
         int u = model_unit_block(l);
         char n[MODEL_MAX_NAME];

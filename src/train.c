@@ -29,6 +29,7 @@ struct trainer {
     int threads, micro, accum; /* micro: sequences per rank per forward */
     uint64_t cursor;           /* samples of the stream consumed so far */
     int32_t *in, *tgt;         /* host batch, micro * T each */
+    uint64_t *consumed;        /* sample indices this rank used in the step */
     FILE *log;
     struct ckptr ck;
     int have_ckpt;
@@ -106,6 +107,7 @@ static void load_micro(struct trainer *t, int m)
     uint64_t base = t->cursor + (uint64_t)t->comm.rank * per_rank + (uint64_t)m * t->micro;
     for (int b = 0; b < t->micro; b++) {
         uint64_t idx = sample_stream_index(&t->stream, base + (uint64_t)b);
+        t->consumed[(size_t)m * t->micro + b] = idx;
         sample_stream_fetch(&t->stream, idx, t->in + (size_t)b * T, t->tgt + (size_t)b * T);
     }
     fsdp_set_batch(&t->eng, t->in, t->tgt);
@@ -209,8 +211,33 @@ static int generate(struct trainer *t, char *err)
     return rc;
 }
 
+/* --log-samples: every rank's indices of the step, on rank 0, in global
+ * order (rank r's slice follows rank r-1's). */
+static int gather_samples(struct trainer *t, json_t **out, char *err)
+{
+    size_t n = (size_t)t->accum * t->micro, lens[t->comm.world];
+    char *all = NULL;
+    *out = NULL;
+    if (t->comm.gather_bytes(&t->comm, t->consumed, n * sizeof *t->consumed, 0, &all, lens,
+                             err))
+        return -1;
+    if (t->comm.rank == 0) {
+        *out = json_array();
+        size_t total = 0;
+        for (int r = 0; r < t->comm.world; r++)
+            total += lens[r];
+        for (size_t i = 0; i + sizeof(uint64_t) <= total; i += sizeof(uint64_t)) {
+            uint64_t v;
+            memcpy(&v, all + i, sizeof v);
+            json_array_append_new(*out, json_integer((json_int_t)v));
+        }
+    }
+    free(all);
+    return 0;
+}
+
 static void log_step(struct trainer *t, long long step, double loss, double lr, double norm,
-                     double dt, double val)
+                     double dt, double val, json_t *samples)
 {
     double tps = (double)t->o.global_batch * t->model.cfg.seq / dt;
     if (t->comm.rank != 0)
@@ -228,6 +255,8 @@ static void log_step(struct trainer *t, long long step, double loss, double lr, 
                               "ms", dt * 1e3, "samples_seen", (json_int_t)t->cursor);
         if (j && !isnan(val))
             json_object_set_new(j, "val_loss", json_real(val));
+        if (j && samples)
+            json_object_set(j, "samples", samples);
         if (j) {
             json_dumpf(j, t->log, JSON_COMPACT | JSON_REAL_PRECISION(17));
             fputc('\n', t->log);
@@ -335,7 +364,11 @@ static int train(struct trainer *t, char *err)
             return -1;
         if (!isfinite(loss))
             return fsdp_err(err, "training diverged: loss is %f at step %lld", loss, step + 1);
-        log_step(t, step, loss, lr, norm, dt, val);
+        json_t *samples = NULL;
+        if (o->log_samples && gather_samples(t, &samples, err))
+            return -1;
+        log_step(t, step, loss, lr, norm, dt, val, samples);
+        json_decref(samples);
         if (t->have_ckpt && ((o->ckpt.every && (step + 1) % o->ckpt.every == 0) || last) &&
             save(t, step + 1, err))
             return -1;
@@ -372,7 +405,8 @@ static int setup(struct trainer *t, char *err)
                         o->data, (unsigned long long)t->stream.nsamples, o->cfg.seq);
     t->in = calloc((size_t)t->micro * o->cfg.seq, sizeof *t->in);
     t->tgt = calloc((size_t)t->micro * o->cfg.seq, sizeof *t->tgt);
-    if (!t->in || !t->tgt)
+    t->consumed = calloc((size_t)per_rank, sizeof *t->consumed);
+    if (!t->in || !t->tgt || !t->consumed)
         return fsdp_err(err, "out of memory for the batch");
     if (fsdp_init(&t->eng, &t->model, fsdp_kernels_cpu(), &t->comm, o->shard, t->micro, err))
         return -1;
@@ -427,6 +461,7 @@ static void teardown(struct trainer *t)
     model_layout_free(&t->model);
     free(t->in);
     free(t->tgt);
+    free(t->consumed);
 }
 
 int main(int argc, char **argv)

@@ -49,6 +49,7 @@ void train_opts_usage(void)
            "output:\n"
            "  --log FILE             one JSON object per step\n"
            "  --log-every K          progress line every K steps (default 1)\n"
+           "  --log-samples on       add each step's global sample indices to the log\n"
            "  --val-every N          validation loss every N steps (default: at the end)\n"
            "  --val-samples N        validation sequences (default 64)\n"
            "  --sample N             print N generated tokens at the end\n"
@@ -112,6 +113,14 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
             o->val_data = v;
         else if (strcmp(f, "--log") == 0)
             o->log_path = v;
+        else if (strcmp(f, "--log-samples") == 0) {
+            if (strcmp(v, "on") == 0)
+                o->log_samples = 1;
+            else if (strcmp(v, "off") == 0)
+                o->log_samples = 0;
+            else
+                rc = fsdp_err(err, "--log-samples '%s' is not on or off", v);
+        }
         else if (strcmp(f, "--model") == 0)
             o->model_name = v;
         else if (strcmp(f, "--layers") == 0)

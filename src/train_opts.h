@@ -15,6 +15,7 @@ struct train_opts {
     char model_label[64]; /* the preset, or "custom" when a field was overridden */
     struct model_config cfg;
     long long global_batch, micro_batch; /* micro_batch 0: global / world */
+    int log_samples;
     long long steps, warmup, val_every, val_samples, log_every, sample_len, threads;
     double temperature, lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip;
     uint64_t seed;

@@ -7,12 +7,18 @@
  *   fsdp-ckpt verify URI[@STEP]          re-hash every chunk of every shard
  *   fsdp-ckpt digest URI[@STEP]          NAME KIND SHA256 per tensor and kind,
  *                                        over the logical unsharded bytes
+ *   fsdp-ckpt reshard SRC[@STEP] DST --world-size M [--compress C] [--chunk-kib N]
+ *                                        rewrite for M ranks, streaming
+ *   fsdp-ckpt export SRC[@STEP] OUT.safetensors [--all]
+ *   fsdp-ckpt import IN.safetensors DST --model PRESET --world-size M
  *
  * URI is a path or file://PATH; without @STEP the newest committed step.
  * Exit status: 0 ok, 1 a check failed or the store could not be read,
  * 2 bad usage.
  */
 #include "ckpt.h"
+#include "model.h"
+#include "safetensors.h"
 #include "storage.h"
 
 #include <inttypes.h>
@@ -26,7 +32,13 @@ static void usage(FILE *f)
                "       fsdp-ckpt inspect URI[@STEP] [--json]\n"
                "       fsdp-ckpt verify URI[@STEP]\n"
                "       fsdp-ckpt digest URI[@STEP]\n"
-               "URI: a path or file://PATH; @STEP picks a step (default: newest committed)\n");
+               "       fsdp-ckpt reshard SRC[@STEP] DST --world-size M [--compress C] "
+               "[--chunk-kib N]\n"
+               "       fsdp-ckpt export SRC[@STEP] OUT.safetensors [--all]\n"
+               "       fsdp-ckpt import IN.safetensors DST --model PRESET --world-size M "
+               "[--compress C]\n"
+               "URI: a path or file://PATH; @STEP picks a step (default: newest committed)\n"
+               "C: none | zstd[:LEVEL] | zstd+shuffle[:LEVEL] (default zstd+shuffle:1)\n");
 }
 
 static int die(const char *msg)
@@ -248,6 +260,132 @@ static int cmd_digest(const char *arg)
     return rc ? die(err) : 0;
 }
 
+static int cmd_reshard(const char *src_arg, const char *dst_uri, int world,
+                       const struct ckpt_write_opts *o)
+{
+    char err[CKPT_ERR_LEN];
+    struct storage *st, *dst;
+    struct ckpt_manifest m;
+    if (load(src_arg, &st, &m, err))
+        return die(err);
+    int rc = open_store(dst_uri, &dst, err);
+    if (!rc) {
+        rc = ckpt_reshard(st, &m, dst, world, o, err);
+        if (!rc)
+            printf("%s -> %s: step %llu resharded from %d to %d ranks\n", st->uri, dst->uri,
+                   (unsigned long long)m.step, m.world, world);
+        storage_close(dst);
+    }
+    ckpt_manifest_free(&m);
+    storage_close(st);
+    return rc ? die(err) : 0;
+}
+
+static int cmd_export(const char *src_arg, const char *out, int all)
+{
+    char err[CKPT_ERR_LEN];
+    struct storage *st;
+    struct ckpt_manifest m;
+    if (load(src_arg, &st, &m, err))
+        return die(err);
+    struct ckpt_reader r;
+    int rc = ckpt_reader_init(&r, st, &m, err);
+    if (!rc) {
+        rc = st_export(&r, out, all, err);
+        ckpt_reader_free(&r);
+    }
+    ckpt_manifest_free(&m);
+    storage_close(st);
+    return rc ? die(err) : 0;
+}
+
+static int cmd_import(const char *in, const char *dst_uri, const char *preset, int world,
+                      const struct ckpt_write_opts *o)
+{
+    char err[CKPT_ERR_LEN];
+    struct model_config cfg;
+    struct model_layout m;
+    if (model_preset(preset, &cfg)) {
+        fprintf(stderr, "fsdp-ckpt: --model '%s' is not one of tiny, small, gpt2-124m "
+                        "(see fsdp-ckpt --help)\n", preset);
+        return 2;
+    }
+    if (model_layout_init(&m, &cfg, err))
+        return die(err);
+    struct storage *dst;
+    int rc = open_store(dst_uri, &dst, err);
+    if (!rc) {
+        rc = st_import(in, &m, preset, dst, world, o, err);
+        if (!rc)
+            printf("%s -> %s: step 0 for %d ranks, model %s, fresh optimizer state\n", in,
+                   dst->uri, world, preset);
+        storage_close(dst);
+    }
+    model_layout_free(&m);
+    return rc ? die(err) : 0;
+}
+
+static int bad_usage(const char *what)
+{
+    fprintf(stderr, "fsdp-ckpt: %s (see fsdp-ckpt --help)\n", what);
+    return 2;
+}
+
+/* reshard / export / import: positional arguments and flags */
+static int cmd_convert(int argc, char **argv)
+{
+    const char *cmd = argv[1], *pos[2] = {NULL, NULL}, *model = NULL;
+    long long world = 0, chunk_kib = 4096;
+    int npos = 0, all = 0;
+    struct ckpt_write_opts o = {CKPT_CODEC_ZSTD_SHUFFLE4, 1, 4u << 20};
+    char err[CKPT_ERR_LEN], msg[CKPT_ERR_LEN + 64];
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        int has_value = i + 1 < argc;
+        if (strcmp(a, "--all") == 0 && strcmp(cmd, "export") == 0) {
+            all = 1;
+        } else if (strcmp(a, "--world-size") == 0 && strcmp(cmd, "export") != 0) {
+            char *end = NULL;
+            world = has_value ? strtoll(argv[++i], &end, 10) : 0;
+            if (!has_value || *end || world < 1 || world > 65536)
+                return bad_usage("--world-size needs an integer in 1..65536");
+        } else if (strcmp(a, "--compress") == 0 && strcmp(cmd, "export") != 0) {
+            if (!has_value)
+                return bad_usage("--compress needs a value");
+            if (ckpt_parse_compress(argv[++i], &o, err))
+                return bad_usage(err);
+        } else if (strcmp(a, "--chunk-kib") == 0 && strcmp(cmd, "export") != 0) {
+            char *end = NULL;
+            chunk_kib = has_value ? strtoll(argv[++i], &end, 10) : 0;
+            if (!has_value || *end || chunk_kib < 1 || chunk_kib > 256 * 1024)
+                return bad_usage("--chunk-kib needs an integer in 1..262144");
+        } else if (strcmp(a, "--model") == 0 && strcmp(cmd, "import") == 0) {
+            if (!has_value)
+                return bad_usage("--model needs a value");
+            model = argv[++i];
+        } else if (strncmp(a, "--", 2) == 0 || npos == 2) {
+            snprintf(msg, sizeof msg, "%s: unexpected argument '%s'", cmd, a);
+            return bad_usage(msg);
+        } else {
+            pos[npos++] = a;
+        }
+    }
+    o.chunk_bytes = (size_t)chunk_kib * 1024;
+    if (npos != 2) {
+        snprintf(msg, sizeof msg, "%s needs two paths", cmd);
+        return bad_usage(msg);
+    }
+    if (strcmp(cmd, "export") == 0)
+        return cmd_export(pos[0], pos[1], all);
+    if (!world)
+        return bad_usage("--world-size M is required");
+    if (strcmp(cmd, "reshard") == 0)
+        return cmd_reshard(pos[0], pos[1], (int)world, &o);
+    if (!model)
+        return bad_usage("--model PRESET is required");
+    return cmd_import(pos[0], pos[1], model, (int)world, &o);
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
@@ -264,6 +402,8 @@ int main(int argc, char **argv)
         return cmd_verify(argv[2]);
     if (argc == 3 && strcmp(cmd, "digest") == 0)
         return cmd_digest(argv[2]);
+    if (strcmp(cmd, "reshard") == 0 || strcmp(cmd, "export") == 0 || strcmp(cmd, "import") == 0)
+        return cmd_convert(argc, argv);
     fprintf(stderr, "fsdp-ckpt: %s%s%s (see fsdp-ckpt --help)\n",
             *cmd ? "bad arguments for '" : "expected a command", cmd, *cmd ? "'" : "");
     return 2;

@@ -37,8 +37,9 @@ if [ $# -eq 0 ]; then
     export UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1
     ASAN_OPTIONS=detect_leaks=1 meson test -C build-asan --print-errorlogs --logbase unit \
         --suite unit
-    ASAN_OPTIONS=detect_leaks=0 meson test -C build-asan --print-errorlogs --logbase programs \
-        cli token-files checkpoint
+    FSDP_QUICK=1 ASAN_OPTIONS=detect_leaks=0 meson test -C build-asan --print-errorlogs \
+        --logbase programs \
+        cli token-files checkpoint reshard
 fi
 
 /usr/bin/python3 - "$build_failed" <<'PY'

@@ -135,11 +135,20 @@ def kill_job(p):
     assert not job_pids(p.pid), f"processes survived SIGKILL: {job_pids(p.pid)}"
 
 
+def slow(test):
+    """Marks a test that FSDP_QUICK=1 skips (the sanitizer build runs quick ones)."""
+    test.slow = True
+    return test
+
+
 def main(tests):
     only = sys.argv[1:]
     failed = 0
     for t in tests:
         if only and t.__name__ not in only:
+            continue
+        if os.environ.get("FSDP_QUICK") == "1" and getattr(t, "slow", False):
+            print(f"skip {t.__name__} (slow; FSDP_QUICK=1)", flush=True)
             continue
         with tempfile.TemporaryDirectory(prefix="fsdp-test-") as tmp:
             try:

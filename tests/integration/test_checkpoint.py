@@ -3,6 +3,7 @@ damage, refusal of another model's checkpoint, clean failure on storage
 errors (injected and real), retention. test_kill_resume.py kills runs."""
 
 import glob
+import json
 import os
 import subprocess
 
@@ -100,16 +101,26 @@ def no_temporaries(ck):
     return [f for f in glob.glob(f"{ck}/**", recursive=True) if ".tmp." in f]
 
 
+def chunks_per_checkpoint(train, tmp):
+    ck = f"{tmp}/count"
+    run(train_args(train, ck, steps=3))
+    man = json.loads(run([CKPT, "inspect", ck, "--json"]).stdout)
+    return sum(len(s["chunks"]) for s in man["shards"])
+
+
 def storage_errors_fail_the_save_and_keep_committed(tmp):
     train, _ = prepare_corpus(tmp)
-    # tiny at 512 KiB chunks: 20 chunk writes per 1-rank checkpoint; the
-    # first checkpoint (step 3) succeeds, the second fails.
-    for spec, errno_text in (("write=ENOSPC@25", "No space left on device"),
-                             ("write=EIO@30", "Input/output error"),
+    # The first checkpoint (step 3) succeeds, the second (step 6) fails:
+    # a write in the middle of its shard, its commit, its creation, or its
+    # manifest.
+    n = chunks_per_checkpoint(train, tmp)
+    for spec, errno_text in ((f"write=ENOSPC@{n + n // 2}", "No space left on device"),
+                             (f"write=EIO@{n + 1}", "Input/output error"),
                              ("commit=EACCES@2", "Permission denied"),
                              ("put=EROFS@2", "Read-only file system"),
                              ("put_if_absent=EIO@2", "Input/output error")):
         ck = f"{tmp}/ck-{spec.split('=')[0]}-{errno_text.split()[0]}"
+        print(f"  --ckpt 'fault:{spec};DIR': {errno_text}")
         p = run(train_args(train, f"fault:{spec};{ck}", steps=9), check=False)
         assert p.returncode == 1, f"{spec}: exit {p.returncode}"
         line = [l for l in p.stderr.splitlines() if "checkpoint of step 6 failed" in l]

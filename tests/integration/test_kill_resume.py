@@ -11,7 +11,7 @@ import subprocess
 import time
 
 from harness import (CKPT, committed_steps, digest, kill_job, launch, main, mpirun,
-                     prepare_corpus, run, wait_stopped_or_exit)
+                     prepare_corpus, run, slow, wait_stopped_or_exit)
 from test_checkpoint import train_args
 
 
@@ -80,10 +80,12 @@ def kill_and_resume(tmp, np, seed):
     assert got == want, [k for k in want if want[k] != got.get(k)][:5]
 
 
+@slow
 def resume_after_kill_is_bit_exact_one_rank(tmp):
     kill_and_resume(tmp, 1, seed=11)
 
 
+@slow
 def resume_after_kill_is_bit_exact_two_ranks(tmp):
     kill_and_resume(tmp, 2, seed=12)
 

@@ -74,7 +74,7 @@ static void ref_forward(const struct ref *r, const int32_t *tok, double *logits)
     double *qkv = calloc((size_t)T * 3 * C, sizeof *qkv), *y = calloc((size_t)T * C, sizeof *y);
     double *tmp = calloc((size_t)4 * C, sizeof *tmp), *ln = calloc((size_t)C, sizeof *ln);
     char name[64];
-    const float *wte = P(r, "wte"), *wpe = P(r, "wpe");
+    const float *wte = P(r, "wte.weight"), *wpe = P(r, "wpe.weight");
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++)
             for (int c = 0; c < C; c++)

@@ -1,0 +1,321 @@
+/*
+ * reader.c - verified reads of any byte range of a checkpoint, the reshard
+ * planner, shard verification and logical digests.
+ *
+ * Every chunk is checked against its SHA-256 before it is decoded and
+ * before any of its bytes are used; a mismatch is an error naming the
+ * shard, the chunk and its offsets. Decoded chunks are kept in a small
+ * LRU cache so that neighbouring ranges do not fetch a chunk twice.
+ */
+#include "codec.h"
+
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int ckpt_reader_init(struct ckpt_reader *r, struct storage *st, const struct ckpt_manifest *m,
+                     char *err)
+{
+    memset(r, 0, sizeof *r);
+    size_t max = 4;
+    for (int i = 0; i < m->nshards; i++)
+        for (int c = 0; c < m->shards[i].nchunks; c++)
+            if (m->shards[i].chunks[c].raw_len > max)
+                max = (size_t)m->shards[i].chunks[c].raw_len;
+    r->codec = ckpt_codec_new(max);
+    for (int i = 0; r->codec && i < CKPT_READER_CACHE; i++) {
+        r->cache[i].shard = r->cache[i].chunk = -1;
+        if (!(r->cache[i].raw = malloc(max))) {
+            ckpt_reader_free(r);
+            break;
+        }
+    }
+    if (!r->codec) {
+        snprintf(err, CKPT_ERR_LEN, "reader: out of memory for %zu-byte chunks", max);
+        return -1;
+    }
+    r->st = st;
+    r->m = m;
+    ckpt_step_dir(m->step, r->dir, sizeof r->dir);
+    return 0;
+}
+
+void ckpt_reader_free(struct ckpt_reader *r)
+{
+    ckpt_codec_free(r->codec);
+    r->codec = NULL;
+    for (int i = 0; i < CKPT_READER_CACHE; i++) {
+        free(r->cache[i].raw);
+        r->cache[i].raw = NULL;
+    }
+}
+
+/* Fetches the stored bytes of a chunk into codec->stored and checks them. */
+static int fetch_verified(struct ckpt_reader *r, int shard, int ci, char *err)
+{
+    const struct ckpt_shard *s = &r->m->shards[shard];
+    const struct ckpt_chunk *c = &s->chunks[ci];
+    struct ckpt_codec *k = r->codec;
+    char key[128];
+    snprintf(key, sizeof key, "%s/%s", r->dir, s->file);
+    if (c->stored_len > k->stored_cap) {
+        snprintf(err, CKPT_ERR_LEN, "%s: chunk %d: stored length %llu exceeds its bound", key, ci,
+                 (unsigned long long)c->stored_len);
+        return -1;
+    }
+    if (storage_get_range(r->st, key, c->stored_off, (size_t)c->stored_len, k->stored, err))
+        return -1;
+    r->bytes_fetched += c->stored_len;
+    r->chunks_fetched++;
+    unsigned char got[32];
+    ckpt_sha256(k->stored, (size_t)c->stored_len, got);
+    if (memcmp(got, c->sha256, 32) != 0) {
+        snprintf(err, CKPT_ERR_LEN,
+                 "%s: chunk %d (stored bytes %llu..%llu, raw offset %llu): sha256 mismatch", key,
+                 ci, (unsigned long long)c->stored_off,
+                 (unsigned long long)(c->stored_off + c->stored_len),
+                 (unsigned long long)c->raw_off);
+        return -1;
+    }
+    return 0;
+}
+
+static int decode_into(struct ckpt_reader *r, int shard, int ci, unsigned char *dst, char *err)
+{
+    const struct ckpt_chunk *c = &r->m->shards[shard].chunks[ci];
+    const char *why = "";
+    if (ckpt_decode(r->codec, c->codec, (size_t)c->stored_len, dst, (size_t)c->raw_len, &why)) {
+        snprintf(err, CKPT_ERR_LEN, "%s/%s: chunk %d (raw offset %llu): cannot decode: %s",
+                 r->dir, r->m->shards[shard].file, ci, (unsigned long long)c->raw_off, why);
+        return -1;
+    }
+    return 0;
+}
+
+/* The decoded bytes of a chunk, from the cache or freshly fetched. */
+static const unsigned char *chunk_bytes(struct ckpt_reader *r, int shard, int ci, char *err)
+{
+    int victim = 0;
+    for (int i = 0; i < CKPT_READER_CACHE; i++) {
+        if (r->cache[i].shard == shard && r->cache[i].chunk == ci) {
+            r->cache[i].used = ++r->tick;
+            return r->cache[i].raw;
+        }
+        if (r->cache[i].used < r->cache[victim].used)
+            victim = i;
+    }
+    r->cache[victim].shard = r->cache[victim].chunk = -1;
+    if (fetch_verified(r, shard, ci, err) || decode_into(r, shard, ci, r->cache[victim].raw, err))
+        return NULL;
+    r->cache[victim].shard = shard;
+    r->cache[victim].chunk = ci;
+    r->cache[victim].used = ++r->tick;
+    return r->cache[victim].raw;
+}
+
+int ckpt_verify_chunk(struct ckpt_reader *r, int shard, int chunk, char *err)
+{
+    if (fetch_verified(r, shard, chunk, err))
+        return -1;
+    /* decode too (into the codec's raw buffer, not the cache): a chunk
+     * that hashes right but does not decode is damaged as well */
+    return decode_into(r, shard, chunk, r->codec->raw, err);
+}
+
+int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, const char *msg),
+                      void *arg)
+{
+    const struct ckpt_shard *s = &r->m->shards[shard];
+    char key[128], err[CKPT_ERR_LEN], msg[CKPT_ERR_LEN + 64];
+    int problems = 0;
+    snprintf(key, sizeof key, "%s/%s", r->dir, s->file);
+    uint64_t size;
+    if (storage_stat(r->st, key, &size, err)) {
+        bad(arg, err);
+        return 1;
+    }
+    if (size != s->stored_size) {
+        snprintf(msg, sizeof msg, "%s: %llu bytes, the manifest says %llu", key,
+                 (unsigned long long)size, (unsigned long long)s->stored_size);
+        bad(arg, msg);
+        problems++;
+    }
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    EVP_DigestInit_ex(md, EVP_sha256(), NULL);
+    for (int c = 0; c < s->nchunks; c++) {
+        if (fetch_verified(r, shard, c, err) ||
+            decode_into(r, shard, c, r->codec->raw, err)) {
+            bad(arg, err);
+            problems++;
+            continue;
+        }
+        EVP_DigestUpdate(md, r->codec->stored, (size_t)s->chunks[c].stored_len);
+    }
+    unsigned char sha[32];
+    unsigned int dl = 32;
+    EVP_DigestFinal_ex(md, sha, &dl);
+    EVP_MD_CTX_free(md);
+    if (!problems && memcmp(sha, s->sha256, 32) != 0) {
+        snprintf(msg, sizeof msg, "%s: shard sha256 mismatch", key);
+        bad(arg, msg);
+        problems++;
+    }
+    return problems;
+}
+
+int ckpt_read_shard(struct ckpt_reader *r, int shard, uint64_t off, uint64_t len, void *dst,
+                    char *err)
+{
+    const struct ckpt_shard *s = &r->m->shards[shard];
+    if (off > s->raw_size || len > s->raw_size - off) {
+        snprintf(err, CKPT_ERR_LEN, "%s: read of %llu bytes at %llu is beyond its %llu bytes",
+                 s->file, (unsigned long long)len, (unsigned long long)off,
+                 (unsigned long long)s->raw_size);
+        return -1;
+    }
+    int lo = 0, hi = s->nchunks - 1; /* the chunk holding off */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (s->chunks[mid].raw_off <= off)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    unsigned char *out = dst;
+    for (int ci = lo; len > 0; ci++) {
+        const unsigned char *raw = chunk_bytes(r, shard, ci, err);
+        if (!raw)
+            return -1;
+        const struct ckpt_chunk *c = &s->chunks[ci];
+        uint64_t in = off - c->raw_off, take = c->raw_len - in;
+        take = take < len ? take : len;
+        memcpy(out, raw + in, (size_t)take);
+        out += take;
+        off += take;
+        len -= take;
+    }
+    return 0;
+}
+
+/* ---- the reshard planner ------------------------------------------------- */
+
+struct piece {
+    int shard;
+    uint64_t off, len; /* raw bytes in the old shard */
+    float *dst;
+};
+
+static int by_place(const void *a, const void *b)
+{
+    const struct piece *x = a, *y = b;
+    if (x->shard != y->shard)
+        return x->shard < y->shard ? -1 : 1;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Splits one want into pieces (at most one per old shard it crosses). */
+static int plan_want(const struct ckpt_manifest *m, const struct ckpt_want *w, struct piece *out,
+                     int *n)
+{
+    const struct ckpt_unit *U = &m->units[w->unit];
+    const uint64_t per = U->padded / (uint64_t)m->world;
+    uint64_t x = w->lo, end = w->lo + w->n;
+    while (x < end) {
+        if (x >= U->numel) { /* padding: no tensor lives there */
+            memset(w->dst + (x - w->lo), 0, (size_t)(end - x) * sizeof(float));
+            break;
+        }
+        int rank = (int)(x / per);
+        uint64_t stop = (uint64_t)(rank + 1) * per;
+        stop = stop < end ? stop : end;
+        stop = stop < U->numel ? stop : U->numel;
+        const struct ckpt_section *sec = &m->shards[rank].sections[w->unit * CKPT_NKINDS + w->kind];
+        out[(*n)++] = (struct piece){rank, sec->raw_off + (x - sec->lo) * 4, (stop - x) * 4,
+                                     w->dst + (x - w->lo)};
+        x = stop;
+    }
+    return 0;
+}
+
+static int want_ok(const struct ckpt_manifest *m, const struct ckpt_want *w, char *err)
+{
+    if (w->unit < 0 || w->unit >= m->nunits || w->kind < 0 || w->kind >= CKPT_NKINDS ||
+        w->lo + w->n < w->lo) {
+        snprintf(err, CKPT_ERR_LEN, "load: bad request for unit %d kind %d", w->unit, w->kind);
+        return -1;
+    }
+    return 0;
+}
+
+int ckpt_load(struct ckpt_reader *r, const struct ckpt_want *w, int nw, char *err)
+{
+    size_t cap = 0;
+    for (int i = 0; i < nw; i++) {
+        if (want_ok(r->m, &w[i], err))
+            return -1;
+        const struct ckpt_unit *U = &r->m->units[w[i].unit];
+        uint64_t per = U->padded / (uint64_t)r->m->world;
+        cap += (size_t)(w[i].n / per) + 2;
+    }
+    struct piece *p = calloc(cap ? cap : 1, sizeof *p);
+    if (!p) {
+        snprintf(err, CKPT_ERR_LEN, "load: out of memory for the plan");
+        return -1;
+    }
+    int n = 0;
+    for (int i = 0; i < nw; i++)
+        plan_want(r->m, &w[i], p, &n);
+    qsort(p, (size_t)n, sizeof *p, by_place);
+    int rc = 0;
+    for (int i = 0; !rc && i < n; i++)
+        rc = ckpt_read_shard(r, p[i].shard, p[i].off, p[i].len, p[i].dst, err);
+    free(p);
+    return rc;
+}
+
+int ckpt_read_unit(struct ckpt_reader *r, int unit, int kind, uint64_t lo, uint64_t n,
+                   float *dst, char *err)
+{
+    struct ckpt_want w = {unit, kind, lo, n, dst};
+    return ckpt_load(r, &w, 1, err);
+}
+
+int ckpt_digest(struct ckpt_reader *r,
+                int (*fn)(void *arg, const char *tensor, const char *kind, const char *hex),
+                void *arg, char *err)
+{
+    enum { PIECE = 1 << 16 };
+    float *buf = malloc(PIECE * sizeof *buf);
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    int rc = 0;
+    if (!buf || !md) {
+        snprintf(err, CKPT_ERR_LEN, "digest: out of memory");
+        rc = -1;
+    }
+    for (int u = 0; !rc && u < r->m->nunits; u++) {
+        const struct ckpt_unit *U = &r->m->units[u];
+        for (int t = 0; !rc && t < U->ntensors; t++) {
+            const struct ckpt_tensor *T = &U->tensors[t];
+            for (int k = 0; !rc && k < CKPT_NKINDS; k++) {
+                EVP_DigestInit_ex(md, EVP_sha256(), NULL);
+                for (uint64_t x = 0; !rc && x < T->numel; x += PIECE) {
+                    uint64_t n = T->numel - x < PIECE ? T->numel - x : PIECE;
+                    rc = ckpt_read_unit(r, u, k, T->offset + x, n, buf, err);
+                    if (!rc)
+                        EVP_DigestUpdate(md, buf, (size_t)n * 4);
+                }
+                unsigned char sha[32];
+                unsigned int dl = 32;
+                char hex[65];
+                EVP_DigestFinal_ex(md, sha, &dl);
+                ckpt_hex(sha, hex);
+                if (!rc)
+                    rc = fn(arg, T->name, ckpt_kind_name(k), hex);
+            }
+        }
+    }
+    EVP_MD_CTX_free(md);
+    free(buf);
+    return rc;
+}

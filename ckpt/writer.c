@@ -1,0 +1,215 @@
+/*
+ * writer.c - a shard as a stream of chunks, and the manifest commit.
+ *
+ * The writer takes the shard's sections up front and their bytes in order,
+ * in pieces of any size; it fills one chunk at a time, encodes it, hashes
+ * the stored bytes, and streams them to storage. Memory is one chunk, so a
+ * shard of any size is written (or resharded) in bounded memory. Nothing
+ * is visible under the shard's key until the storage commit succeeds.
+ *
+ * Chunks never span two sections: a section starts a new chunk. A reader
+ * that needs part of one (unit, kind) section - a rank of another world
+ * size - then fetches at most one partial chunk at each end of its range,
+ * never a neighbouring section's bytes.
+ */
+#include "codec.h"
+
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ckpt_shard_writer {
+    const struct ckpt_write_opts *o;
+    struct ckpt_codec *codec;
+    struct storage_writer *w;
+    EVP_MD_CTX *md;
+    struct ckpt_shard shard;
+    size_t fill; /* bytes of the current chunk in codec->raw */
+    uint64_t appended, chunk_start;
+    int section; /* the section being appended to */
+    int chunk_cap;
+    void (*hook)(int chunk);
+    char key[160];
+};
+
+void ckpt_writer_abort(struct ckpt_shard_writer *w)
+{
+    if (!w)
+        return;
+    storage_writer_abort(w->w);
+    EVP_MD_CTX_free(w->md);
+    ckpt_shard_free(&w->shard);
+    free(w);
+}
+
+int ckpt_writer_begin(struct storage *st, const char *key, const char *file,
+                      const struct ckpt_write_opts *o, struct ckpt_codec *codec, int rank,
+                      const struct ckpt_section *secs, int nsec, void (*hook)(int chunk),
+                      struct ckpt_shard_writer **out, char *err)
+{
+    *out = NULL;
+    struct ckpt_shard_writer *w = calloc(1, sizeof *w);
+    if (!w) {
+        snprintf(err, CKPT_ERR_LEN, "%s: out of memory", key);
+        return -1;
+    }
+    w->o = o;
+    w->codec = codec;
+    w->hook = hook;
+    snprintf(w->key, sizeof w->key, "%s", key);
+    snprintf(w->shard.file, sizeof w->shard.file, "%s", file);
+    w->shard.rank = rank;
+    uint64_t raw = 0;
+    w->shard.sections = calloc((size_t)(nsec > 0 ? nsec : 1), sizeof *w->shard.sections);
+    for (int i = 0; w->shard.sections && i < nsec; i++) {
+        w->shard.sections[i] = secs[i];
+        w->shard.sections[i].raw_off = raw;
+        raw += secs[i].n * 4;
+    }
+    w->shard.nsections = nsec;
+    w->shard.raw_size = raw;
+    w->chunk_cap = (int)((raw + codec->chunk_bytes - 1) / codec->chunk_bytes) + nsec;
+    w->shard.chunks = calloc((size_t)(w->chunk_cap > 0 ? w->chunk_cap : 1),
+                             sizeof *w->shard.chunks);
+    w->md = EVP_MD_CTX_new();
+    if (!w->shard.sections || !w->shard.chunks || !w->md) {
+        ckpt_writer_abort(w);
+        snprintf(err, CKPT_ERR_LEN, "%s: out of memory", key);
+        return -1;
+    }
+    EVP_DigestInit_ex(w->md, EVP_sha256(), NULL);
+    if (storage_put_begin(st, key, &w->w, err)) {
+        w->w = NULL;
+        ckpt_writer_abort(w);
+        return -1;
+    }
+    *out = w;
+    return 0;
+}
+
+static int flush_chunk(struct ckpt_shard_writer *w, char *err)
+{
+    const unsigned char *p;
+    size_t plen;
+    int ci = w->shard.nchunks;
+    if (ci >= w->chunk_cap) {
+        snprintf(err, CKPT_ERR_LEN, "%s: more bytes than its sections declare", w->key);
+        return -1;
+    }
+    struct ckpt_chunk *c = &w->shard.chunks[ci];
+    c->codec = ckpt_encode(w->codec, w->o, w->fill, &p, &plen);
+    c->raw_off = w->chunk_start;
+    c->raw_len = w->fill;
+    w->chunk_start += w->fill;
+    c->stored_off = w->shard.stored_size;
+    c->stored_len = plen;
+    ckpt_sha256(p, plen, c->sha256);
+    EVP_DigestUpdate(w->md, p, plen);
+    if (storage_write(w->w, p, plen, err))
+        return -1;
+    w->shard.stored_size += plen;
+    w->shard.nchunks = ci + 1;
+    w->fill = 0;
+    if (w->hook)
+        w->hook(ci);
+    return 0;
+}
+
+int ckpt_writer_append(struct ckpt_shard_writer *w, const void *data, size_t bytes, char *err)
+{
+    const unsigned char *p = data;
+    if (w->appended + bytes > w->shard.raw_size) {
+        snprintf(err, CKPT_ERR_LEN, "%s: more bytes than its sections declare", w->key);
+        return -1;
+    }
+    while (bytes) {
+        const struct ckpt_section *sec = &w->shard.sections[w->section];
+        uint64_t sec_end = sec->raw_off + sec->n * 4;
+        size_t take = w->codec->chunk_bytes - w->fill;
+        take = take < bytes ? take : bytes;
+        take = take < sec_end - w->appended ? take : (size_t)(sec_end - w->appended);
+        memcpy(w->codec->raw + w->fill, p, take);
+        w->fill += take;
+        w->appended += take;
+        p += take;
+        bytes -= take;
+        int at_end = w->appended == sec_end;
+        if ((w->fill == w->codec->chunk_bytes || (at_end && w->fill)) && flush_chunk(w, err))
+            return -1;
+        while (at_end && w->section + 1 < w->shard.nsections &&
+               w->shard.sections[w->section].raw_off + w->shard.sections[w->section].n * 4 ==
+                   w->appended)
+            w->section++;
+    }
+    return 0;
+}
+
+int ckpt_writer_finish(struct ckpt_shard_writer *w, struct ckpt_shard *out, char *err)
+{
+    int rc = 0;
+    if (w->appended != w->shard.raw_size) {
+        snprintf(err, CKPT_ERR_LEN, "%s: %llu of %llu bytes written", w->key,
+                 (unsigned long long)w->appended, (unsigned long long)w->shard.raw_size);
+        rc = -1;
+    }
+    if (!rc && w->fill && flush_chunk(w, err))
+        rc = -1;
+    if (rc) {
+        ckpt_writer_abort(w);
+        return -1;
+    }
+    unsigned int dl = 32;
+    EVP_DigestFinal_ex(w->md, w->shard.sha256, &dl);
+    struct storage_writer *sw = w->w;
+    w->w = NULL;
+    if (storage_writer_commit(sw, err)) {
+        ckpt_writer_abort(w);
+        return -1;
+    }
+    *out = w->shard;
+    memset(&w->shard, 0, sizeof w->shard);
+    ckpt_writer_abort(w); /* frees what is left */
+    return 0;
+}
+
+int ckpt_shard_write(struct storage *st, const char *key, const char *file,
+                     const struct ckpt_write_opts *o, struct ckpt_codec *codec,
+                     const struct ckpt_src *src, int nsrc, int rank, struct ckpt_shard *out,
+                     void (*hook)(int chunk), char *err)
+{
+    memset(out, 0, sizeof *out);
+    struct ckpt_section *secs = calloc((size_t)(nsrc > 0 ? nsrc : 1), sizeof *secs);
+    if (!secs) {
+        snprintf(err, CKPT_ERR_LEN, "%s: out of memory", key);
+        return -1;
+    }
+    for (int i = 0; i < nsrc; i++)
+        secs[i] = (struct ckpt_section){src[i].unit, src[i].kind, src[i].lo, src[i].n, 0};
+    struct ckpt_shard_writer *w;
+    int rc = ckpt_writer_begin(st, key, file, o, codec, rank, secs, nsrc, hook, &w, err);
+    free(secs);
+    for (int i = 0; !rc && i < nsrc; i++)
+        if (ckpt_writer_append(w, src[i].data, (size_t)src[i].n * 4, err)) {
+            ckpt_writer_abort(w);
+            return -1;
+        }
+    return rc ? -1 : ckpt_writer_finish(w, out, err);
+}
+
+int ckpt_commit(struct storage *st, const struct ckpt_manifest *m, char *err)
+{
+    char key[96], dir[32];
+    if (ckpt_manifest_check(m, err))
+        return -1;
+    char *doc = ckpt_manifest_dump(m);
+    if (!doc) {
+        snprintf(err, CKPT_ERR_LEN, "manifest: cannot serialise");
+        return -1;
+    }
+    ckpt_step_dir(m->step, dir, sizeof dir);
+    snprintf(key, sizeof key, "%s/%s", dir, CKPT_MANIFEST);
+    int rc = storage_put_if_absent(st, key, doc, strlen(doc), err);
+    free(doc);
+    return rc;
+}

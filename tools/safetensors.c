@@ -1,0 +1,403 @@
+/*
+ * safetensors.c - the safetensors format, exactly: see safetensors.h.
+ *
+ * Export streams every tensor through the checkpoint reader (any world
+ * size, verified chunks) into a temporary file that is fsynced and renamed
+ * into place. Import trusts nothing in the file: the header length is
+ * bounded by the file size, every entry's dtype, shape and offsets are
+ * checked against the model and against each other (no overlaps, no gaps,
+ * nothing outside the data) before a byte of tensor data is used.
+ */
+#include "safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_HEADER (100u << 20)
+#define PIECE (1u << 16)
+
+static const char *prefix[CKPT_NKINDS] = {"", "optim.exp_avg.", "optim.exp_avg_sq."};
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        c += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int st_export(struct ckpt_reader *r, const char *path, int all, char *err)
+{
+    const struct ckpt_manifest *m = r->m;
+    json_t *h = json_object();
+    json_object_set_new(h, "__metadata__", json_pack("{s:s}", "format", "pt"));
+    uint64_t off = 0;
+    for (int k = 0; k < (all ? CKPT_NKINDS : 1); k++)
+        for (int u = 0; u < m->nunits; u++)
+            for (int t = 0; t < m->units[u].ntensors; t++) {
+                const struct ckpt_tensor *T = &m->units[u].tensors[t];
+                json_t *shape = json_array();
+                for (int d = 0; d < T->ndim; d++)
+                    json_array_append_new(shape, json_integer((json_int_t)T->shape[d]));
+                char name[128];
+                snprintf(name, sizeof name, "%s%s", prefix[k], T->name);
+                json_object_set_new(h, name,
+                                    json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape",
+                                              shape, "data_offsets", (json_int_t)off,
+                                              (json_int_t)(off + T->numel * 4)));
+                off += T->numel * 4;
+            }
+    char *doc = json_dumps(h, JSON_COMPACT);
+    json_decref(h);
+    if (!doc) {
+        snprintf(err, CKPT_ERR_LEN, "export: cannot build the header");
+        return -1;
+    }
+    size_t n = strlen(doc), padded = (n + 7) / 8 * 8;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        snprintf(err, CKPT_ERR_LEN, "%s: cannot create: %s", tmp, strerror(errno));
+        free(doc);
+        return -1;
+    }
+    unsigned char len[8];
+    for (int i = 0; i < 8; i++)
+        len[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    int rc = write_all(fd, len, 8) || write_all(fd, doc, n);
+    for (size_t i = n; !rc && i < padded; i++)
+        rc = write_all(fd, " ", 1);
+    free(doc);
+    float *buf = malloc(PIECE * sizeof *buf);
+    if (!buf)
+        rc = -1;
+    char sub[CKPT_ERR_LEN] = "write failed";
+    for (int k = 0; !rc && k < (all ? CKPT_NKINDS : 1); k++)
+        for (int u = 0; !rc && u < m->nunits; u++)
+            for (int t = 0; !rc && t < m->units[u].ntensors; t++) {
+                const struct ckpt_tensor *T = &m->units[u].tensors[t];
+                for (uint64_t x = 0; !rc && x < T->numel; x += PIECE) {
+                    uint64_t c = T->numel - x < PIECE ? T->numel - x : PIECE;
+                    rc = ckpt_read_unit(r, u, k, T->offset + x, c, buf, sub) ||
+                         write_all(fd, buf, (size_t)c * 4);
+                }
+            }
+    free(buf);
+    if (!rc && fsync(fd))
+        rc = -1;
+    if (close(fd) && !rc)
+        rc = -1;
+    if (!rc && rename(tmp, path))
+        rc = -1;
+    if (rc) {
+        snprintf(err, CKPT_ERR_LEN, "export to %s: %s", path,
+                 strcmp(sub, "write failed") ? sub : strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- import -------------------------------------------------------------- */
+
+struct entry {
+    const char *name;
+    uint64_t begin, end;
+};
+
+static int by_begin(const void *a, const void *b)
+{
+    const struct entry *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+static void shape_str(json_t *shape, char *out, size_t n)
+{
+    size_t i;
+    json_t *d;
+    snprintf(out, n, "[");
+    json_array_foreach(shape, i, d)
+    {
+        snprintf(out + strlen(out), n - strlen(out), "%s%lld", i ? ", " : "",
+                 (long long)json_integer_value(d));
+    }
+    snprintf(out + strlen(out), n - strlen(out), "]");
+}
+
+/* Parses and checks the header; fills offsets[ti] (absolute file offsets)
+ * for every tensor of the model. Prints one line per problem. */
+static int read_header(const char *path, int fd, uint64_t fsize, const struct model_layout *m,
+                       const char *model_name, uint64_t *offsets, char *err)
+{
+    unsigned char lenb[8];
+    if (fsize < 8 || pread(fd, lenb, 8, 0) != 8) {
+        snprintf(err, CKPT_ERR_LEN, "%s: not a safetensors file (shorter than 8 bytes)", path);
+        return -1;
+    }
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = n << 8 | lenb[i];
+    if (n > MAX_HEADER || n > fsize - 8) {
+        snprintf(err, CKPT_ERR_LEN, "%s: header length %llu does not fit the %llu-byte file", path,
+                 (unsigned long long)n, (unsigned long long)fsize);
+        return -1;
+    }
+    char *doc = malloc((size_t)n + 1);
+    if (!doc || pread(fd, doc, (size_t)n, 8) != (ssize_t)n) {
+        free(doc);
+        snprintf(err, CKPT_ERR_LEN, "%s: cannot read the header", path);
+        return -1;
+    }
+    json_error_t je;
+    json_t *h = json_loadb(doc, (size_t)n, JSON_REJECT_DUPLICATES, &je);
+    free(doc);
+    if (!json_is_object(h)) {
+        json_decref(h);
+        snprintf(err, CKPT_ERR_LEN, "%s: header is not a JSON object: %s", path, je.text);
+        return -1;
+    }
+    const uint64_t data = 8 + n, dsize = fsize - data;
+    size_t cap = json_object_size(h), ne = 0;
+    struct entry *e = calloc(cap ? cap : 1, sizeof *e);
+    int problems = 0, ignored = 0;
+    const char *key;
+    json_t *v;
+    json_object_foreach(h, key, v)
+    {
+        if (strcmp(key, "__metadata__") == 0)
+            continue;
+        json_t *off = json_object_get(v, "data_offsets");
+        json_t *b = json_array_get(off, 0), *en = json_array_get(off, 1);
+        const char *dtype = json_string_value(json_object_get(v, "dtype"));
+        if (!json_is_object(v) || json_array_size(off) != 2 || !json_is_integer(b) ||
+            !json_is_integer(en) || json_integer_value(b) < 0 ||
+            json_integer_value(en) < json_integer_value(b) ||
+            (uint64_t)json_integer_value(en) > dsize || !dtype ||
+            !json_is_array(json_object_get(v, "shape"))) {
+            fprintf(stderr, "fsdp-ckpt: %s: %s: malformed entry (dtype, shape, data_offsets)\n",
+                    path, key);
+            problems++;
+            continue;
+        }
+        e[ne++] = (struct entry){key, (uint64_t)json_integer_value(b),
+                                 (uint64_t)json_integer_value(en)};
+        if (strncmp(key, "optim.", 6) == 0) {
+            ignored++;
+            continue;
+        }
+        int ti;
+        for (ti = 0; ti < m->ntensors && strcmp(m->tensors[ti].name, key) != 0; ti++)
+            ;
+        if (ti == m->ntensors) {
+            fprintf(stderr, "fsdp-ckpt: %s: %s: not a tensor of model %s\n", path, key,
+                    model_name);
+            problems++;
+            continue;
+        }
+        const struct model_tensor *t = &m->tensors[ti];
+        json_t *shape = json_object_get(v, "shape");
+        int same = (int)json_array_size(shape) == t->ndim;
+        for (int d = 0; same && d < t->ndim; d++)
+            same = json_integer_value(json_array_get(shape, (size_t)d)) == (json_int_t)t->shape[d];
+        char got[96], want[96];
+        if (!same) {
+            json_t *ws = json_array();
+            for (int d = 0; d < t->ndim; d++)
+                json_array_append_new(ws, json_integer((json_int_t)t->shape[d]));
+            shape_str(shape, got, sizeof got);
+            shape_str(ws, want, sizeof want);
+            json_decref(ws);
+            fprintf(stderr, "fsdp-ckpt: %s: %s: shape %s, model %s expects %s\n", path, key, got,
+                    model_name, want);
+            problems++;
+        }
+        if (strcmp(dtype, "F32") != 0) {
+            fprintf(stderr, "fsdp-ckpt: %s: %s: dtype %s, model %s expects F32\n", path, key,
+                    dtype, model_name);
+            problems++;
+        }
+        if (same && e[ne - 1].end - e[ne - 1].begin != t->numel * 4) {
+            fprintf(stderr, "fsdp-ckpt: %s: %s: data_offsets span %llu bytes, shape needs %llu\n",
+                    path, key, (unsigned long long)(e[ne - 1].end - e[ne - 1].begin),
+                    (unsigned long long)(t->numel * 4));
+            problems++;
+        }
+        offsets[ti] = data + e[ne - 1].begin;
+    }
+    for (int ti = 0; ti < m->ntensors; ti++) {
+        if (!json_object_get(h, m->tensors[ti].name)) {
+            fprintf(stderr, "fsdp-ckpt: %s: %s: missing (model %s has it)\n", path,
+                    m->tensors[ti].name, model_name);
+            problems++;
+        }
+    }
+    /* the data must be exactly the tensors, back to back */
+    qsort(e, ne, sizeof *e, by_begin);
+    uint64_t at = 0;
+    for (size_t i = 0; i < ne; i++) {
+        if (e[i].begin != at) {
+            fprintf(stderr, "fsdp-ckpt: %s: %s: data_offsets leave a gap or overlap at byte %llu\n",
+                    path, e[i].name, (unsigned long long)at);
+            problems++;
+        }
+        at = e[i].end > at ? e[i].end : at;
+    }
+    if (!problems && at != dsize) {
+        fprintf(stderr, "fsdp-ckpt: %s: %llu bytes of data after the last tensor\n", path,
+                (unsigned long long)(dsize - at));
+        problems++;
+    }
+    if (ignored)
+        fprintf(stderr, "fsdp-ckpt: %s: ignoring %d optimizer tensors (import starts fresh "
+                "optimizer state)\n", path, ignored);
+    free(e);
+    json_decref(h);
+    if (problems) {
+        snprintf(err, CKPT_ERR_LEN, "%s: %d problem%s; nothing imported", path, problems,
+                 problems > 1 ? "s" : "");
+        return -1;
+    }
+    return 0;
+}
+
+/* Elements [x, x + n) of a unit's parameters from the file (zeros past
+ * the unit's tensors). */
+static int read_params(int fd, const struct model_layout *m, const uint64_t *offsets, int unit,
+                       uint64_t x, uint64_t n, float *dst)
+{
+    const struct model_unit *U = &m->units[unit];
+    memset(dst, 0, (size_t)n * sizeof *dst);
+    for (int i = 0; i < U->ntensors; i++) {
+        int ti = U->first_tensor + i;
+        const struct model_tensor *t = &m->tensors[ti];
+        uint64_t lo = t->offset > x ? t->offset : x;
+        uint64_t hi = t->offset + t->numel < x + n ? t->offset + t->numel : x + n;
+        if (lo >= hi)
+            continue;
+        size_t bytes = (size_t)(hi - lo) * 4;
+        if (pread(fd, dst + (lo - x), bytes, (off_t)(offsets[ti] + (lo - t->offset) * 4)) !=
+            (ssize_t)bytes)
+            return -1;
+    }
+    return 0;
+}
+
+int st_import(const char *path, const struct model_layout *m, const char *model_name,
+              struct storage *dst, int world, const struct ckpt_write_opts *o, char *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(err, CKPT_ERR_LEN, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat sb;
+    uint64_t *offsets = calloc((size_t)m->ntensors, sizeof *offsets);
+    int rc = fstat(fd, &sb) || !offsets ? -1 : 0;
+    if (rc)
+        snprintf(err, CKPT_ERR_LEN, "%s: cannot stat", path);
+    if (!rc)
+        rc = read_header(path, fd, (uint64_t)sb.st_size, m, model_name, offsets, err);
+    struct ckpt_manifest out = {0};
+    out.version = CKPT_FORMAT_VERSION;
+    out.world = world;
+    snprintf(out.sharding, sizeof out.sharding, "full");
+    const struct model_config *c = &m->cfg;
+    out.model = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "layers", c->layers, "dim", c->dim,
+                          "heads", c->heads, "seq", c->seq, "vocab", c->vocab, "vocab_pad",
+                          c->vocab_pad);
+    out.trainer = json_pack("{s:i, s:i, s:i, s:s, s:s}", "step", 0, "tokens_seen", 0,
+                            "data_cursor", 0, "rng_state", "0000000000000000", "imported_from",
+                            path);
+    out.nunits = m->nunits;
+    out.units = calloc((size_t)m->nunits, sizeof *out.units);
+    out.shards = calloc((size_t)world, sizeof *out.shards);
+    struct ckpt_section *secs = calloc((size_t)m->nunits * CKPT_NKINDS, sizeof *secs);
+    struct ckpt_codec *codec = ckpt_codec_new(o->chunk_bytes);
+    float *buf = malloc(PIECE * sizeof *buf);
+    if (!rc && (!out.units || !out.shards || !secs || !codec || !buf)) {
+        snprintf(err, CKPT_ERR_LEN, "import: out of memory");
+        rc = -1;
+    }
+    for (int u = 0; !rc && u < m->nunits; u++) {
+        const struct model_unit *mu = &m->units[u];
+        struct ckpt_unit *U = &out.units[u];
+        snprintf(U->name, sizeof U->name, "%s", mu->name);
+        U->numel = mu->numel;
+        U->padded = (mu->numel + (size_t)world - 1) / (size_t)world * (size_t)world;
+        U->ntensors = mu->ntensors;
+        U->tensors = calloc((size_t)mu->ntensors, sizeof *U->tensors);
+        for (int i = 0; U->tensors && i < mu->ntensors; i++) {
+            const struct model_tensor *t = &m->tensors[mu->first_tensor + i];
+            struct ckpt_tensor *T = &U->tensors[i];
+            snprintf(T->name, sizeof T->name, "%s", t->name);
+            T->ndim = t->ndim;
+            T->shape[0] = t->shape[0];
+            T->shape[1] = t->shape[1];
+            T->offset = t->offset;
+            T->numel = t->numel;
+        }
+        if (!U->tensors)
+            rc = -1;
+    }
+    for (int r = 0; !rc && r < world; r++) {
+        for (int u = 0; u < m->nunits; u++) {
+            uint64_t per = out.units[u].padded / (uint64_t)world;
+            for (int k = 0; k < CKPT_NKINDS; k++)
+                secs[u * CKPT_NKINDS + k] = (struct ckpt_section){u, k, r * per, per, 0};
+        }
+        char file[64], key[128];
+        ckpt_shard_file(r, world, file, sizeof file);
+        snprintf(key, sizeof key, "step-%08d/%s", 0, file);
+        struct ckpt_shard_writer *w;
+        if ((rc = ckpt_writer_begin(dst, key, file, o, codec, r, secs, m->nunits * CKPT_NKINDS,
+                                    NULL, &w, err)))
+            break;
+        for (int s = 0; !rc && s < m->nunits * CKPT_NKINDS; s++) {
+            for (uint64_t x = 0; !rc && x < secs[s].n; x += PIECE) {
+                uint64_t n = secs[s].n - x < PIECE ? secs[s].n - x : PIECE;
+                if (secs[s].kind != CKPT_PARAM)
+                    memset(buf, 0, (size_t)n * sizeof *buf); /* fresh optimizer state */
+                else if (read_params(fd, m, offsets, secs[s].unit, secs[s].lo + x, n, buf)) {
+                    snprintf(err, CKPT_ERR_LEN, "%s: read failed: %s", path, strerror(errno));
+                    rc = -1;
+                    break;
+                }
+                rc = ckpt_writer_append(w, buf, (size_t)n * 4, err);
+            }
+        }
+        if (rc) {
+            ckpt_writer_abort(w);
+            break;
+        }
+        if ((rc = ckpt_writer_finish(w, &out.shards[r], err)))
+            break;
+        out.nshards = r + 1;
+    }
+    if (!rc && (rc = ckpt_commit(dst, &out, err)) == STORAGE_EXISTS)
+        snprintf(err, CKPT_ERR_LEN, "import: %s already holds a step 0", dst->uri);
+    if (rc && out.nshards) {
+        char sub[CKPT_ERR_LEN];
+        ckpt_delete_step(dst, 0, sub);
+    }
+    out.nshards = out.shards ? world : 0;
+    ckpt_manifest_free(&out);
+    ckpt_codec_free(codec);
+    free(secs);
+    free(buf);
+    free(offsets);
+    close(fd);
+    return rc ? -1 : 0;
+}
