@@ -215,6 +215,13 @@ int ckpt_digest(struct ckpt_reader *r, int (*fn)(void *arg, const char *tensor, 
 int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct storage *dst,
                  int world, const struct ckpt_write_opts *o, char *err);
 
+/* Copies a committed step to another store as it is (stored bytes and
+ * manifest unchanged, every chunk verified on the way); commits last. */
+int ckpt_copy_step(struct storage *src, const struct ckpt_manifest *m, struct storage *dst,
+                   char *err);
+/* The stored bytes of the chunk ckpt_verify_chunk last checked. */
+const void *ckpt_reader_stored(const struct ckpt_reader *r);
+
 /* ---- steps --------------------------------------------------------------- */
 
 struct ckpt_step_info {

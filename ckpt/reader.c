@@ -123,6 +123,8 @@ int ckpt_verify_chunk(struct ckpt_reader *r, int shard, int chunk, char *err)
     return decode_into(r, shard, chunk, r->codec->raw, err);
 }
 
+const void *ckpt_reader_stored(const struct ckpt_reader *r) { return r->codec->stored; }
+
 int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, const char *msg),
                       void *arg)
 {

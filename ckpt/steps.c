@@ -142,8 +142,14 @@ int ckpt_delete_step(struct storage *st, uint64_t step, char *err)
     strcat(dir, "/");
     struct keys k = {0};
     int rc = storage_list(st, dir, collect, &k, err);
+    const char **v = calloc((size_t)k.n + 1, sizeof *v);
+    if (!rc && !v)
+        rc = -1;
     for (int i = 0; !rc && i < k.n; i++)
-        rc = storage_delete(st, k.v[i], err);
+        v[i] = k.v[i];
+    if (!rc)
+        rc = storage_delete_many(st, v, k.n, err);
+    free(v);
     free(k.v);
     return rc;
 }

@@ -9,6 +9,7 @@
 #include "util.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 void train_opts_usage(void)
@@ -37,7 +38,9 @@ void train_opts_usage(void)
            "  --threads N            compute threads per rank (default cores / local ranks)\n"
            "\n"
            "checkpoints:\n"
-           "  --ckpt URI             where checkpoints live (a path or file://PATH)\n"
+           "  --ckpt URI             where checkpoints live: a path, file://PATH or\n"
+           "                         s3://BUCKET/PREFIX (AWS_* settings, see README)\n"
+           "  --s3-endpoint URL      S3 endpoint (else AWS_ENDPOINT_URL)\n"
            "  --ckpt-every N         checkpoint every N steps, and always after the last\n"
            "  --keep K               committed checkpoints to keep (default 3)\n"
            "  --resume auto|none     auto: continue from the newest committed checkpoint\n"
@@ -171,6 +174,8 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
             rc = need_num(f, v, 0, 1e30, &o->grad_clip, err);
         else if (strcmp(f, "--ckpt") == 0)
             o->ckpt.uri = v;
+        else if (strcmp(f, "--s3-endpoint") == 0)
+            setenv("AWS_ENDPOINT_URL", v, 1); /* read by the S3 backend */
         else if (strcmp(f, "--ckpt-every") == 0)
             rc = need_int(f, v, 1, 1LL << 40, &o->ckpt.every, err);
         else if (strcmp(f, "--keep") == 0)

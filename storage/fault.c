@@ -172,6 +172,14 @@ static int f_del(struct storage *s, const char *key, char *err)
     return e ? fail(err, OP_DELETE, key, e) : storage_delete(F(s)->inner, key, err);
 }
 
+static int f_del_many(struct storage *s, const char *const *keys, int n, char *err)
+{
+    for (int i = 0; i < n; i++)
+        if (f_del(s, keys[i], err))
+            return STORAGE_ERROR;
+    return 0;
+}
+
 static int f_pia(struct storage *s, const char *key, const void *buf, size_t n, char *err)
 {
     int e = injected(F(s), OP_PIA);
@@ -194,6 +202,7 @@ static const struct storage_ops fault_ops = {
     .stat = f_stat,
     .list = f_list,
     .del = f_del,
+    .del_many = f_del_many,
     .put_if_absent = f_pia,
     .close = f_close,
 };

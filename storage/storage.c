@@ -40,12 +40,14 @@ int storage_open(const char *uri, struct storage **out, char *err)
             storage_close(inner);
         return rc;
     }
+    if (strncmp(uri, "s3://", 5) == 0)
+        return storage_s3_open(uri, out, err);
     if (strncmp(uri, "file://", 7) == 0)
         return storage_posix_open(uri + 7, out, err);
     const char *colon = strstr(uri, "://");
     if (colon) {
-        snprintf(err, STORAGE_ERR_LEN, "storage: '%s': unsupported scheme '%.*s' (paths and "
-                 "file:// are supported)", uri, (int)(colon - uri), uri);
+        snprintf(err, STORAGE_ERR_LEN, "storage: '%s': unsupported scheme '%.*s' (paths, file:// "
+                 "and s3:// are supported)", uri, (int)(colon - uri), uri);
         return STORAGE_ERROR;
     }
     return storage_posix_open(uri, out, err);
@@ -149,6 +151,16 @@ int storage_list(struct storage *s, const char *prefix,
 int storage_delete(struct storage *s, const char *key, char *err)
 {
     return s->ops->del(s, key, err);
+}
+
+int storage_delete_many(struct storage *s, const char *const *keys, int n, char *err)
+{
+    if (s->ops->del_many)
+        return s->ops->del_many(s, keys, n, err);
+    for (int i = 0; i < n; i++)
+        if (storage_delete(s, keys[i], err))
+            return STORAGE_ERROR;
+    return 0;
 }
 
 int storage_put_if_absent(struct storage *s, const char *key, const void *buf, size_t n,

@@ -1,9 +1,9 @@
 /*
  * storage.h - one interface over where checkpoints live.
  *
- * A store is opened from a URI: a plain path or file://PATH (posix), and
- * fault:SPEC;URI, which wraps any other store and injects failures (tests,
- * chaos). s3:// fits the same interface. Keys are relative, '/'-separated
+ * A store is opened from a URI: a plain path or file://PATH (posix),
+ * s3://BUCKET/PREFIX (S3-compatible object storage), and fault:SPEC;URI,
+ * which wraps any other store and injects failures (tests, chaos). Keys are relative, '/'-separated
  * ("step-00000100/MANIFEST.json"). storage knows nothing of tensors.
  *
  * Durability contract: storage_writer_commit returns 0 only once the object
@@ -53,6 +53,8 @@ struct storage_ops {
     int (*list)(struct storage *s, const char *prefix,
                 int (*fn)(void *arg, const char *key, uint64_t size), void *arg, char *err);
     int (*del)(struct storage *s, const char *key, char *err); /* absent is fine */
+    /* many keys at once; NULL: del for each */
+    int (*del_many)(struct storage *s, const char *const *keys, int n, char *err);
     int (*put_if_absent)(struct storage *s, const char *key, const void *buf, size_t n,
                          char *err);
     void (*close)(struct storage *s);
@@ -83,11 +85,13 @@ int storage_stat(struct storage *s, const char *key, uint64_t *size, char *err);
 int storage_list(struct storage *s, const char *prefix,
                  int (*fn)(void *arg, const char *key, uint64_t size), void *arg, char *err);
 int storage_delete(struct storage *s, const char *key, char *err);
+int storage_delete_many(struct storage *s, const char *const *keys, int n, char *err);
 int storage_put_if_absent(struct storage *s, const char *key, const void *buf, size_t n,
                           char *err);
 
 /* backends */
 int storage_posix_open(const char *root, struct storage **out, char *err);
 int storage_fault_open(const char *spec, struct storage *inner, struct storage **out, char *err);
+int storage_s3_open(const char *uri, struct storage **out, char *err);
 
 #endif

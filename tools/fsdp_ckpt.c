@@ -11,8 +11,12 @@
  *                                        rewrite for M ranks, streaming
  *   fsdp-ckpt export SRC[@STEP] OUT.safetensors [--all]
  *   fsdp-ckpt import IN.safetensors DST --model PRESET --world-size M
+ *   fsdp-ckpt cp SRC[@STEP] DST          committed steps (or one), fs <-> s3
+ *   fsdp-ckpt diff A[@STEP] B[@STEP]     tensors whose digests differ
+ *   fsdp-ckpt prune URI --keep K         keep the newest K committed steps
  *
- * URI is a path or file://PATH; without @STEP the newest committed step.
+ * URI is a path, file://PATH or s3://BUCKET/PREFIX; without @STEP the
+ * newest committed step (cp: every committed step).
  * Exit status: 0 ok, 1 a check failed or the store could not be read,
  * 2 bad usage.
  */
@@ -37,7 +41,12 @@ static void usage(FILE *f)
                "       fsdp-ckpt export SRC[@STEP] OUT.safetensors [--all]\n"
                "       fsdp-ckpt import IN.safetensors DST --model PRESET --world-size M "
                "[--compress C]\n"
-               "URI: a path or file://PATH; @STEP picks a step (default: newest committed)\n"
+               "       fsdp-ckpt cp SRC[@STEP] DST\n"
+               "       fsdp-ckpt diff A[@STEP] B[@STEP]\n"
+               "       fsdp-ckpt prune URI --keep K\n"
+               "URI: a path, file://PATH or s3://BUCKET/PREFIX (S3 settings: AWS_ENDPOINT_URL,\n"
+               "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION,\n"
+               "AWS_PROFILE, AWS_CA_BUNDLE); @STEP picks a step (default: newest committed)\n"
                "C: none | zstd[:LEVEL] | zstd+shuffle[:LEVEL] (default zstd+shuffle:1)\n");
 }
 
@@ -325,6 +334,142 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, i
     return rc ? die(err) : 0;
 }
 
+static int cmd_cp(const char *src_arg, const char *dst_uri)
+{
+    char err[CKPT_ERR_LEN], uri[1024];
+    uint64_t step;
+    int has_step;
+    split_uri(src_arg, uri, sizeof uri, &step, &has_step);
+    struct storage *st, *dst;
+    if (open_store(uri, &st, err))
+        return die(err);
+    if (open_store(dst_uri, &dst, err)) {
+        storage_close(st);
+        return die(err);
+    }
+    struct ckpt_step_info *steps = NULL;
+    int n = 0, rc = 0, copied = 0;
+    if (has_step) {
+        steps = calloc(1, sizeof *steps);
+        steps[0] = (struct ckpt_step_info){.step = step, .committed = 1};
+        n = 1;
+    } else {
+        rc = ckpt_list_steps(st, &steps, &n, err);
+    }
+    for (int i = 0; !rc && i < n; i++) {
+        if (!steps[i].committed)
+            continue;
+        struct ckpt_manifest m;
+        if ((rc = ckpt_load_manifest(st, steps[i].step, &m, err)))
+            break;
+        rc = ckpt_copy_step(st, &m, dst, err);
+        ckpt_manifest_free(&m);
+        if (!rc) {
+            printf("%s -> %s: step %llu copied\n", st->uri, dst->uri,
+                   (unsigned long long)steps[i].step);
+            copied++;
+        }
+    }
+    if (!rc && !copied)
+        rc = (snprintf(err, sizeof err, "%s: no committed checkpoint", st->uri), -1);
+    free(steps);
+    storage_close(st);
+    storage_close(dst);
+    return rc ? die(err) : 0;
+}
+
+struct digests {
+    int n, cap;
+    char (*lines)[200];
+};
+
+static int keep_digest(void *arg, const char *tensor, const char *kind, const char *hex)
+{
+    struct digests *d = arg;
+    if (d->n == d->cap) {
+        int cap = d->cap ? 2 * d->cap : 256;
+        void *v = realloc(d->lines, (size_t)cap * sizeof *d->lines);
+        if (!v)
+            return -1;
+        d->lines = v;
+        d->cap = cap;
+    }
+    snprintf(d->lines[d->n++], sizeof d->lines[0], "%s %s %s", tensor, kind, hex);
+    return 0;
+}
+
+static int digests_of(const char *arg, struct digests *d, char *err)
+{
+    struct storage *st;
+    struct ckpt_manifest m;
+    if (load(arg, &st, &m, err))
+        return -1;
+    struct ckpt_reader r;
+    int rc = ckpt_reader_init(&r, st, &m, err);
+    if (!rc) {
+        rc = ckpt_digest(&r, keep_digest, d, err);
+        ckpt_reader_free(&r);
+    }
+    ckpt_manifest_free(&m);
+    storage_close(st);
+    return rc;
+}
+
+static int cmd_diff(const char *a, const char *b)
+{
+    char err[CKPT_ERR_LEN];
+    struct digests da = {0}, db = {0};
+    if (digests_of(a, &da, err) || digests_of(b, &db, err)) {
+        free(da.lines);
+        free(db.lines);
+        return die(err);
+    }
+    int differ = 0;
+    for (int i = 0; i < da.n || i < db.n; i++) {
+        const char *x = i < da.n ? da.lines[i] : "(none)", *y = i < db.n ? db.lines[i] : "(none)";
+        if (strcmp(x, y) != 0) {
+            printf("- %s\n+ %s\n", x, y);
+            differ++;
+        }
+    }
+    printf("%d of %d tensor states differ\n", differ, da.n > db.n ? da.n : db.n);
+    free(da.lines);
+    free(db.lines);
+    return differ ? 1 : 0;
+}
+
+static int cmd_prune(const char *uri, long long keep)
+{
+    char err[CKPT_ERR_LEN];
+    struct storage *st;
+    if (open_store(uri, &st, err))
+        return die(err);
+    struct ckpt_step_info *steps;
+    int n;
+    if (ckpt_list_steps(st, &steps, &n, err)) {
+        storage_close(st);
+        return die(err);
+    }
+    uint64_t newest = 0;
+    for (int i = 0; i < n; i++)
+        if (steps[i].committed)
+            newest = steps[i].step;
+    int rc = 0, kept = 0, removed = 0;
+    for (int i = n - 1; !rc && i >= 0; i--) {
+        /* incomplete steps above the newest committed one may be being
+         * written right now: they are left alone */
+        int drop = steps[i].committed ? ++kept > keep : steps[i].step < newest;
+        if (drop && !(rc = ckpt_delete_step(st, steps[i].step, err)))
+            removed++;
+    }
+    if (!rc)
+        printf("%s: removed %d step%s, kept %d committed\n", st->uri, removed,
+               removed == 1 ? "" : "s", kept < keep ? kept : (int)keep);
+    free(steps);
+    storage_close(st);
+    return rc ? die(err) : 0;
+}
+
 static int bad_usage(const char *what)
 {
     fprintf(stderr, "fsdp-ckpt: %s (see fsdp-ckpt --help)\n", what);
@@ -404,6 +549,17 @@ int main(int argc, char **argv)
         return cmd_digest(argv[2]);
     if (strcmp(cmd, "reshard") == 0 || strcmp(cmd, "export") == 0 || strcmp(cmd, "import") == 0)
         return cmd_convert(argc, argv);
+    if (argc == 4 && strcmp(cmd, "cp") == 0)
+        return cmd_cp(argv[2], argv[3]);
+    if (argc == 4 && strcmp(cmd, "diff") == 0)
+        return cmd_diff(argv[2], argv[3]);
+    if (argc == 5 && strcmp(cmd, "prune") == 0 && strcmp(argv[3], "--keep") == 0) {
+        char *end;
+        long long k = strtoll(argv[4], &end, 10);
+        if (*end || k < 0)
+            return bad_usage("--keep needs a non-negative integer");
+        return cmd_prune(argv[2], k);
+    }
     fprintf(stderr, "fsdp-ckpt: %s%s%s (see fsdp-ckpt --help)\n",
             *cmd ? "bad arguments for '" : "expected a command", cmd, *cmd ? "'" : "");
     return 2;

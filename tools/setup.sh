@@ -6,9 +6,10 @@
 #   tools/setup.sh --bench  also PyTorch (python3-torch), the benchmarks' baseline
 set -eu
 
-PKGS="build-essential pkg-config meson ninja-build python3
+PKGS="build-essential pkg-config meson ninja-build python3 curl
       libopenmpi-dev openmpi-bin libopenblas-openmp-dev
-      libzstd-dev libssl-dev libjansson-dev
+      libzstd-dev libssl-dev libjansson-dev libcurl4-openssl-dev libexpat1-dev
+      awscli ceph-mon ceph-osd radosgw ceph-common
       fortunes-min fortunes"
 if [ "${1:-}" = "--bench" ]; then
     PKGS="$PKGS python3-torch"

@@ -39,7 +39,7 @@ if [ $# -eq 0 ]; then
         --suite unit
     FSDP_QUICK=1 ASAN_OPTIONS=detect_leaks=0 meson test -C build-asan --print-errorlogs \
         --logbase programs \
-        cli token-files checkpoint reshard
+        cli token-files checkpoint reshard s3-signing-and-storage
 fi
 
 /usr/bin/python3 - "$build_failed" <<'PY'

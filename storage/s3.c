@@ -1,0 +1,614 @@
+/*
+ * s3.c - the S3 backend: s3://BUCKET/PREFIX.
+ *
+ * Objects are written through a streaming writer: bytes go into a part
+ * buffer; an object that ends before the first part is full is one
+ * PutObject, a larger one becomes a multipart upload whose parts (>= 5 MiB
+ * but the last, at most 10,000) are sent several at a time over the
+ * client's curl multi handle (one connection pool). The object appears
+ * only when CompleteMultipartUpload succeeds; any failure or abort sends
+ * AbortMultipartUpload, so no part lingers. put_if_absent is PutObject with
+ * If-None-Match: *; 412 (and 409, a concurrent conditional write) mean the
+ * object exists. On servers that ignore the header the put succeeds and
+ * replaces the object: the commit protocol then relies on the generation
+ * record (fencing) rather than on the condition.
+ */
+#include "s3_internal.h"
+
+#include "sigv4.h"
+
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_PARTS 10000
+
+struct s3_store {
+    struct storage base;
+    struct s3_client c;
+    char bucket[64];
+    char prefix[512]; /* "" or "a/b" (no slashes at either end) */
+};
+
+#define S(s) ((struct s3_store *)(s))
+
+static void full_key(const struct s3_store *s, const char *key, char *out, size_t n)
+{
+    snprintf(out, n, "%s%s%s", s->prefix, s->prefix[0] ? "/" : "", key);
+}
+
+/* ---- the writer ---------------------------------------------------------- */
+
+struct slot {
+    unsigned char *buf;
+    size_t len;
+    int part; /* 1-based part number while busy, 0 when free */
+    int attempt;
+    CURL *h;
+    struct curl_slist *hdrs;
+    struct s3_request req;
+    char query[1024];
+};
+
+struct s3_writer {
+    struct storage_writer base;
+    char key[1100];
+    char upload_id[512], upload_id_enc[1600];
+    struct slot *slots;
+    int nslots, cur, next_part, failed;
+    char (*etags)[128];
+    char err[STORAGE_ERR_LEN];
+};
+
+static int simple(struct s3_store *s, struct s3_request *r, const char *op, char *err)
+{
+    int rc = s3_perform(&s->c, r, op, err);
+    return rc;
+}
+
+static int create_upload(struct s3_store *s, struct s3_writer *w, char *err)
+{
+    struct s3_request r = {.method = "POST", .bucket = s->bucket, .key = w->key,
+                           .query = "uploads="};
+    int rc = simple(s, &r, "CreateMultipartUpload", err);
+    if (!rc && r.status != 200)
+        rc = s3_http_error(&r, "CreateMultipartUpload", err);
+    struct s3_xml x;
+    if (!rc && s3_xml_parse(r.resp.p, r.resp.len, &x) == 0) {
+        const char *id = s3_xml_first(&x, "UploadId");
+        if (id && *id && strlen(id) < sizeof w->upload_id)
+            snprintf(w->upload_id, sizeof w->upload_id, "%s", id);
+        s3_xml_free(&x);
+    }
+    if (!rc && !w->upload_id[0]) {
+        snprintf(err, STORAGE_ERR_LEN, "s3 CreateMultipartUpload %s/%s: no UploadId in the answer",
+                 s->bucket, w->key);
+        rc = STORAGE_ERROR;
+    }
+    if (!rc)
+        sigv4_uri_encode(w->upload_id, strlen(w->upload_id), 0, w->upload_id_enc,
+                         sizeof w->upload_id_enc);
+    s3_buf_free(&r.resp);
+    return rc;
+}
+
+static int start_part(struct s3_store *s, struct s3_writer *w, struct slot *sl, char *err)
+{
+    snprintf(sl->query, sizeof sl->query, "partNumber=%d&uploadId=%s", sl->part,
+             w->upload_id_enc);
+    s3_buf_free(&sl->req.resp);
+    sl->req = (struct s3_request){.method = "PUT", .bucket = s->bucket, .key = w->key,
+                                  .query = sl->query, .body = sl->buf, .body_len = sl->len};
+    if (!sl->h && !(sl->h = curl_easy_init())) {
+        snprintf(err, STORAGE_ERR_LEN, "s3: out of curl handles");
+        return STORAGE_ERROR;
+    }
+    if (s3_prepare(&s->c, sl->h, &sl->req, &sl->hdrs, err))
+        return STORAGE_ERROR;
+    curl_easy_setopt(sl->h, CURLOPT_PRIVATE, sl);
+    curl_multi_add_handle(s->c.multi, sl->h);
+    return 0;
+}
+
+/* Runs the multi handle until no part is in flight (all) or until at least
+ * one slot is free. Failed parts are retried with backoff; a part that
+ * fails for good fails the writer. */
+static int drive(struct s3_store *s, struct s3_writer *w, int all, char *err)
+{
+    for (;;) {
+        int busy = 0;
+        for (int i = 0; i < w->nslots; i++)
+            busy += w->slots[i].part != 0 && i != w->cur;
+        if (busy == 0 || (!all && busy < w->nslots - 1))
+            return w->failed ? STORAGE_ERROR : 0;
+        int running;
+        curl_multi_perform(s->c.multi, &running);
+        CURLMsg *m;
+        int left;
+        while ((m = curl_multi_info_read(s->c.multi, &left))) {
+            if (m->msg != CURLMSG_DONE)
+                continue;
+            struct slot *sl;
+            curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&sl);
+            CURLcode cc = m->data.result;
+            curl_multi_remove_handle(s->c.multi, sl->h);
+            curl_slist_free_all(sl->hdrs);
+            sl->hdrs = NULL;
+            int retry;
+            char why[256];
+            int rc = s3_finish(&s->c, sl->h, &sl->req, cc, &retry, why, sizeof why);
+            if (rc == 0 && sl->req.status == 200 && sl->req.etag[0]) {
+                snprintf(w->etags[sl->part - 1], sizeof w->etags[0], "%s", sl->req.etag);
+                sl->part = 0;
+                sl->len = 0;
+                continue;
+            }
+            if (rc == 0) { /* a final HTTP error */
+                s3_http_error(&sl->req, "UploadPart", w->err);
+                w->failed = 1;
+                sl->part = 0;
+                continue;
+            }
+            if (retry && ++sl->attempt < s->c.cfg.max_attempts) {
+                s3_backoff(&s->c, sl->attempt);
+                if (start_part(s, w, sl, w->err) == 0)
+                    continue;
+            } else {
+                snprintf(w->err, sizeof w->err, "s3 UploadPart %s/%s part %d: %s", s->bucket,
+                         w->key, sl->part, why);
+            }
+            w->failed = 1;
+            sl->part = 0;
+        }
+        if (w->failed) {
+            snprintf(err, STORAGE_ERR_LEN, "%s", w->err);
+            /* let the others finish or fail; the upload is aborted anyway */
+        }
+        if (running)
+            curl_multi_poll(s->c.multi, NULL, 0, 100, NULL);
+    }
+}
+
+/* Sends the current slot as the next part and moves to a free slot. */
+static int ship(struct s3_store *s, struct s3_writer *w, char *err)
+{
+    if (!w->upload_id[0] && create_upload(s, w, err))
+        return STORAGE_ERROR;
+    if (w->next_part >= MAX_PARTS) {
+        snprintf(err, STORAGE_ERR_LEN, "s3 UploadPart %s/%s: more than %d parts of %zu MiB",
+                 s->bucket, w->key, MAX_PARTS, s->c.cfg.part_size >> 20);
+        return STORAGE_ERROR;
+    }
+    struct slot *sl = &w->slots[w->cur];
+    sl->part = ++w->next_part;
+    sl->attempt = 0;
+    if (start_part(s, w, sl, err))
+        return STORAGE_ERROR;
+    int free_slot = -1;
+    for (;;) {
+        for (int i = 0; i < w->nslots && free_slot < 0; i++)
+            if (w->slots[i].part == 0)
+                free_slot = i;
+        if (free_slot >= 0)
+            break;
+        w->cur = -1; /* every slot is in flight */
+        if (drive(s, w, 0, err))
+            return STORAGE_ERROR;
+    }
+    w->cur = free_slot;
+    struct slot *n = &w->slots[free_slot];
+    if (!n->buf && !(n->buf = malloc(s->c.cfg.part_size))) {
+        snprintf(err, STORAGE_ERR_LEN, "s3: out of memory for a %zu-byte part",
+                 s->c.cfg.part_size);
+        return STORAGE_ERROR;
+    }
+    n->len = 0;
+    return w->failed ? (snprintf(err, STORAGE_ERR_LEN, "%s", w->err), STORAGE_ERROR) : 0;
+}
+
+static void free_writer(struct s3_store *s, struct s3_writer *w)
+{
+    for (int i = 0; i < w->nslots; i++) {
+        struct slot *sl = &w->slots[i];
+        if (sl->h) {
+            curl_multi_remove_handle(s->c.multi, sl->h);
+            curl_easy_cleanup(sl->h);
+        }
+        curl_slist_free_all(sl->hdrs);
+        s3_buf_free(&sl->req.resp);
+        free(sl->buf);
+    }
+    free(w->slots);
+    free(w->etags);
+    free(w);
+}
+
+static void abort_upload(struct s3_store *s, struct s3_writer *w)
+{
+    if (!w->upload_id[0])
+        return;
+    char q[1700], err[STORAGE_ERR_LEN];
+    snprintf(q, sizeof q, "uploadId=%s", w->upload_id_enc);
+    struct s3_request r = {.method = "DELETE", .bucket = s->bucket, .key = w->key, .query = q};
+    s3_perform(&s->c, &r, "AbortMultipartUpload", err);
+    s3_buf_free(&r.resp);
+}
+
+static int s3_put_begin(struct storage *st, const char *key, struct storage_writer **out,
+                        char *err)
+{
+    struct s3_store *s = S(st);
+    struct s3_writer *w = calloc(1, sizeof *w);
+    if (!w)
+        goto oom;
+    w->base.store = st;
+    snprintf(w->base.key, sizeof w->base.key, "%s", key);
+    full_key(s, key, w->key, sizeof w->key);
+    w->nslots = s->c.cfg.parallel_parts + 1; /* one filling, the rest in flight */
+    w->slots = calloc((size_t)w->nslots, sizeof *w->slots);
+    w->etags = calloc(MAX_PARTS, sizeof *w->etags);
+    if (!w->slots || !w->etags || !(w->slots[0].buf = malloc(s->c.cfg.part_size))) {
+        if (w)
+            free_writer(s, w);
+        goto oom;
+    }
+    *out = &w->base;
+    return 0;
+oom:
+    snprintf(err, STORAGE_ERR_LEN, "s3: out of memory for a writer");
+    return STORAGE_ERROR;
+}
+
+static int s3_write(struct storage_writer *wb, const void *buf, size_t n, char *err)
+{
+    struct s3_writer *w = (struct s3_writer *)wb;
+    struct s3_store *s = S(wb->store);
+    const unsigned char *p = buf;
+    while (n) {
+        struct slot *sl = &w->slots[w->cur];
+        size_t take = s->c.cfg.part_size - sl->len;
+        take = take < n ? take : n;
+        memcpy(sl->buf + sl->len, p, take);
+        sl->len += take;
+        p += take;
+        n -= take;
+        if (sl->len == s->c.cfg.part_size && ship(s, w, err))
+            return STORAGE_ERROR;
+    }
+    return 0;
+}
+
+static void s3_abort(struct storage_writer *wb)
+{
+    struct s3_writer *w = (struct s3_writer *)wb;
+    struct s3_store *s = S(wb->store);
+    abort_upload(s, w);
+    free_writer(s, w);
+}
+
+static int complete(struct s3_store *s, struct s3_writer *w, char *err)
+{
+    size_t cap = (size_t)w->next_part * 200 + 128;
+    char *xml = malloc(cap), q[1700];
+    if (!xml) {
+        snprintf(err, STORAGE_ERR_LEN, "s3: out of memory");
+        return STORAGE_ERROR;
+    }
+    size_t o = (size_t)snprintf(xml, cap, "<CompleteMultipartUpload>");
+    for (int i = 0; i < w->next_part; i++)
+        o += (size_t)snprintf(xml + o, cap - o, "<Part><PartNumber>%d</PartNumber><ETag>%s</ETag>"
+                              "</Part>", i + 1, w->etags[i]);
+    o += (size_t)snprintf(xml + o, cap - o, "</CompleteMultipartUpload>");
+    snprintf(q, sizeof q, "uploadId=%s", w->upload_id_enc);
+    struct s3_request r = {.method = "POST", .bucket = s->bucket, .key = w->key, .query = q,
+                           .body = xml, .body_len = o};
+    int rc = s3_perform(&s->c, &r, "CompleteMultipartUpload", err);
+    /* S3 may answer 200 with an <Error> body; RGW sends an empty ETag */
+    if (!rc && (r.status != 200 || (r.resp.p && strstr(r.resp.p, "<Error>")))) {
+        if (r.status == 200)
+            r.status = 500;
+        if (r.resp.p && !r.code[0]) {
+            struct s3_xml x;
+            if (s3_xml_parse(r.resp.p, r.resp.len, &x) == 0) {
+                const char *code = s3_xml_first(&x, "Code");
+                snprintf(r.code, sizeof r.code, "%s", code ? code : "");
+                s3_xml_free(&x);
+            }
+        }
+        rc = s3_http_error(&r, "CompleteMultipartUpload", err);
+    }
+    s3_buf_free(&r.resp);
+    free(xml);
+    return rc;
+}
+
+static int s3_commit(struct storage_writer *wb, char *err)
+{
+    struct s3_writer *w = (struct s3_writer *)wb;
+    struct s3_store *s = S(wb->store);
+    int rc = 0;
+    if (!w->upload_id[0]) { /* small: one PutObject */
+        struct slot *sl = &w->slots[w->cur];
+        struct s3_request r = {.method = "PUT", .bucket = s->bucket, .key = w->key,
+                               .body = sl->buf, .body_len = sl->len};
+        rc = s3_perform(&s->c, &r, "PutObject", err);
+        if (!rc && r.status != 200)
+            rc = s3_http_error(&r, "PutObject", err);
+        s3_buf_free(&r.resp);
+    } else {
+        if (w->slots[w->cur].len)
+            rc = ship(s, w, err);
+        w->cur = -1;
+        if (!rc)
+            rc = drive(s, w, 1, err);
+        if (!rc && w->failed)
+            rc = (snprintf(err, STORAGE_ERR_LEN, "%s", w->err), STORAGE_ERROR);
+        if (!rc)
+            rc = complete(s, w, err);
+        if (rc)
+            abort_upload(s, w);
+    }
+    free_writer(s, w);
+    return rc ? STORAGE_ERROR : 0;
+}
+
+/* ---- reads, listing, deletion --------------------------------------------- */
+
+static int s3_get_range(struct storage *st, const char *key, uint64_t off, size_t len,
+                        void *buf, char *err)
+{
+    struct s3_store *s = S(st);
+    char k[1100], range[96];
+    if (len == 0)
+        return 0;
+    full_key(s, key, k, sizeof k);
+    snprintf(range, sizeof range, "Range: bytes=%llu-%llu", (unsigned long long)off,
+             (unsigned long long)(off + len - 1));
+    struct s3_request r = {.method = "GET", .bucket = s->bucket, .key = k, .into = buf,
+                           .into_len = len};
+    r.extra[0] = range;
+    int rc = s3_perform(&s->c, &r, "GetObject", err);
+    if (!rc && r.status == 404) {
+        snprintf(err, STORAGE_ERR_LEN, "s3://%s/%s: not found", s->bucket, k);
+        rc = STORAGE_NOT_FOUND;
+    } else if (!rc && r.status == 416) {
+        snprintf(err, STORAGE_ERR_LEN, "s3://%s/%s: truncated: no bytes at %llu..%llu",
+                 s->bucket, k, (unsigned long long)off, (unsigned long long)(off + len));
+        rc = STORAGE_ERROR;
+    } else if (!rc && r.status != 206 && !(r.status == 200 && off == 0)) {
+        rc = s3_http_error(&r, "GetObject", err);
+    }
+    s3_buf_free(&r.resp);
+    return rc;
+}
+
+static int s3_stat(struct storage *st, const char *key, uint64_t *size, char *err)
+{
+    struct s3_store *s = S(st);
+    char k[1100];
+    full_key(s, key, k, sizeof k);
+    struct s3_request r = {.method = "HEAD", .bucket = s->bucket, .key = k};
+    int rc = s3_perform(&s->c, &r, "HeadObject", err);
+    if (!rc && r.status == 404) {
+        snprintf(err, STORAGE_ERR_LEN, "s3://%s/%s: not found", s->bucket, k);
+        rc = STORAGE_NOT_FOUND;
+    } else if (!rc && r.status != 200) {
+        rc = s3_http_error(&r, "HeadObject", err);
+    } else if (!rc) {
+        *size = r.content_length;
+    }
+    s3_buf_free(&r.resp);
+    return rc;
+}
+
+static int s3_list(struct storage *st, const char *prefix,
+                   int (*fn)(void *, const char *, uint64_t), void *arg, char *err)
+{
+    struct s3_store *s = S(st);
+    char full[1100], efull[3400], token[2048] = "", etok[6200], q[10000];
+    full_key(s, prefix, full, sizeof full);
+    sigv4_uri_encode(full, strlen(full), 0, efull, sizeof efull);
+    size_t strip = s->prefix[0] ? strlen(s->prefix) + 1 : 0;
+    for (;;) {
+        sigv4_uri_encode(token, strlen(token), 0, etok, sizeof etok);
+        char mk[32] = "";
+        if (s->c.cfg.list_max_keys)
+            snprintf(mk, sizeof mk, "&max-keys=%d", s->c.cfg.list_max_keys);
+        snprintf(q, sizeof q, "list-type=2%s&prefix=%s%s%s", mk, efull,
+                 token[0] ? "&continuation-token=" : "", token[0] ? etok : "");
+        struct s3_request r = {.method = "GET", .bucket = s->bucket, .query = q};
+        int rc = s3_perform(&s->c, &r, "ListObjectsV2", err);
+        if (!rc && r.status != 200)
+            rc = s3_http_error(&r, "ListObjectsV2", err);
+        struct s3_xml x = {0};
+        if (!rc && s3_xml_parse(r.resp.p ? r.resp.p : "", r.resp.len, &x)) {
+            snprintf(err, STORAGE_ERR_LEN, "s3 ListObjectsV2 %s: unreadable XML", s->bucket);
+            rc = STORAGE_ERROR;
+        }
+        s3_buf_free(&r.resp);
+        if (rc)
+            return rc;
+        const char *key = NULL;
+        int truncated = 0;
+        token[0] = 0;
+        for (int i = 0; !rc && i < x.n; i++) {
+            const struct s3_xml_item *it = &x.v[i];
+            if (strcmp(it->parent, "Contents") == 0 && strcmp(it->name, "Key") == 0)
+                key = it->text;
+            else if (strcmp(it->parent, "Contents") == 0 && strcmp(it->name, "Size") == 0 &&
+                     key) {
+                if (strlen(key) >= strip)
+                    rc = fn(arg, key + strip, strtoull(it->text, NULL, 10));
+                key = NULL;
+            } else if (strcmp(it->name, "IsTruncated") == 0)
+                truncated = strcmp(it->text, "true") == 0;
+            else if (strcmp(it->name, "NextContinuationToken") == 0)
+                snprintf(token, sizeof token, "%s", it->text);
+        }
+        s3_xml_free(&x);
+        if (rc)
+            return rc;
+        if (!truncated)
+            return 0;
+        if (!token[0]) {
+            snprintf(err, STORAGE_ERR_LEN,
+                     "s3 ListObjectsV2 %s: truncated listing without a continuation token",
+                     s->bucket);
+            return STORAGE_ERROR;
+        }
+    }
+}
+
+static int s3_del(struct storage *st, const char *key, char *err)
+{
+    struct s3_store *s = S(st);
+    char k[1100];
+    full_key(s, key, k, sizeof k);
+    struct s3_request r = {.method = "DELETE", .bucket = s->bucket, .key = k};
+    int rc = s3_perform(&s->c, &r, "DeleteObject", err);
+    if (!rc && r.status != 204 && r.status != 200 && r.status != 404)
+        rc = s3_http_error(&r, "DeleteObject", err);
+    s3_buf_free(&r.resp);
+    return rc;
+}
+
+/* DeleteObjects, up to 1000 keys a request (Content-MD5 is required). */
+static int s3_del_many(struct storage *st, const char *const *keys, int n, char *err)
+{
+    struct s3_store *s = S(st);
+    for (int at = 0; at < n; at += 1000) {
+        int m = n - at < 1000 ? n - at : 1000;
+        size_t cap = (size_t)m * 1200 + 128, o = 0;
+        char *xml = malloc(cap);
+        if (!xml) {
+            snprintf(err, STORAGE_ERR_LEN, "s3: out of memory");
+            return STORAGE_ERROR;
+        }
+        o += (size_t)snprintf(xml, cap, "<Delete><Quiet>true</Quiet>");
+        for (int i = 0; i < m; i++) {
+            char k[1100];
+            full_key(s, keys[at + i], k, sizeof k);
+            o += (size_t)snprintf(xml + o, cap - o, "<Object><Key>");
+            for (const char *p = k; *p && o + 8 < cap; p++) { /* escape for XML */
+                const char *e = *p == '&' ? "&amp;" : *p == '<' ? "&lt;" : *p == '>' ? "&gt;" : NULL;
+                if (e)
+                    o += (size_t)snprintf(xml + o, cap - o, "%s", e);
+                else
+                    xml[o++] = *p;
+            }
+            o += (size_t)snprintf(xml + o, cap - o, "</Key></Object>");
+        }
+        o += (size_t)snprintf(xml + o, cap - o, "</Delete>");
+        unsigned char md5[16];
+        unsigned int mdlen = 16;
+        EVP_Digest(xml, o, md5, &mdlen, EVP_md5(), NULL);
+        char b64[32], hdr[64];
+        EVP_EncodeBlock((unsigned char *)b64, md5, 16);
+        snprintf(hdr, sizeof hdr, "Content-MD5: %s", b64);
+        struct s3_request r = {.method = "POST", .bucket = s->bucket, .query = "delete=",
+                               .body = xml, .body_len = o};
+        r.extra[0] = hdr;
+        int rc = s3_perform(&s->c, &r, "DeleteObjects", err);
+        if (!rc && r.status != 200)
+            rc = s3_http_error(&r, "DeleteObjects", err);
+        if (!rc && r.resp.p && strstr(r.resp.p, "<Error>")) {
+            struct s3_xml x;
+            if (s3_xml_parse(r.resp.p, r.resp.len, &x) == 0) {
+                const char *key = s3_xml_first(&x, "Key"), *code = s3_xml_first(&x, "Code");
+                snprintf(err, STORAGE_ERR_LEN, "s3 DeleteObjects %s: %s: %s", s->bucket,
+                         key ? key : "?", code ? code : "error");
+                s3_xml_free(&x);
+            }
+            rc = STORAGE_ERROR;
+        }
+        s3_buf_free(&r.resp);
+        free(xml);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int s3_put_if_absent(struct storage *st, const char *key, const void *buf, size_t n,
+                            char *err)
+{
+    struct s3_store *s = S(st);
+    char k[1100];
+    full_key(s, key, k, sizeof k);
+    struct s3_request r = {.method = "PUT", .bucket = s->bucket, .key = k, .body = buf,
+                           .body_len = n};
+    r.extra[0] = "If-None-Match: *";
+    int rc = s3_perform(&s->c, &r, "PutObject", err);
+    if (!rc && (r.status == 412 || r.status == 409)) {
+        snprintf(err, STORAGE_ERR_LEN, "s3://%s/%s already exists", s->bucket, k);
+        rc = STORAGE_EXISTS;
+    } else if (!rc && r.status != 200) {
+        rc = s3_http_error(&r, "PutObject", err);
+    }
+    s3_buf_free(&r.resp);
+    return rc;
+}
+
+static void s3_close(struct storage *st)
+{
+    s3_client_free(&S(st)->c);
+    free(st);
+}
+
+static const struct storage_ops s3_ops = {
+    .scheme = "s3",
+    .put_begin = s3_put_begin,
+    .write = s3_write,
+    .commit = s3_commit,
+    .abort = s3_abort,
+    .get_range = s3_get_range,
+    .stat = s3_stat,
+    .list = s3_list,
+    .del = s3_del,
+    .del_many = s3_del_many,
+    .put_if_absent = s3_put_if_absent,
+    .close = s3_close,
+};
+
+int storage_s3_open(const char *uri, struct storage **out, char *err)
+{
+    const char *p = uri + 5; /* after s3:// */
+    const char *slash = strchr(p, '/');
+    size_t bl = slash ? (size_t)(slash - p) : strlen(p);
+    int ok = bl >= 3 && bl <= 63;
+    for (size_t i = 0; ok && i < bl; i++)
+        ok = (p[i] >= 'a' && p[i] <= 'z') || (p[i] >= '0' && p[i] <= '9') || p[i] == '-' ||
+             p[i] == '.';
+    if (!ok) {
+        snprintf(err, STORAGE_ERR_LEN, "storage: '%s': bucket must be 3-63 of a-z 0-9 . -", uri);
+        return STORAGE_ERROR;
+    }
+    struct s3_store *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, STORAGE_ERR_LEN, "storage: out of memory");
+        return STORAGE_ERROR;
+    }
+    memcpy(s->bucket, p, bl);
+    if (slash) {
+        const char *pre = slash + 1;
+        size_t pl = strlen(pre);
+        while (pl && pre[pl - 1] == '/')
+            pl--;
+        if (pl >= sizeof s->prefix) {
+            free(s);
+            snprintf(err, STORAGE_ERR_LEN, "storage: '%s': prefix too long", uri);
+            return STORAGE_ERROR;
+        }
+        memcpy(s->prefix, pre, pl);
+    }
+    if (s3_client_init(&s->c, err)) {
+        free(s);
+        return STORAGE_ERROR;
+    }
+    s->base.ops = &s3_ops;
+    snprintf(s->base.uri, sizeof s->base.uri, "s3://%s%s%s", s->bucket, s->prefix[0] ? "/" : "",
+             s->prefix);
+    *out = &s->base;
+    return 0;
+}

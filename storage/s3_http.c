@@ -1,0 +1,603 @@
+/*
+ * s3_http.c - configuration, signed requests over libcurl, retries, and
+ * the XML of S3's answers (expat).
+ *
+ * Retry policy: exponential backoff with full jitter (sleep a uniform
+ * random time in [0, min(cap, base * 2^attempt))) on HTTP 500, 502, 503,
+ * 504, on the S3 codes SlowDown, RequestTimeout and InternalError, on
+ * connection resets, timeouts and bodies cut short; at most max_attempts
+ * tries; any other 4xx is final. Secrets are read from the environment or
+ * the credentials file only, used only to sign, and never printed.
+ */
+#include "s3_internal.h"
+
+#include "sigv4.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <expat.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- configuration ------------------------------------------------------- */
+
+static long env_long(const char *name, long def, long lo, long hi)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return def;
+    char *end;
+    long x = strtol(v, &end, 10);
+    return *end || x < lo || x > hi ? def : x;
+}
+
+static void trim(char *s)
+{
+    size_t n = strlen(s);
+    while (n && isspace((unsigned char)s[n - 1]))
+        s[--n] = 0;
+    size_t i = 0;
+    while (isspace((unsigned char)s[i]))
+        i++;
+    memmove(s, s + i, strlen(s + i) + 1);
+}
+
+/* [profile] key = value lines of ~/.aws/credentials */
+static void read_profile(struct s3_config *c)
+{
+    const char *profile = getenv("AWS_PROFILE");
+    char path[1024];
+    const char *file = getenv("AWS_SHARED_CREDENTIALS_FILE");
+    if (!file) {
+        const char *home = getenv("HOME");
+        if (!home)
+            return;
+        snprintf(path, sizeof path, "%s/.aws/credentials", home);
+        file = path;
+    }
+    FILE *f = fopen(file, "r");
+    if (!f)
+        return;
+    char line[4608], want[128], section[128] = "";
+    snprintf(want, sizeof want, "%s", profile && *profile ? profile : "default");
+    while (fgets(line, sizeof line, f)) {
+        trim(line);
+        if (line[0] == '[') {
+            char *end = strchr(line, ']');
+            if (end) {
+                *end = 0;
+                snprintf(section, sizeof section, "%s", line + 1);
+                trim(section);
+            }
+            continue;
+        }
+        char *eq = strchr(line, '=');
+        if (!eq || strcmp(section, want) != 0)
+            continue;
+        *eq = 0;
+        char *k = line, *v = eq + 1;
+        trim(k);
+        trim(v);
+        if (strcmp(k, "aws_access_key_id") == 0 && !c->access_key[0])
+            snprintf(c->access_key, sizeof c->access_key, "%s", v);
+        else if (strcmp(k, "aws_secret_access_key") == 0 && !c->secret_key[0])
+            snprintf(c->secret_key, sizeof c->secret_key, "%s", v);
+        else if (strcmp(k, "aws_session_token") == 0 && !c->session_token[0])
+            snprintf(c->session_token, sizeof c->session_token, "%s", v);
+        else if (strcmp(k, "region") == 0 && !c->region[0])
+            snprintf(c->region, sizeof c->region, "%s", v);
+    }
+    memset(line, 0, sizeof line);
+    fclose(f);
+}
+
+int s3_config_load(struct s3_config *c, char *err)
+{
+    memset(c, 0, sizeof *c);
+    const char *v;
+    if ((v = getenv("AWS_ACCESS_KEY_ID")))
+        snprintf(c->access_key, sizeof c->access_key, "%s", v);
+    if ((v = getenv("AWS_SECRET_ACCESS_KEY")))
+        snprintf(c->secret_key, sizeof c->secret_key, "%s", v);
+    if ((v = getenv("AWS_SESSION_TOKEN")))
+        snprintf(c->session_token, sizeof c->session_token, "%s", v);
+    if ((v = getenv("AWS_REGION")) || (v = getenv("AWS_DEFAULT_REGION")))
+        snprintf(c->region, sizeof c->region, "%s", v);
+    if (!c->access_key[0] || !c->secret_key[0]) {
+        c->access_key[0] = c->secret_key[0] = c->session_token[0] = 0;
+        read_profile(c);
+    }
+    if (!c->region[0])
+        snprintf(c->region, sizeof c->region, "us-east-1");
+    if (!c->access_key[0] || !c->secret_key[0]) {
+        snprintf(err, STORAGE_ERR_LEN,
+                 "s3: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+                 "AWS_PROFILE with ~/.aws/credentials");
+        return STORAGE_ERROR;
+    }
+    const char *ep = getenv("AWS_ENDPOINT_URL_S3");
+    if (!ep || !*ep)
+        ep = getenv("AWS_ENDPOINT_URL");
+    char def[128];
+    if (!ep || !*ep) {
+        snprintf(def, sizeof def, "https://s3.%s.amazonaws.com", c->region);
+        ep = def;
+    }
+    const char *sep = strstr(ep, "://");
+    if (!sep || (size_t)(sep - ep) >= sizeof c->scheme ||
+        (strncmp(ep, "http", 4) != 0)) {
+        snprintf(err, STORAGE_ERR_LEN, "s3: endpoint '%s' is not http://HOST[:PORT] or https://",
+                 ep);
+        return STORAGE_ERROR;
+    }
+    snprintf(c->scheme, sizeof c->scheme, "%.*s", (int)(sep - ep), ep);
+    snprintf(c->host, sizeof c->host, "%s", sep + 3);
+    char *slash = strchr(c->host, '/');
+    if (slash)
+        *slash = 0;
+    if (!c->host[0] || (strcmp(c->scheme, "http") && strcmp(c->scheme, "https"))) {
+        snprintf(err, STORAGE_ERR_LEN, "s3: endpoint '%s' is not http:// or https://", ep);
+        return STORAGE_ERROR;
+    }
+    if ((v = getenv("AWS_CA_BUNDLE")))
+        snprintf(c->ca_bundle, sizeof c->ca_bundle, "%s", v);
+    c->virtual_hosted = (int)env_long("FSDP_S3_VIRTUAL_HOSTED", 0, 0, 1);
+    c->max_attempts = (int)env_long("FSDP_S3_MAX_ATTEMPTS", 6, 1, 100);
+    c->retry_base_ms = (int)env_long("FSDP_S3_RETRY_BASE_MS", 100, 1, 60000);
+    c->retry_cap_ms = (int)env_long("FSDP_S3_RETRY_CAP_MS", 5000, 1, 600000);
+    c->timeout_s = env_long("FSDP_S3_TIMEOUT_S", 30, 1, 3600);
+    c->part_size = (size_t)env_long("FSDP_S3_PART_MIB", 8, 5, 5120) << 20;
+    c->parallel_parts = (int)env_long("FSDP_S3_PARALLEL", 4, 1, 64);
+    c->list_max_keys = (int)env_long("FSDP_S3_LIST_MAX_KEYS", 0, 0, 1000);
+    return 0;
+}
+
+/* ---- XML ------------------------------------------------------------------- */
+
+struct xml_state {
+    struct s3_xml *x;
+    char stack[8][48];
+    int depth;
+    struct s3_buf text;
+    int failed;
+};
+
+static void xml_start(void *ud, const char *name, const char **attrs)
+{
+    (void)attrs;
+    struct xml_state *s = ud;
+    if (s->depth < 8)
+        snprintf(s->stack[s->depth], sizeof s->stack[0], "%s", name);
+    s->depth++;
+    s->text.len = 0;
+}
+
+static void xml_chars(void *ud, const char *t, int n)
+{
+    struct xml_state *s = ud;
+    if (s->text.len + (size_t)n + 1 > s->text.cap) {
+        size_t cap = (s->text.cap ? s->text.cap * 2 : 256) + (size_t)n;
+        char *p = realloc(s->text.p, cap);
+        if (!p) {
+            s->failed = 1;
+            return;
+        }
+        s->text.p = p;
+        s->text.cap = cap;
+    }
+    memcpy(s->text.p + s->text.len, t, (size_t)n);
+    s->text.len += (size_t)n;
+}
+
+static void xml_end(void *ud, const char *name)
+{
+    struct xml_state *s = ud;
+    s->depth--;
+    struct s3_xml *x = s->x;
+    struct s3_xml_item *v = realloc(x->v, (size_t)(x->n + 1) * sizeof *v);
+    if (!v) {
+        s->failed = 1;
+        return;
+    }
+    x->v = v;
+    struct s3_xml_item *it = &x->v[x->n++];
+    memset(it, 0, sizeof *it);
+    snprintf(it->name, sizeof it->name, "%s", name);
+    if (s->depth > 0 && s->depth <= 8)
+        snprintf(it->parent, sizeof it->parent, "%s", s->stack[s->depth - 1]);
+    it->text = malloc(s->text.len + 1);
+    if (it->text) {
+        memcpy(it->text, s->text.p ? s->text.p : "", s->text.len);
+        it->text[s->text.len] = 0;
+    }
+    s->text.len = 0;
+}
+
+int s3_xml_parse(const char *doc, size_t len, struct s3_xml *x)
+{
+    memset(x, 0, sizeof *x);
+    XML_Parser p = XML_ParserCreate("UTF-8");
+    if (!p)
+        return -1;
+    struct xml_state s = {.x = x};
+    XML_SetUserData(p, &s);
+    XML_SetElementHandler(p, xml_start, xml_end);
+    XML_SetCharacterDataHandler(p, xml_chars);
+    int ok = XML_Parse(p, doc, (int)len, 1) == XML_STATUS_OK && !s.failed;
+    XML_ParserFree(p);
+    free(s.text.p);
+    if (!ok) {
+        s3_xml_free(x);
+        return -1;
+    }
+    return 0;
+}
+
+void s3_xml_free(struct s3_xml *x)
+{
+    for (int i = 0; i < x->n; i++)
+        free(x->v[i].text);
+    free(x->v);
+    memset(x, 0, sizeof *x);
+}
+
+const char *s3_xml_first(const struct s3_xml *x, const char *name)
+{
+    for (int i = 0; i < x->n; i++)
+        if (strcmp(x->v[i].name, name) == 0)
+            return x->v[i].text ? x->v[i].text : "";
+    return NULL;
+}
+
+/* ---- requests -------------------------------------------------------------- */
+
+void s3_buf_free(struct s3_buf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+int s3_client_init(struct s3_client *c, char *err)
+{
+    memset(c, 0, sizeof *c);
+    if (s3_config_load(&c->cfg, err))
+        return STORAGE_ERROR;
+    static int global;
+    if (!global) {
+        curl_global_init(CURL_GLOBAL_DEFAULT);
+        global = 1;
+    }
+    c->easy = curl_easy_init();
+    c->multi = curl_multi_init();
+    if (!c->easy || !c->multi) {
+        s3_client_free(c);
+        snprintf(err, STORAGE_ERR_LEN, "s3: cannot initialise libcurl");
+        return STORAGE_ERROR;
+    }
+    curl_multi_setopt(c->multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)c->cfg.parallel_parts);
+    return 0;
+}
+
+void s3_client_free(struct s3_client *c)
+{
+    if (c->easy)
+        curl_easy_cleanup(c->easy);
+    if (c->multi)
+        curl_multi_cleanup(c->multi);
+    memset(&c->cfg, 0, sizeof c->cfg); /* the secret goes with it */
+    c->easy = NULL;
+    c->multi = NULL;
+}
+
+static size_t buf_add(struct s3_buf *b, const char *data, size_t n)
+{
+    size_t limit = b->limit ? b->limit : (64u << 20);
+    if (b->len + n + 1 > limit)
+        return 0;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p)
+            return 0;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, data, n);
+    b->len += n;
+    b->p[b->len] = 0;
+    return n;
+}
+
+/* Body bytes: into the caller's buffer for a successful ranged GET (never
+ * beyond it), otherwise into resp (bounded). */
+static size_t on_body(char *data, size_t size, size_t n, void *ud)
+{
+    struct s3_request *r = ud;
+    size_t bytes = size * n;
+    long status = 0;
+    curl_easy_getinfo(r->h, CURLINFO_RESPONSE_CODE, &status);
+    if (r->into && status >= 200 && status < 300) {
+        if (r->received + bytes > r->into_len) {
+            r->overflow = 1;
+            return 0;
+        }
+        memcpy((char *)r->into + r->received, data, bytes);
+        r->received += bytes;
+        return bytes;
+    }
+    r->received += bytes;
+    return buf_add(&r->resp, data, bytes) == bytes ? bytes : 0;
+}
+
+static size_t on_header(char *data, size_t size, size_t n, void *ud)
+{
+    struct s3_request *r = ud;
+    size_t bytes = size * n;
+    if (bytes > 5 && strncasecmp(data, "etag:", 5) == 0) {
+        const char *v = data + 5;
+        while (*v == ' ')
+            v++;
+        size_t len = bytes - (size_t)(v - data);
+        while (len && (v[len - 1] == '\r' || v[len - 1] == '\n' || v[len - 1] == ' '))
+            len--;
+        snprintf(r->etag, sizeof r->etag, "%.*s", (int)len, v);
+    } else if (bytes > 15 && strncasecmp(data, "content-length:", 15) == 0) {
+        r->content_length = strtoull(data + 15, NULL, 10);
+    }
+    return bytes;
+}
+
+static size_t on_send(char *out, size_t size, size_t n, void *ud)
+{
+    struct s3_request *r = ud;
+    size_t left = r->body_len - r->sent, take = size * n < left ? size * n : left;
+    memcpy(out, (const char *)r->body + r->sent, take);
+    r->sent += take;
+    return take;
+}
+
+static void amz_now(char out[17])
+{
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(out, 17, "%Y%m%dT%H%M%SZ", &tm);
+}
+
+static void sha256_hex(const void *p, size_t n, char out[65])
+{
+    unsigned char d[32];
+    unsigned int len = 32;
+    EVP_Digest(p, n, d, &len, EVP_sha256(), NULL);
+    for (int i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", d[i]);
+}
+
+int s3_prepare(struct s3_client *c, CURL *h, struct s3_request *r, struct curl_slist **hdrs,
+               char *err)
+{
+    const struct s3_config *cfg = &c->cfg;
+    char path[2048], epath[6200], host[400], url[7000], date[17], sha[65];
+    if (cfg->virtual_hosted) {
+        snprintf(host, sizeof host, "%s.%s", r->bucket, cfg->host);
+        snprintf(path, sizeof path, "/%s", r->key ? r->key : "");
+    } else {
+        snprintf(host, sizeof host, "%s", cfg->host);
+        snprintf(path, sizeof path, "/%s%s%s", r->bucket, r->key ? "/" : "", r->key ? r->key : "");
+    }
+    if (sigv4_uri_encode(path, strlen(path), 1, epath, sizeof epath) < 0) {
+        snprintf(err, STORAGE_ERR_LEN, "s3: key too long: %s", path);
+        return STORAGE_ERROR;
+    }
+    snprintf(url, sizeof url, "%s://%s%s%s%s", cfg->scheme, host, epath,
+             r->query && *r->query ? "?" : "", r->query ? r->query : "");
+    amz_now(date);
+    /* the real payload hash on every request; UNSIGNED-PAYLOAD is never used */
+    sha256_hex(r->body ? r->body : "", r->body ? r->body_len : 0, sha);
+
+    struct sigv4_kv kv[6];
+    char names[6][64], values[6][512];
+    int nkv = 0;
+    snprintf(names[nkv], 64, "host");
+    snprintf(values[nkv], 512, "%s", host);
+    nkv++;
+    for (int i = 0; i < 4 && r->extra[i]; i++) {
+        const char *colon = strchr(r->extra[i], ':');
+        if (!colon)
+            continue;
+        snprintf(names[nkv], 64, "%.*s", (int)(colon - r->extra[i]), r->extra[i]);
+        snprintf(values[nkv], 512, "%s", colon + 1);
+        nkv++;
+    }
+    for (int i = 0; i < nkv; i++)
+        kv[i] = (struct sigv4_kv){names[i], values[i]};
+    struct sigv4_input in = {r->method, path, r->query ? r->query : "", kv, nkv, sha, date,
+                             cfg->region, "s3", cfg->access_key, cfg->secret_key,
+                             cfg->session_token[0] ? cfg->session_token : NULL, 1};
+    static __thread struct sigv4_output out;
+    if (sigv4_sign(&in, &out)) {
+        snprintf(err, STORAGE_ERR_LEN, "s3: request too large to sign");
+        return STORAGE_ERROR;
+    }
+    char line[8192];
+    struct curl_slist *l = NULL;
+    snprintf(line, sizeof line, "Host: %s", host);
+    l = curl_slist_append(l, line);
+    snprintf(line, sizeof line, "x-amz-date: %s", date);
+    l = curl_slist_append(l, line);
+    snprintf(line, sizeof line, "x-amz-content-sha256: %s", sha);
+    l = curl_slist_append(l, line);
+    if (cfg->session_token[0]) {
+        snprintf(line, sizeof line, "x-amz-security-token: %s", cfg->session_token);
+        l = curl_slist_append(l, line);
+    }
+    for (int i = 0; i < 4 && r->extra[i]; i++)
+        l = curl_slist_append(l, r->extra[i]);
+    snprintf(line, sizeof line, "Authorization: %s", out.authorization);
+    l = curl_slist_append(l, line);
+    l = curl_slist_append(l, "Expect:"); /* no 100-continue round trip */
+    memset(&out, 0, sizeof out);
+    memset(line, 0, sizeof line);
+    *hdrs = l;
+
+    curl_easy_reset(h);
+    r->h = h;
+    r->sent = r->received = 0;
+    r->overflow = 0;
+    r->resp.len = 0;
+    r->etag[0] = r->code[0] = 0;
+    r->content_length = 0;
+    r->status = 0;
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, l);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, r);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 10L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, cfg->timeout_s);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
+    if (cfg->ca_bundle[0])
+        curl_easy_setopt(h, CURLOPT_CAINFO, cfg->ca_bundle);
+    if (strcmp(r->method, "PUT") == 0) {
+        curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
+        curl_easy_setopt(h, CURLOPT_READFUNCTION, on_send);
+        curl_easy_setopt(h, CURLOPT_READDATA, r);
+        curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)r->body_len);
+    } else if (strcmp(r->method, "POST") == 0) {
+        curl_easy_setopt(h, CURLOPT_POST, 1L);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, r->body ? (const char *)r->body : "");
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)r->body_len);
+    } else if (strcmp(r->method, "HEAD") == 0) {
+        curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+    } else if (strcmp(r->method, "GET") != 0) {
+        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r->method);
+    }
+    return 0;
+}
+
+static int retryable_code(const char *code)
+{
+    return strcmp(code, "SlowDown") == 0 || strcmp(code, "RequestTimeout") == 0 ||
+           strcmp(code, "InternalError") == 0 || strcmp(code, "ServiceUnavailable") == 0;
+}
+
+int s3_finish(struct s3_client *c, CURL *h, struct s3_request *r, CURLcode cc, int *retry,
+              char *why, size_t why_len)
+{
+    (void)c;
+    *retry = 0;
+    if (cc != CURLE_OK) {
+        if (r->overflow) {
+            snprintf(why, why_len, "the server sent more than the %zu bytes asked for",
+                     r->into_len);
+            return -1;
+        }
+        *retry = cc == CURLE_COULDNT_CONNECT || cc == CURLE_RECV_ERROR ||
+                 cc == CURLE_SEND_ERROR || cc == CURLE_OPERATION_TIMEDOUT ||
+                 cc == CURLE_GOT_NOTHING || cc == CURLE_PARTIAL_FILE || cc == CURLE_WRITE_ERROR ||
+                 cc == CURLE_SSL_CONNECT_ERROR || cc == CURLE_HTTP2 || cc == CURLE_HTTP2_STREAM;
+        snprintf(why, why_len, "%s", curl_easy_strerror(cc));
+        return -1;
+    }
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
+    if (r->status >= 300 && r->resp.len) {
+        struct s3_xml x;
+        if (s3_xml_parse(r->resp.p, r->resp.len, &x) == 0) {
+            const char *code = s3_xml_first(&x, "Code");
+            if (code)
+                snprintf(r->code, sizeof r->code, "%s", code);
+            s3_xml_free(&x);
+        }
+    }
+    if (r->status == 500 || r->status == 502 || r->status == 503 || r->status == 504 ||
+        (r->status >= 400 && retryable_code(r->code))) {
+        *retry = 1;
+        snprintf(why, why_len, "HTTP %ld %s", r->status, r->code);
+        return -1;
+    }
+    if (r->into && r->status >= 200 && r->status < 300 && r->received != r->into_len) {
+        *retry = 1;
+        snprintf(why, why_len, "body cut short: %zu of %zu bytes", r->received, r->into_len);
+        return -1;
+    }
+    return 0;
+}
+
+void s3_backoff(struct s3_client *c, int attempt)
+{
+    static __thread uint64_t rng;
+    if (!rng)
+        rng = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&rng;
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    long cap = c->cfg.retry_base_ms;
+    for (int i = 0; i < attempt && cap < c->cfg.retry_cap_ms; i++)
+        cap *= 2;
+    if (cap > c->cfg.retry_cap_ms)
+        cap = c->cfg.retry_cap_ms;
+    long ms = (long)((rng >> 33) % (uint64_t)(cap + 1)); /* full jitter */
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) && errno == EINTR)
+        ;
+    c->retries++;
+}
+
+static const char *what(const struct s3_request *r, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s%s%s", r->bucket, r->key ? "/" : "", r->key ? r->key : "");
+    return buf;
+}
+
+int s3_perform(struct s3_client *c, struct s3_request *r, const char *op, char *err)
+{
+    char why[256] = "", obj[1200];
+    for (int attempt = 0; attempt < c->cfg.max_attempts; attempt++) {
+        if (attempt)
+            s3_backoff(c, attempt);
+        struct curl_slist *hdrs = NULL;
+        if (s3_prepare(c, c->easy, r, &hdrs, err))
+            return STORAGE_ERROR;
+        CURLcode cc = curl_easy_perform(c->easy);
+        int retry;
+        int rc = s3_finish(c, c->easy, r, cc, &retry, why, sizeof why);
+        curl_slist_free_all(hdrs);
+        if (rc == 0)
+            return 0;
+        if (!retry)
+            break;
+    }
+    snprintf(err, STORAGE_ERR_LEN, "s3 %s %s: %s (after %d attempt%s)", op,
+             what(r, obj, sizeof obj), why, c->cfg.max_attempts,
+             c->cfg.max_attempts > 1 ? "s" : "");
+    return STORAGE_ERROR;
+}
+
+int s3_http_error(const struct s3_request *r, const char *op, char *err)
+{
+    char obj[1200], msg[256] = "";
+    if (r->resp.len) {
+        struct s3_xml x;
+        if (s3_xml_parse(r->resp.p, r->resp.len, &x) == 0) {
+            const char *m = s3_xml_first(&x, "Message");
+            if (m && *m)
+                snprintf(msg, sizeof msg, ": %s", m);
+            s3_xml_free(&x);
+        }
+    }
+    const char *code = r->code[0]                         ? r->code
+                       : strcmp(r->method, "HEAD") == 0 ? "(a HEAD answer has no error body)"
+                                                        : "(no S3 error code)";
+    snprintf(err, STORAGE_ERR_LEN, "s3 %s %s: HTTP %ld %s%s", op, what(r, obj, sizeof obj),
+             r->status, code, msg);
+    return STORAGE_ERROR;
+}
