@@ -137,6 +137,57 @@ def multipart_objects_cross_over_with_the_aws_cli(tmp):
         assert got == theirs[off:off + n], f"range {off}+{n}"
 
 
+def credentials_come_from_a_profile(tmp):
+    b = bucket("profile")
+    os.makedirs(f"{tmp}/home/.aws")
+    with open(f"{tmp}/home/.aws/credentials", "w") as f:
+        f.write(f"[default]\naws_access_key_id = nobody\naws_secret_access_key = nothing\n\n"
+                f"[ckpt]\naws_access_key_id = {ENV['AWS_ACCESS_KEY_ID']}\n"
+                f"aws_secret_access_key = {ENV['AWS_SECRET_ACCESS_KEY']}\n")
+    env = {"HOME": f"{tmp}/home", "AWS_PROFILE": "ckpt", "AWS_ACCESS_KEY_ID": "",
+           "AWS_SECRET_ACCESS_KEY": ""}
+    cat("put", b, "k", data=b"from a profile", env=env)
+    assert cat("get", b, "k", env=env).stdout == b"from a profile"
+    p = cat("get", b, "k", "0", "1", check=False, env=dict(env, AWS_PROFILE="default"))
+    assert p.returncode == 1 and b"InvalidAccessKeyId" in p.stderr, p.stderr
+    p = cat("get", b, "k", "0", "1", check=False, env=dict(env, HOME=f"{tmp}/none"))
+    assert p.returncode == 2 and b"no credentials" in p.stderr, p.stderr
+
+
+def tls_peers_are_verified_and_ca_bundle_honoured(tmp):
+    import ssl
+    import threading
+    key, cert = f"{tmp}/key.pem", f"{tmp}/cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                    "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1", "-addext",
+                    "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    port = srv.getsockname()[1]
+
+    def serve():  # answers every TLS request with S3's AccessDenied
+        while True:
+            try:
+                c, _ = srv.accept()
+                with ctx.wrap_socket(c, server_side=True) as t:
+                    t.recv(65536)
+                    body = b"<Error><Code>AccessDenied</Code><Message>tls ok</Message></Error>"
+                    t.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: " +
+                              str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+            except (OSError, ssl.SSLError):
+                continue
+
+    threading.Thread(target=serve, daemon=True).start()
+    env = {"AWS_ENDPOINT_URL": f"https://127.0.0.1:{port}", "FSDP_S3_MAX_ATTEMPTS": "1"}
+    p = cat("get", "s3://tls", "k", "0", "1", check=False, env=env)
+    assert p.returncode == 1 and (b"certificate" in p.stderr or b"SSL" in p.stderr), p.stderr
+    p = cat("get", "s3://tls", "k", "0", "1", check=False, env=dict(env, AWS_CA_BUNDLE=cert))
+    assert p.returncode == 1 and b"HTTP 403 AccessDenied: tls ok" in p.stderr, p.stderr
+
+
 def faults_are_ridden_through_and_permanent_ones_reported(tmp):
     b = bucket("faults")
     proxy = FaultProxy(server.port)
@@ -153,6 +204,13 @@ def faults_are_ridden_through_and_permanent_ones_reported(tmp):
     err = p.stderr.decode()
     assert p.returncode == 1 and "HeadObject faults/obj" in err and "503" in err, err
     assert "after 4 attempts" in err, err
+    # a multipart upload that fails is aborted: no parts are left behind
+    proxy.set_plan(["pass", "pass", "forbid"])  # create, part 1, part 2 refused
+    p = cat("put", b, "aborted", data=data, check=False, env=via)
+    assert p.returncode == 1 and b"UploadPart" in p.stderr, p.stderr
+    pending = aws("s3api", "list-multipart-uploads", "--bucket", "faults").stdout
+    assert '"UploadId"' not in pending, f"an upload was left open: {pending}"
+    assert cat("get", b, "aborted", "0", "1", check=False).returncode == 1
     proxy.set_plan(["forbid"] * 5)
     p = cat("get", b, "obj", "0", "10", check=False, env=via)
     err = p.stderr.decode()
@@ -186,6 +244,10 @@ def training_and_every_tool_work_on_s3(tmp):
     assert open(f"{tmp}/m.safetensors", "rb").read() == open(f"{tmp}/f.safetensors", "rb").read()
     run([CKPT, "cp", run_s3, f"{tmp}/back"])
     assert committed_steps(f"{tmp}/back") == [3, 6, 9] and digest(f"{tmp}/back") == want
+    run([CKPT, "import", f"{tmp}/m.safetensors", f"{b}/imported", "--model", "tiny",
+         "--world-size", "3"])
+    imported = digest(f"{b}/imported")
+    assert all(imported[k] == want[k] for k in want if k[1] == "param")
     run([CKPT, "cp", f"{tmp}/back@6", f"{b}/again"])
     assert run([CKPT, "diff", f"{b}/again", f"{tmp}/back@6"]).returncode == 0
     assert run([CKPT, "diff", f"{b}/again", run_s3], check=False).returncode == 1
@@ -206,6 +268,8 @@ def run_all():
         main([a_wrong_secret_is_refused_and_never_printed,
               put_get_list_delete_and_put_if_absent,
               multipart_objects_cross_over_with_the_aws_cli,
+              credentials_come_from_a_profile,
+              tls_peers_are_verified_and_ca_bundle_honoured,
               faults_are_ridden_through_and_permanent_ones_reported,
               training_and_every_tool_work_on_s3])
     finally:
