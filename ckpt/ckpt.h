@@ -169,6 +169,7 @@ struct ckpt_reader {
     } cache[CKPT_READER_CACHE]; /* decoded chunks, least recently used goes */
     uint64_t tick;
     uint64_t bytes_fetched, chunks_fetched; /* stored bytes read from storage */
+    void (*on_chunk)(void);                 /* after each chunk fetched (heartbeats) */
 };
 
 int ckpt_reader_init(struct ckpt_reader *r, struct storage *st, const struct ckpt_manifest *m,
@@ -238,5 +239,15 @@ int ckpt_load_manifest(struct storage *st, uint64_t step, struct ckpt_manifest *
 int ckpt_delete_step(struct storage *st, uint64_t step, char *err);
 
 void ckpt_hex(const unsigned char sha[32], char out[65]);
+
+/* ---- fencing -------------------------------------------------------------- */
+
+/* Every launch claims a new generation in the store (generations/N, made
+ * with put-if-absent). A process whose generation is older than the
+ * store's newest may neither commit nor delete: ckpt_fence_check fails
+ * with a message saying so. Generation 0 means "not supervised": unfenced. */
+int ckpt_fence_current(struct storage *st, uint64_t *gen, char *err);
+int ckpt_fence_claim(struct storage *st, uint64_t *gen, char *err);
+int ckpt_fence_check(struct storage *st, uint64_t mine, char *err);
 
 #endif

@@ -68,6 +68,8 @@ static int fetch_verified(struct ckpt_reader *r, int shard, int ci, char *err)
         return -1;
     r->bytes_fetched += c->stored_len;
     r->chunks_fetched++;
+    if (r->on_chunk)
+        r->on_chunk();
     unsigned char got[32];
     ckpt_sha256(k->stored, (size_t)c->stored_len, got);
     if (memcmp(got, c->sha256, 32) != 0) {

@@ -153,3 +153,66 @@ int ckpt_delete_step(struct storage *st, uint64_t step, char *err)
     free(k.v);
     return rc;
 }
+
+/* ---- fencing -------------------------------------------------------------- */
+
+/* generations/00000000000000000007: one object per launch, created with
+ * put-if-absent, so two launchers can never claim the same generation. */
+#define GEN_PREFIX "generations/"
+
+static int on_gen(void *arg, const char *key, uint64_t size)
+{
+    (void)size;
+    uint64_t *max = arg;
+    const char *p = key + strlen(GEN_PREFIX);
+    char *end;
+    unsigned long long g = strtoull(p, &end, 10);
+    if (*p && !*end && g > *max)
+        *max = g;
+    return 0;
+}
+
+int ckpt_fence_current(struct storage *st, uint64_t *gen, char *err)
+{
+    *gen = 0;
+    return storage_list(st, GEN_PREFIX, on_gen, gen, err) ? -1 : 0;
+}
+
+int ckpt_fence_claim(struct storage *st, uint64_t *gen, char *err)
+{
+    for (int attempt = 0; attempt < 16; attempt++) {
+        uint64_t cur;
+        if (ckpt_fence_current(st, &cur, err))
+            return -1;
+        char key[64], body[32];
+        snprintf(key, sizeof key, GEN_PREFIX "%020llu", (unsigned long long)(cur + 1));
+        int n = snprintf(body, sizeof body, "%llu\n", (unsigned long long)(cur + 1));
+        int rc = storage_put_if_absent(st, key, body, (size_t)n, err);
+        if (rc == 0) {
+            *gen = cur + 1;
+            return 0;
+        }
+        if (rc != STORAGE_EXISTS)
+            return -1;
+    }
+    snprintf(err, CKPT_ERR_LEN, "%s: could not claim a generation (too many racing launchers)",
+             st->uri);
+    return -1;
+}
+
+int ckpt_fence_check(struct storage *st, uint64_t mine, char *err)
+{
+    if (mine == 0) /* not launched by a supervisor: unfenced */
+        return 0;
+    uint64_t cur;
+    if (ckpt_fence_current(st, &cur, err))
+        return -1;
+    if (cur > mine) {
+        snprintf(err, CKPT_ERR_LEN,
+                 "fenced: this process belongs to generation %llu, but %s now belongs to "
+                 "generation %llu; refusing to commit or delete",
+                 (unsigned long long)mine, st->uri, (unsigned long long)cur);
+        return -1;
+    }
+    return 0;
+}

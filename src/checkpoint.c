@@ -26,8 +26,10 @@
  */
 #include "checkpoint.h"
 
+#include "heartbeat.h"
 #include "util.h"
 
+#include <openssl/evp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +65,7 @@ static void stop_here(const char *point)
 
 static void chunk_hook(int chunk)
 {
+    hb_progress();
     if (chunk == 0)
         stop_here("shard-chunk");
 }
@@ -121,6 +124,7 @@ int ckptr_open(struct ckptr *c, const struct ckptr_opts *o, struct fsdp_engine *
     c->comm = comm;
     c->m = m;
     c->world = e->shard == FSDP_SHARD_NONE ? 1 : comm->world;
+    c->generation = hb_generation();
     stop_init();
     int rc = storage_open(o->uri, &c->st, err);
     if (!rc && !(c->codec = ckpt_codec_new(o->write.chunk_bytes)))
@@ -218,6 +222,7 @@ static int commit(struct ckptr *c, uint64_t step, json_t *trainer, const char *a
     struct ckpt_manifest man = {0};
     man.version = CKPT_FORMAT_VERSION;
     man.step = step;
+    man.generation = c->generation;
     man.world = c->world;
     snprintf(man.sharding, sizeof man.sharding, "%s", fsdp_shard_name(c->e->shard));
     man.model = json_incref(c->model_json);
@@ -239,6 +244,9 @@ static int commit(struct ckptr *c, uint64_t step, json_t *trainer, const char *a
     }
     if (!rc) {
         stop_here("before-commit");
+        rc = ckpt_fence_check(c->st, c->generation, err);
+    }
+    if (!rc) {
         rc = ckpt_commit(c->st, &man, err);
         if (rc == STORAGE_EXISTS)
             rc = fsdp_err(err, "checkpoint step %llu is already committed in %s",
@@ -254,7 +262,7 @@ static int retain(struct ckptr *c, char *err)
 {
     struct ckpt_step_info *steps;
     int n;
-    if (ckpt_list_steps(c->st, &steps, &n, err))
+    if (ckpt_fence_check(c->st, c->generation, err) || ckpt_list_steps(c->st, &steps, &n, err))
         return -1;
     int rc = 0, kept = 0;
     uint64_t newest = 0;
@@ -274,6 +282,7 @@ static int retain(struct ckptr *c, char *err)
 int ckptr_save(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
 {
     current_save = ++c->saves;
+    hb_set(step, HB_SAVE);
     char *mine = NULL;
     int rc = 0;
     if (c->comm->rank < c->world)
@@ -291,12 +300,103 @@ int ckptr_save(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
         rc = commit(c, step, trainer, all, lens, err);
         if (!rc) {
             c->newest_committed = step;
+            hb_event("checkpoint_committed step=%llu", (unsigned long long)step);
             stop_here("after-commit");
             rc = retain(c, err);
         }
     }
     free(all);
     return agree(c->comm, rc, err);
+}
+
+/* ---- verifying a load --------------------------------------------------------------- */
+
+struct digest_list {
+    int n;
+    char (*v)[200];
+};
+
+static int keep(void *arg, const char *tensor, const char *kind, const char *hex)
+{
+    struct digest_list *d = arg;
+    void *v = realloc(d->v, (size_t)(d->n + 1) * sizeof *d->v);
+    if (!v)
+        return -1;
+    d->v = v;
+    snprintf(d->v[d->n++], sizeof d->v[0], "%s %s %s", tensor, kind, hex);
+    return 0;
+}
+
+/* Collective. The digest of the state as loaded (gathered unit by unit on
+ * rank 0) against the digest of the checkpoint it came from: proves a
+ * reshard placed every byte where it belongs. Reported on stderr and to
+ * the supervisor. */
+int ckptr_verify_loaded(struct ckptr *c, const struct ckpt_manifest *man, char *err)
+{
+    struct fsdp_engine *e = c->e;
+    struct digest_list want = {0};
+    int rc = 0, mismatches = 0, checked = 0;
+    if (c->comm->rank == 0) {
+        struct ckpt_reader r;
+        rc = ckpt_reader_init(&r, c->st, man, err);
+        if (!rc) {
+            rc = ckpt_digest(&r, keep, &want, err);
+            ckpt_reader_free(&r);
+        }
+    }
+    if (agree(c->comm, rc, err)) {
+        free(want.v);
+        return -1;
+    }
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    for (int u = 0; !rc && u < c->m->nunits; u++) {
+        struct fsdp_unit *U = &e->units[u];
+        float *full = e->shard == FSDP_SHARD_NONE ? NULL : U->full;
+        for (int k = 0; !rc && k < CKPT_NKINDS; k++) {
+            const float *src = kind_base(e, k) + U->shard_off;
+            if (full)
+                rc = c->comm->allgather(c->comm, src, full, U->shard_n, err);
+            const float *unit = full ? full : src;
+            const struct model_unit *mu = &c->m->units[u];
+            for (int t = 0; !rc && c->comm->rank == 0 && t < mu->ntensors; t++) {
+                const struct model_tensor *T = &c->m->tensors[mu->first_tensor + t];
+                unsigned char sha[32];
+                unsigned int dl = 32;
+                char hex[65], line[200];
+                EVP_DigestInit_ex(md, EVP_sha256(), NULL);
+                EVP_DigestUpdate(md, unit + T->offset, T->numel * sizeof(float));
+                EVP_DigestFinal_ex(md, sha, &dl);
+                ckpt_hex(sha, hex);
+                snprintf(line, sizeof line, "%s %s %s", T->name, ckpt_kind_name(k), hex);
+                int found = 0; /* the checkpoint's digest lists tensor-major order */
+                for (int i = 0; i < want.n && !found; i++)
+                    found = strcmp(line, want.v[i]) == 0;
+                mismatches += !found;
+                checked++;
+            }
+        }
+    }
+    EVP_MD_CTX_free(md);
+    free(want.v);
+    want.v = NULL;
+    fsdp_params_changed(e); /* the gather buffers held other kinds */
+    if (agree(c->comm, rc, err))
+        return -1;
+    double bad = mismatches;
+    if (c->comm->allreduce_sum_f64(c->comm, &bad, 1, err))
+        return -1;
+    if (c->comm->rank == 0) {
+        fprintf(stderr, "fsdp-train: loaded state of step %llu (written by %d ranks, loaded on "
+                "%d): %s\n", (unsigned long long)man->step, man->world, c->comm->world,
+                bad ? "DIGEST DIFFERS" : "digest equal to the checkpoint's");
+        hb_event("load_verified step=%llu from=%d to=%d digest=%s",
+                 (unsigned long long)man->step, man->world, c->comm->world,
+                 bad ? "different" : "equal");
+    }
+    if (bad || (c->comm->rank == 0 && checked != want.n))
+        return fsdp_err(err, "the loaded state's digest differs from checkpoint step %llu",
+                        (unsigned long long)man->step);
+    return 0;
 }
 
 /* ---- resume ------------------------------------------------------------------------ */
@@ -309,7 +409,7 @@ static int clean_for_start(struct ckptr *c, uint64_t upto, char *err)
 {
     struct ckpt_step_info *steps;
     int n;
-    if (ckpt_list_steps(c->st, &steps, &n, err))
+    if (ckpt_fence_check(c->st, c->generation, err) || ckpt_list_steps(c->st, &steps, &n, err))
         return -1;
     int rc = 0;
     for (int i = n - 1; !rc && i >= 0; i--)
@@ -352,6 +452,7 @@ static int load_step(struct ckptr *c, uint64_t step, struct ckpt_manifest *man,
     struct ckpt_reader r;
     if (ckpt_reader_init(&r, c->st, man, err))
         return -1;
+    r.on_chunk = hb_progress;
     int nw = c->m->nunits * CKPT_NKINDS;
     struct ckpt_want *w = calloc((size_t)nw, sizeof *w);
     if (!w)
@@ -396,6 +497,7 @@ int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *loaded, char *err)
     *trainer = NULL;
     *loaded = 0;
     struct fsdp_comm *comm = c->comm;
+    hb_set(0, HB_LOAD);
     /* rank 0 lists; everyone tries the same candidates in the same order */
     struct ckpt_step_info *steps = NULL;
     int n = 0, rc = 0;
@@ -456,9 +558,17 @@ int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *loaded, char *err)
         }
         if (agree(comm, rc, err) == 0) {
             report_reads(c, &man, bytes_read);
-            if (comm->rank == 0 && man.world != comm->world)
+            if (comm->rank == 0 && man.world != comm->world) {
                 fprintf(stderr, "fsdp-train: resharding step %llu from %d to %d ranks\n",
                         (unsigned long long)cand[i], man.world, comm->world);
+                hb_event("reshard step=%llu from=%d to=%d", (unsigned long long)cand[i],
+                         man.world, comm->world);
+            }
+            if (c->o.verify_load && ckptr_verify_loaded(c, &man, err)) {
+                ckpt_manifest_free(&man);
+                free(cand);
+                return -1;
+            }
             *trainer = json_incref(man.trainer);
             *loaded = cand[i];
             c->newest_committed = cand[i];

@@ -19,6 +19,7 @@ struct ckptr_opts {
     const char *uri;
     long long every, keep;
     int resume; /* 1: auto, 0: none */
+    int verify_load; /* after loading, compare the state's digest with the checkpoint's */
     struct ckpt_write_opts write;
 };
 
@@ -33,6 +34,7 @@ struct ckptr {
     int world;   /* ranks whose shards form a checkpoint (1 for NO_SHARD) */
     int saves;   /* checkpoints written by this process */
     uint64_t newest_committed; /* 0 if none */
+    uint64_t generation;       /* of this launch (fsdp-super), 0 unsupervised */
 };
 
 /* Result codes beyond 0 / -1. */
@@ -51,5 +53,8 @@ int ckptr_save(struct ckptr *c, uint64_t step, json_t *trainer, char *err);
  * when starting fresh. Steps newer than the one loaded, and incomplete
  * steps, are removed. */
 int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *step, char *err);
+
+/* The loaded state's digest against the checkpoint's (--verify-load). */
+int ckptr_verify_loaded(struct ckptr *c, const struct ckpt_manifest *man, char *err);
 
 #endif

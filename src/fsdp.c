@@ -365,6 +365,8 @@ int fsdp_forward(struct fsdp_engine *e, int B, int T, double *loss_sum, char *er
         k->matmul_forward(a->scratch, fch_gelu, p.t[BT_FCPROJ_W], p.t[BT_FCPROJ_B], BT, 4 * C, C);
         k->residual_forward(res3, res2, a->scratch, BT * C);
         unit_reshard(e, u);
+        if (e->on_progress)
+            e->on_progress();
     }
 
     const int lnf = model_unit_lnf(e->m);
@@ -459,6 +461,8 @@ int fsdp_backward(struct fsdp_engine *e, float dloss, char *err)
         if (unit_grad_end(e, u, err))
             return -1;
         unit_reshard(e, u);
+        if (e->on_progress)
+            e->on_progress();
     }
 
     k->encoder_backward(dwte, dwpe, a->dres, e->inputs, B, T, C);

@@ -88,6 +88,7 @@ struct fsdp_engine {
 
     struct fsdp_mem mem;
     double comm_seconds;
+    void (*on_progress)(void); /* after each unit's forward and backward (heartbeats) */
 };
 
 struct fsdp_adamw {

@@ -8,6 +8,7 @@
 #include "checkpoint.h"
 #include "data.h"
 #include "fsdp.h"
+#include "heartbeat.h"
 #include "train_opts.h"
 #include "util.h"
 
@@ -36,6 +37,7 @@ struct trainer {
     long long start_step; /* steps already done when this process started */
     uint64_t sample_rng;  /* state of the sampling generator */
     int agreed_error;     /* every rank knows: rank 0 reports, nobody aborts */
+    int preempted;        /* an emergency checkpoint was written; exit 0 */
 };
 
 static int pick_threads(const struct trainer *t)
@@ -344,10 +346,13 @@ static int train(struct trainer *t, char *err)
             loss += l;
         }
         double norm;
+        /* the preemption flag rides on the loss reduction: every rank learns
+         * at the same step that some rank was asked to stop */
+        double red[2] = {loss, hb_preempted() ? 1.0 : 0.0};
         if (fsdp_reduce_grads(&t->eng, err) || fsdp_grad_norm(&t->eng, &norm, err) ||
-            t->comm.allreduce_sum_f64(&t->comm, &loss, 1, err))
+            t->comm.allreduce_sum_f64(&t->comm, red, 2, err))
             return -1;
-        loss /= tokens;
+        loss = red[0] / tokens;
         float gscale = 1.0f;
         if (o->grad_clip > 0 && norm > o->grad_clip)
             gscale = (float)(o->grad_clip / (norm + 1e-6));
@@ -369,10 +374,24 @@ static int train(struct trainer *t, char *err)
             return -1;
         log_step(t, step, loss, lr, norm, dt, val, samples);
         json_decref(samples);
-        if (t->have_ckpt && ((o->ckpt.every && (step + 1) % o->ckpt.every == 0) || last) &&
-            save(t, step + 1, err))
+        hb_set((uint64_t)step + 1, HB_TRAIN);
+        int due = (o->ckpt.every && (step + 1) % o->ckpt.every == 0) || last;
+        if (red[1] > 0) { /* preemption: an emergency checkpoint, then stop */
+            if (t->comm.rank == 0)
+                fprintf(stderr, "fsdp-train: preemption notice: emergency checkpoint at step "
+                        "%lld\n", step + 1);
+            if (t->have_ckpt && save(t, step + 1, err))
+                return -1;
+            if (t->comm.rank == 0)
+                hb_event("emergency_checkpoint step=%lld", step + 1);
+            t->preempted = 1;
+            hb_set((uint64_t)step + 1, HB_PREEMPTED);
+            return 0;
+        }
+        if (t->have_ckpt && due && save(t, step + 1, err))
             return -1;
     }
+    hb_set((uint64_t)o->steps, HB_DONE);
     return 0;
 }
 
@@ -410,6 +429,7 @@ static int setup(struct trainer *t, char *err)
         return fsdp_err(err, "out of memory for the batch");
     if (fsdp_init(&t->eng, &t->model, fsdp_kernels_cpu(), &t->comm, o->shard, t->micro, err))
         return -1;
+    t->eng.on_progress = hb_progress;
     fsdp_init_params(&t->eng, o->seed);
     t->sample_rng = fsdp_mix64(o->seed ^ 0x5a3b1e);
     if (o->log_path && t->comm.rank == 0 && !(t->log = fopen(o->log_path, "a")))
@@ -438,11 +458,17 @@ static int setup_checkpoints(struct trainer *t, char *err)
         json_decref(state);
         if (rc)
             return rc;
-        if (t->comm.rank == 0)
+        if (t->comm.rank == 0) {
             fprintf(stderr, "fsdp-train: resumed from checkpoint step %llu in %s\n",
                     (unsigned long long)step, t->ck.st->uri);
+            hb_event("resumed step=%llu world=%d", (unsigned long long)step, t->comm.world);
+        }
+        hb_set(step, HB_TRAIN);
     } else {
         fsdp_init_params(&t->eng, t->o.seed); /* a failed attempt may have written */
+        if (t->comm.rank == 0)
+            hb_event("resumed step=0 world=%d", t->comm.world);
+        hb_set(0, HB_TRAIN);
     }
     t->agreed_error = 0;
     return 0;
@@ -487,6 +513,7 @@ int main(int argc, char **argv)
         fsdp_comm_local_init(&t.comm);
     }
     double t0 = fsdp_now();
+    hb_start(t.comm.rank);
     rc = setup(&t, err);
     /* Set-up errors (a bad file, a bad batch size) are usually the same on
      * every rank: agree on them and exit cleanly, rank 0 speaking for all. */
@@ -503,7 +530,7 @@ int main(int argc, char **argv)
         rc = setup_checkpoints(&t, err);
     if (!rc)
         rc = train(&t, err);
-    if (!rc && t.o.sample_len > 0)
+    if (!rc && t.o.sample_len > 0 && !t.preempted)
         rc = generate(&t, err);
     if (rc) {
         if (t.agreed_error) { /* every rank knows; rank 0 speaks for all */
@@ -514,13 +541,17 @@ int main(int argc, char **argv)
             if (t.comm.world > 1)
                 t.comm.abort(&t.comm, 1);
         }
+        hb_stop();
         teardown(&t);
         t.comm.finalize(&t.comm);
         return rc == CKPTR_REFUSED ? 2 : 1;
     }
-    if (t.comm.rank == 0)
+    if (t.comm.rank == 0 && t.preempted)
+        fprintf(stderr, "fsdp-train: preempted: stopped after an emergency checkpoint\n");
+    else if (t.comm.rank == 0)
         fprintf(stderr, "fsdp-train: done: %lld steps in %.1f s (%.1f s in collectives on rank 0)\n",
                 t.o.steps, fsdp_now() - t0, t.eng.comm_seconds);
+    hb_stop();
     teardown(&t);
     t.comm.finalize(&t.comm);
     return 0;

@@ -48,6 +48,8 @@ void train_opts_usage(void)
            "  --compress C           none | zstd[:LEVEL] | zstd+shuffle[:LEVEL]\n"
            "                         (default zstd+shuffle:1)\n"
            "  --ckpt-chunk-kib N     raw bytes per chunk (default 4096)\n"
+           "  --verify-load on       after loading, check the state's digest against the\n"
+           "                         checkpoint's (proves a reshard; reads it twice)\n"
            "\n"
            "output:\n"
            "  --log FILE             one JSON object per step\n"
@@ -116,7 +118,14 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
             o->val_data = v;
         else if (strcmp(f, "--log") == 0)
             o->log_path = v;
-        else if (strcmp(f, "--log-samples") == 0) {
+        else if (strcmp(f, "--verify-load") == 0) {
+            if (strcmp(v, "on") == 0)
+                o->ckpt.verify_load = 1;
+            else if (strcmp(v, "off") == 0)
+                o->ckpt.verify_load = 0;
+            else
+                rc = fsdp_err(err, "--verify-load '%s' is not on or off", v);
+        } else if (strcmp(f, "--log-samples") == 0) {
             if (strcmp(v, "on") == 0)
                 o->log_samples = 1;
             else if (strcmp(v, "off") == 0)
