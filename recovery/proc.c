@@ -1,0 +1,125 @@
+/*
+ * proc.c - the process table: finding every process of a job and ending
+ * all of them.
+ *
+ * mpirun is started in a session of its own; Open MPI gives each rank a
+ * process group of its own but they all stay in mpirun's session, so the
+ * session id names the whole job. The supervisor is a child subreaper
+ * (prctl), so ranks orphaned by a dying mpirun are re-parented to it and
+ * reaped here instead of lingering as zombies.
+ */
+#include "super.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* fields after the ")" of /proc/PID/stat: state ppid pgrp session ... */
+static int read_stat(pid_t pid, char *state, pid_t *sid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *rp = strrchr(buf, ')');
+    int ppid, pgrp, session;
+    char st;
+    if (!rp || sscanf(rp + 1, " %c %d %d %d", &st, &ppid, &pgrp, &session) != 4)
+        return -1;
+    *state = st;
+    *sid = session;
+    return 0;
+}
+
+char proc_state(pid_t pid)
+{
+    char st;
+    pid_t sid;
+    return read_stat(pid, &st, &sid) ? 0 : st;
+}
+
+int job_pids(pid_t sid, pid_t *out, int max)
+{
+    DIR *d = opendir("/proc");
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < max) {
+        char *end;
+        long pid = strtol(de->d_name, &end, 10);
+        if (*end || pid <= 0)
+            continue;
+        char st;
+        pid_t s;
+        if (read_stat((pid_t)pid, &st, &s) == 0 && s == sid && st != 'Z' && st != 'X')
+            out[n++] = (pid_t)pid;
+    }
+    closedir(d);
+    return n;
+}
+
+void reap_children(struct job *j)
+{
+    int st;
+    pid_t w;
+    while ((w = waitpid(-1, &st, WNOHANG)) > 0) {
+        if (j && w == j->mpirun && !j->exited) {
+            j->exited = 1;
+            j->status = st;
+        }
+    }
+}
+
+static void nap(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static void signal_all(pid_t sid, int sig)
+{
+    pid_t pids[1024];
+    int n = job_pids(sid, pids, 1024);
+    for (int i = 0; i < n; i++)
+        kill(pids[i], sig);
+}
+
+int job_teardown(struct job *j, double grace)
+{
+    pid_t sid = j->mpirun, pids[1024];
+    /* a stopped process would sit on SIGTERM until continued */
+    signal_all(sid, SIGCONT);
+    signal_all(sid, SIGTERM);
+    double until = super_now() + grace;
+    while (super_now() < until && job_pids(sid, pids, 1024) > 0) {
+        reap_children(j);
+        nap(0.05);
+    }
+    until = super_now() + 20;
+    int left;
+    while ((left = job_pids(sid, pids, 1024)) > 0 && super_now() < until) {
+        signal_all(sid, SIGKILL);
+        reap_children(j);
+        nap(0.05);
+    }
+    if (!j->exited) {
+        int st;
+        if (waitpid(j->mpirun, &st, 0) == j->mpirun) {
+            j->exited = 1;
+            j->status = st;
+        }
+    }
+    reap_children(j);
+    return left;
+}
