@@ -5,6 +5,7 @@
 #ifndef FSDP_SUPER_H
 #define FSDP_SUPER_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/types.h>
@@ -43,6 +44,20 @@ struct job {
     size_t line_len;
     int in_box, hidden;
 };
+
+struct host {
+    char name[128];
+    int slots;
+};
+
+/* ---- options.c ---- */
+int super_parse(struct super_opts *o, int argc, char **argv);
+/* `host slots` (or `host slots=N`) lines; returns the slot total. */
+int super_read_hosts(const char *path, struct host *h, int max, int *nh);
+
+/* ---- notice.c ---- */
+/* 1 with the notice's time when the URL announces terminate/stop/hibernate. */
+int super_poll_notice(const char *url, char *when, size_t n);
 
 /* ---- events ---- */
 void ev_open(const char *path);

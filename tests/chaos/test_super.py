@@ -134,6 +134,29 @@ def hung_rank_is_detected_and_no_process_survives(tmp):
     del launch
 
 
+def a_dead_mpirun_is_noticed_and_its_ranks_do_not_linger(tmp):
+    data, _ = prepare_corpus(tmp)
+    ev = f"{tmp}/ev.jsonl"
+    hosts = f"{tmp}/hosts"
+    open(hosts, "w").write("localhost 0\n")  # no capacity yet: the supervisor waits
+    p = start_super(["--np", "2", "--min-np", "2", "--hosts", hosts, "--heartbeat-timeout", "5"],
+                    trainer(data, f"{tmp}/ck", 300), ev)
+    wait_event(ev, lambda e: e["event"] == "waiting_for_capacity")
+    assert not [e for e in events_of(ev) if e["event"] == "launch"]
+    open(hosts, "w").write("localhost 2\n")
+    first = wait_event(ev, lambda e: e["event"] == "launch")
+    wait_event(ev, lambda e: e["event"] == "checkpoint_committed")
+    ranks = wait_ranks(first["pid"], 2)
+    os.kill(first["pid"], signal.SIGKILL)  # mpirun itself
+    failed = wait_event(ev, lambda e: e["event"] in ("exit", "rank_died"))
+    wait_event(ev, lambda e: e["event"] == "teardown")
+    assert session_pids(first["pid"]) == [], session_pids(first["pid"])
+    assert all(not os.path.exists(f"/proc/{r}") for r in ranks), "orphaned ranks linger"
+    out, err = finish(p)
+    assert p.returncode == 0, err[-2000:]
+    print(f"  mpirun killed: noticed as {failed['event']}; its {len(ranks)} ranks are gone")
+
+
 class Notice(http.server.BaseHTTPRequestHandler):
     body = None
 
@@ -220,6 +243,7 @@ def chaos_at_a_fixed_world_size_keeps_the_digest(tmp):
     spec = os.environ.get("CHAOS_SPEC",
                           "seed=5,kill=1,stop=1,preempt=1,storage=1,commit=1,interval=0.5-1.5")
     p = start_super(["--np", "2", "--heartbeat-timeout", "3", "--max-restarts", "1000",
+                     "--healthy-after", "1",
                      "--chaos", spec], trainer(data, f"{tmp}/ck", steps), ev)
     out, err = finish(p, limit=3000)
     assert p.returncode == 0, err[-3000:]
@@ -244,6 +268,7 @@ def chaos_with_host_changes_verifies_every_reshard(tmp):
     open(hosts, "w").write("localhost 3\n")
     ev, log = f"{tmp}/ev.jsonl", f"{tmp}/log.jsonl"
     p = start_super(["--np", "3", "--min-np", "1", "--hosts", hosts, "--heartbeat-timeout", "3",
+                     "--healthy-after", "1",
                      "--max-restarts", "1000", "--chaos",
                      os.environ.get("CHAOS_HOSTS_SPEC", "seed=2,hosts=3,kill=1,interval=1-2")],
                     trainer(data, f"{tmp}/ck", steps,
@@ -269,6 +294,7 @@ def chaos_with_host_changes_verifies_every_reshard(tmp):
 if __name__ == "__main__":
     main([older_generation_cannot_commit,
           hung_rank_is_detected_and_no_process_survives,
+          a_dead_mpirun_is_noticed_and_its_ranks_do_not_linger,
           preemption_notice_costs_at_most_the_step_in_progress,
           chaos_at_a_fixed_world_size_keeps_the_digest,
           chaos_with_host_changes_verifies_every_reshard])
