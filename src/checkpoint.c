@@ -30,6 +30,9 @@
 #include "util.h"
 
 #include <openssl/evp.h>
+#include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,7 +158,10 @@ static float *kind_base(struct fsdp_engine *e, int kind)
     return kind == CKPT_PARAM ? e->params : kind == CKPT_EXP_AVG ? e->exp_avg : e->exp_avg_sq;
 }
 
-static int write_own_shard(struct ckptr *c, uint64_t step, char **json_out, char *err)
+/* Writes this rank's shard from bases[kind] (the engine's state, or the
+ * async staging copy of it). */
+static int write_own_shard(struct ckptr *c, uint64_t step, float *const bases[CKPT_NKINDS],
+                           char **json_out, char *err)
 {
     const struct model_layout *m = c->m;
     struct fsdp_engine *e = c->e;
@@ -167,7 +173,7 @@ static int write_own_shard(struct ckptr *c, uint64_t step, char **json_out, char
         for (int k = 0; k < CKPT_NKINDS; k++)
             src[u * CKPT_NKINDS + k] = (struct ckpt_src){
                 u, k, e->units[u].shard_lo, e->units[u].shard_n,
-                kind_base(e, k) + e->units[u].shard_off};
+                bases[k] + e->units[u].shard_off};
     char dir[32], file[64], key[128];
     ckpt_step_dir(step, dir, sizeof dir);
     ckpt_shard_file(c->comm->rank, c->world, file, sizeof file);
@@ -279,14 +285,11 @@ static int retain(struct ckptr *c, char *err)
     return rc;
 }
 
-int ckptr_save(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
+/* Collective, after every rank wrote (or failed to write) its shard: the
+ * agreement, the chunk tables to rank 0, the commit, retention. Takes mine. */
+static int finish_save(struct ckptr *c, uint64_t step, json_t *trainer, char *mine, int rc,
+                       char *err)
 {
-    current_save = ++c->saves;
-    hb_set(step, HB_SAVE);
-    char *mine = NULL;
-    int rc = 0;
-    if (c->comm->rank < c->world)
-        rc = write_own_shard(c, step, &mine, err);
     if (agree(c->comm, rc, err)) {
         free(mine);
         return -1;
@@ -308,6 +311,179 @@ int ckptr_save(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
     free(all);
     return agree(c->comm, rc, err);
 }
+
+int ckptr_save(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
+{
+    current_save = ++c->saves;
+    hb_set(step, HB_SAVE);
+    char *mine = NULL;
+    int rc = 0;
+    float *const bases[CKPT_NKINDS] = {c->e->params, c->e->exp_avg, c->e->exp_avg_sq};
+    if (c->comm->rank < c->world)
+        rc = write_own_shard(c, step, bases, &mine, err);
+    return finish_save(c, step, trainer, mine, rc, err);
+}
+
+/* ---- asynchronous saves ---------------------------------------------------------------
+ *
+ * At the step boundary the rank copies its shard of every state kind into a
+ * staging buffer (allocated and touched once) and goes back to training; one
+ * background thread per rank, at nice 10 so the compute threads keep their
+ * cores, chunks, shuffles, compresses, hashes and writes it. Each step the
+ * trainer adds "my write is done" and "my write failed" to the loss
+ * all-reduce it makes anyway; the step in which every rank is done runs the
+ * commit (the chunk-table gather and rank 0's manifest), so no step waits on
+ * storage unless a checkpoint is due while the previous one is still
+ * being written. */
+
+enum { A_IDLE, A_WRITING, A_DONE, A_FAILED };
+
+struct ckptr_async {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int state, quit, job;
+    uint64_t step;
+    json_t *trainer;
+    float *staging[CKPT_NKINDS];
+    char *json;
+    char err[ERR_LEN];
+};
+
+static void *async_main(void *arg)
+{
+    struct ckptr *c = arg;
+    struct ckptr_async *a = c->async;
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        while (!a->job && !a->quit)
+            pthread_cond_wait(&a->cv, &a->mu);
+        if (a->quit)
+            break;
+        uint64_t step = a->step;
+        pthread_mutex_unlock(&a->mu);
+        char *json = NULL, err[ERR_LEN] = "";
+        int rc = write_own_shard(c, step, a->staging, &json, err);
+        pthread_mutex_lock(&a->mu);
+        a->json = json;
+        snprintf(a->err, sizeof a->err, "%s", err);
+        a->state = rc ? A_FAILED : A_DONE;
+        a->job = 0;
+        pthread_cond_broadcast(&a->cv);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+int ckptr_async_start(struct ckptr *c, char *err)
+{
+    struct ckptr_async *a = calloc(1, sizeof *a);
+    int rc = a ? 0 : -1;
+    for (int k = 0; !rc && k < CKPT_NKINDS; k++)
+        if (!(a->staging[k] = c->e->k->alloc(c->e->shard_total * sizeof(float))))
+            rc = -1;
+    if (!rc) {
+        pthread_mutex_init(&a->mu, NULL);
+        pthread_cond_init(&a->cv, NULL);
+        c->async = a;
+        if (pthread_create(&a->thread, NULL, async_main, c)) {
+            c->async = NULL;
+            rc = -1;
+        }
+    }
+    if (rc && a) {
+        for (int k = 0; k < CKPT_NKINDS; k++)
+            if (a->staging[k])
+                c->e->k->free(a->staging[k]);
+        free(a);
+    }
+    return agree(c->comm, rc ? fsdp_err(err, "checkpoint: cannot set up async saves") : 0, err);
+}
+
+void ckptr_async_stop(struct ckptr *c)
+{
+    struct ckptr_async *a = c->async;
+    if (!a)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->quit = 1;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    pthread_join(a->thread, NULL);
+    for (int k = 0; k < CKPT_NKINDS; k++)
+        c->e->k->free(a->staging[k]);
+    free(a->json);
+    json_decref(a->trainer);
+    free(a);
+    c->async = NULL;
+}
+
+int ckptr_async_state(struct ckptr *c, int *in_flight, int *failed)
+{
+    struct ckptr_async *a = c->async;
+    *in_flight = *failed = 0;
+    if (!a)
+        return 0;
+    pthread_mutex_lock(&a->mu);
+    int st = a->state;
+    pthread_mutex_unlock(&a->mu);
+    *in_flight = st != A_IDLE;
+    *failed = st == A_FAILED;
+    return st == A_DONE || st == A_FAILED;
+}
+
+int ckptr_save_async(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
+{
+    struct ckptr_async *a = c->async;
+    current_save = ++c->saves;
+    struct fsdp_engine *e = c->e;
+    const float *src[CKPT_NKINDS] = {e->params, e->exp_avg, e->exp_avg_sq};
+    /* the stall: one copy of this rank's state */
+    for (int k = 0; k < CKPT_NKINDS; k++)
+        e->k->copy(a->staging[k], src[k], e->shard_total);
+    pthread_mutex_lock(&a->mu);
+    a->step = step;
+    json_decref(a->trainer);
+    a->trainer = json_incref(trainer);
+    free(a->json);
+    a->json = NULL;
+    if (c->comm->rank < c->world) {
+        a->state = A_WRITING;
+        a->job = 1;
+        pthread_cond_broadcast(&a->cv);
+    } else {
+        a->state = A_DONE; /* NO_SHARD: rank 0's copy is the checkpoint */
+    }
+    pthread_mutex_unlock(&a->mu);
+    (void)err;
+    return 0;
+}
+
+int ckptr_async_finish(struct ckptr *c, char *err)
+{
+    struct ckptr_async *a = c->async;
+    pthread_mutex_lock(&a->mu);
+    while (a->state == A_WRITING)
+        pthread_cond_wait(&a->cv, &a->mu);
+    int rc = a->state == A_FAILED;
+    if (rc)
+        fsdp_err(err, "%s", a->err);
+    char *mine = a->json;
+    a->json = NULL;
+    json_t *trainer = a->trainer;
+    a->trainer = NULL;
+    uint64_t step = a->step;
+    pthread_mutex_unlock(&a->mu);
+    rc = finish_save(c, step, trainer, mine, rc ? -1 : 0, err);
+    json_decref(trainer);
+    pthread_mutex_lock(&a->mu);
+    a->state = A_IDLE;
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
+uint64_t ckptr_async_step(struct ckptr *c) { return c->async ? c->async->step : 0; }
 
 /* ---- verifying a load --------------------------------------------------------------- */
 
@@ -472,7 +648,8 @@ static int load_step(struct ckptr *c, uint64_t step, struct ckpt_manifest *man,
 }
 
 /* Rank 0 prints how much each rank read: about its share, not everything. */
-static void report_reads(struct ckptr *c, const struct ckpt_manifest *man, uint64_t mine)
+static void report_reads(struct ckptr *c, const struct ckpt_manifest *man, uint64_t mine,
+                         double seconds)
 {
     char line[64], err[ERR_LEN], *all = NULL;
     size_t lens[c->comm->world];
@@ -486,8 +663,8 @@ static void report_reads(struct ckptr *c, const struct ckpt_manifest *man, uint6
         for (int r = 0; r < c->comm->world; r++)
             total += lens[r];
         fprintf(stderr, "fsdp-train: loading step %llu read%.*s bytes on ranks 0..%d, of %llu "
-                "stored\n", (unsigned long long)man->step, (int)total, all, c->comm->world - 1,
-                (unsigned long long)stored);
+                "stored, in %.3f s\n", (unsigned long long)man->step, (int)total, all,
+                c->comm->world - 1, (unsigned long long)stored, seconds);
     }
     free(all);
 }
@@ -540,7 +717,9 @@ int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *loaded, char *err)
     for (int i = ncand - 1; i >= 0; i--) {
         struct ckpt_manifest man = {0};
         uint64_t bytes_read = 0;
+        double t0 = fsdp_now();
         rc = load_step(c, cand[i], &man, &bytes_read, err);
+        double load_s = fsdp_now() - t0;
         int refused = rc == CKPTR_REFUSED;
         double votes[2] = {rc != 0, refused};
         char sub[ERR_LEN];
@@ -557,7 +736,7 @@ int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *loaded, char *err)
             return CKPTR_REFUSED;
         }
         if (agree(comm, rc, err) == 0) {
-            report_reads(c, &man, bytes_read);
+            report_reads(c, &man, bytes_read, load_s);
             if (comm->rank == 0 && man.world != comm->world) {
                 fprintf(stderr, "fsdp-train: resharding step %llu from %d to %d ranks\n",
                         (unsigned long long)cand[i], man.world, comm->world);

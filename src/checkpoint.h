@@ -20,6 +20,7 @@ struct ckptr_opts {
     long long every, keep;
     int resume; /* 1: auto, 0: none */
     int verify_load; /* after loading, compare the state's digest with the checkpoint's */
+    int async;       /* --ckpt-async */
     struct ckpt_write_opts write;
 };
 
@@ -35,6 +36,7 @@ struct ckptr {
     int saves;   /* checkpoints written by this process */
     uint64_t newest_committed; /* 0 if none */
     uint64_t generation;       /* of this launch (fsdp-super), 0 unsupervised */
+    struct ckptr_async *async; /* --ckpt-async */
 };
 
 /* Result codes beyond 0 / -1. */
@@ -53,6 +55,18 @@ int ckptr_save(struct ckptr *c, uint64_t step, json_t *trainer, char *err);
  * when starting fresh. Steps newer than the one loaded, and incomplete
  * steps, are removed. */
 int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *step, char *err);
+
+/* Asynchronous saves (--ckpt-async). start/finish are collective;
+ * save_async (local: copies the state into staging, hands it to the
+ * background writer) is called by every rank at the same step; state tells
+ * this rank's side (1 when its write ended, with *failed if it failed), to
+ * be summed over ranks on a collective the step makes anyway. */
+int ckptr_async_start(struct ckptr *c, char *err);
+void ckptr_async_stop(struct ckptr *c);
+int ckptr_save_async(struct ckptr *c, uint64_t step, json_t *trainer, char *err);
+int ckptr_async_state(struct ckptr *c, int *in_flight, int *failed);
+int ckptr_async_finish(struct ckptr *c, char *err);
+uint64_t ckptr_async_step(struct ckptr *c);
 
 /* The loaded state's digest against the checkpoint's (--verify-load). */
 int ckptr_verify_loaded(struct ckptr *c, const struct ckpt_manifest *man, char *err);

@@ -38,6 +38,9 @@ struct trainer {
     uint64_t sample_rng;  /* state of the sampling generator */
     int agreed_error;     /* every rank knows: rank 0 reports, nobody aborts */
     int preempted;        /* an emergency checkpoint was written; exit 0 */
+    int async_pending;    /* an async checkpoint is being written (same on every rank) */
+    double async_t0;
+    double train_t0;      /* when the training loop began (the log's elapsed_s) */
 };
 
 static int pick_threads(const struct trainer *t)
@@ -252,9 +255,10 @@ static void log_step(struct trainer *t, long long step, double loss, double lr, 
         fputc('\n', stderr);
     }
     if (t->log) {
-        json_t *j = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:I}", "step", (json_int_t)step + 1,
-                              "loss", loss, "lr", lr, "grad_norm", norm, "tokens_per_s", tps,
-                              "ms", dt * 1e3, "samples_seen", (json_int_t)t->cursor);
+        json_t *j = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:f}", "step",
+                              (json_int_t)step + 1, "loss", loss, "lr", lr, "grad_norm", norm,
+                              "tokens_per_s", tps, "ms", dt * 1e3, "samples_seen",
+                              (json_int_t)t->cursor, "elapsed_s", fsdp_now() - t->train_t0);
         if (j && !isnan(val))
             json_object_set_new(j, "val_loss", json_real(val));
         if (j && samples)
@@ -329,11 +333,60 @@ static int save(struct trainer *t, long long step, char *err)
     return 0;
 }
 
+/* Collective: waits for this rank's background write, then commits. */
+static int finish_async(struct trainer *t, const char *why, char *err)
+{
+    double t0 = fsdp_now();
+    uint64_t step = ckptr_async_step(&t->ck);
+    int rc = ckptr_async_finish(&t->ck, err);
+    t->async_pending = 0;
+    if (rc) {
+        t->agreed_error = 1;
+        char msg[ERR_LEN];
+        snprintf(msg, sizeof msg, "%s", err);
+        if (!t->ck.newest_committed)
+            return fsdp_err(err, "background checkpoint of step %llu failed: %s (no checkpoint "
+                            "is committed yet)", (unsigned long long)step, msg);
+        return fsdp_err(err, "background checkpoint of step %llu failed: %s (the newest "
+                        "committed checkpoint is step %llu)", (unsigned long long)step, msg,
+                        (unsigned long long)t->ck.newest_committed);
+    }
+    if (t->comm.rank == 0) {
+        if (why)
+            fprintf(stderr, "fsdp-train: %s: waited %.2f s for checkpoint step %llu\n", why,
+                    fsdp_now() - t0, (unsigned long long)step);
+        fprintf(stderr, "fsdp-train: checkpoint step %llu committed (async, %.2f s after its "
+                "snapshot)\n", (unsigned long long)step, fsdp_now() - t->async_t0);
+    }
+    return 0;
+}
+
+static int save_async(struct trainer *t, long long step, char *err)
+{
+    if (t->async_pending && finish_async(t, "a checkpoint is due", err))
+        return -1;
+    json_t *state = trainer_state(t, step);
+    if (!state)
+        return fsdp_err(err, "checkpoint: out of memory");
+    double t0 = fsdp_now();
+    int rc = ckptr_save_async(&t->ck, (uint64_t)step, state, err);
+    json_decref(state);
+    if (rc)
+        return -1;
+    t->async_pending = 1;
+    t->async_t0 = fsdp_now();
+    if (t->comm.rank == 0)
+        fprintf(stderr, "fsdp-train: checkpoint step %lld: snapshot in %.1f ms, writing in the "
+                "background\n", step, (t->async_t0 - t0) * 1e3);
+    return 0;
+}
+
 static int train(struct trainer *t, char *err)
 {
     const int T = t->model.cfg.seq;
     const double tokens = (double)t->o.global_batch * T;
     const struct train_opts *o = &t->o;
+    t->train_t0 = fsdp_now();
     for (long long step = t->start_step; step < o->steps; step++) {
         double t0 = fsdp_now(), loss = 0;
         fsdp_zero_grad(&t->eng);
@@ -348,9 +401,14 @@ static int train(struct trainer *t, char *err)
         double norm;
         /* the preemption flag rides on the loss reduction: every rank learns
          * at the same step that some rank was asked to stop */
-        double red[2] = {loss, hb_preempted() ? 1.0 : 0.0};
+        int in_flight = 0, failed = 0, ended = 0;
+        if (t->async_pending)
+            ended = ckptr_async_state(&t->ck, &in_flight, &failed);
+        /* so does "my background write has ended": the step in which every
+         * rank's has ended commits it, no extra barrier anywhere else */
+        double red[4] = {loss, hb_preempted() ? 1.0 : 0.0, ended, failed};
         if (fsdp_reduce_grads(&t->eng, err) || fsdp_grad_norm(&t->eng, &norm, err) ||
-            t->comm.allreduce_sum_f64(&t->comm, red, 2, err))
+            t->comm.allreduce_sum_f64(&t->comm, red, 4, err))
             return -1;
         loss = red[0] / tokens;
         float gscale = 1.0f;
@@ -376,10 +434,14 @@ static int train(struct trainer *t, char *err)
         json_decref(samples);
         hb_set((uint64_t)step + 1, HB_TRAIN);
         int due = (o->ckpt.every && (step + 1) % o->ckpt.every == 0) || last;
+        if (t->async_pending && red[2] == t->comm.world && finish_async(t, NULL, err))
+            return -1;
         if (red[1] > 0) { /* preemption: an emergency checkpoint, then stop */
             if (t->comm.rank == 0)
                 fprintf(stderr, "fsdp-train: preemption notice: emergency checkpoint at step "
                         "%lld\n", step + 1);
+            if (t->async_pending && finish_async(t, "preemption", err))
+                return -1;
             if (t->have_ckpt && save(t, step + 1, err))
                 return -1;
             if (t->comm.rank == 0)
@@ -388,9 +450,13 @@ static int train(struct trainer *t, char *err)
             hb_set((uint64_t)step + 1, HB_PREEMPTED);
             return 0;
         }
-        if (t->have_ckpt && due && save(t, step + 1, err))
+        if (t->have_ckpt && due && (o->ckpt.async ? save_async(t, step + 1, err)
+                                                  : save(t, step + 1, err)))
             return -1;
     }
+    /* the final checkpoint is waited for */
+    if (t->async_pending && finish_async(t, NULL, err))
+        return -1;
     hb_set((uint64_t)o->steps, HB_DONE);
     return 0;
 }
@@ -448,6 +514,8 @@ static int setup_checkpoints(struct trainer *t, char *err)
     if (ckptr_open(&t->ck, &t->o.ckpt, &t->eng, &t->comm, &t->model, err))
         return -1;
     t->have_ckpt = 1;
+    if (t->o.ckpt.async && ckptr_async_start(&t->ck, err))
+        return -1;
     json_t *state;
     uint64_t step;
     int rc = ckptr_resume(&t->ck, &state, &step, err);
@@ -476,8 +544,10 @@ static int setup_checkpoints(struct trainer *t, char *err)
 
 static void teardown(struct trainer *t)
 {
-    if (t->have_ckpt)
+    if (t->have_ckpt) {
+        ckptr_async_stop(&t->ck);
         ckptr_close(&t->ck);
+    }
     if (t->log)
         fclose(t->log);
     fsdp_free(&t->eng);

@@ -48,6 +48,7 @@ void train_opts_usage(void)
            "  --compress C           none | zstd[:LEVEL] | zstd+shuffle[:LEVEL]\n"
            "                         (default zstd+shuffle:1)\n"
            "  --ckpt-chunk-kib N     raw bytes per chunk (default 4096)\n"
+           "  --ckpt-async           write checkpoints in the background (training goes on)\n"
            "  --verify-load on       after loading, check the state's digest against the\n"
            "                         checkpoint's (proves a reshard; reads it twice)\n"
            "\n"
@@ -108,6 +109,10 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
             return 1;
         if (strncmp(f, "--", 2) != 0)
             return fsdp_err(err, "unexpected argument '%s'", f);
+        if (strcmp(f, "--ckpt-async") == 0) { /* the one flag without a value */
+            o->ckpt.async = 1;
+            continue;
+        }
         if (i + 1 >= argc)
             return fsdp_err(err, "%s needs a value", f);
         const char *v = argv[++i];
@@ -228,8 +233,8 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
              layers || dim || heads || seq || vocab ? "custom" : o->model_name);
     o->seed = (uint64_t)seed;
     o->ckpt.write.chunk_bytes = (size_t)chunk_kib * 1024;
-    if (o->ckpt.every && !o->ckpt.uri)
-        return fsdp_err(err, "--ckpt-every needs --ckpt URI");
+    if ((o->ckpt.every || o->ckpt.async) && !o->ckpt.uri)
+        return fsdp_err(err, "%s needs --ckpt URI", o->ckpt.async ? "--ckpt-async" : "--ckpt-every");
     if (o->warmup < 0)
         o->warmup = o->steps / 20;
     return model_config_check(&o->cfg, err);

@@ -135,6 +135,25 @@ def storage_errors_fail_the_save_and_keep_committed(tmp):
         assert committed_steps(ck) == [3, 6, 9]
 
 
+def async_checkpoints_equal_sync_ones_and_surface_errors(tmp):
+    train, _ = prepare_corpus(tmp)
+    sync, asyn = f"{tmp}/sync", f"{tmp}/async"
+    mpirun(2, train_args(train, sync, steps=12))
+    p = mpirun(2, train_args(train, asyn, steps=12, extra=["--ckpt-async"]))
+    assert "snapshot in" in p.stderr and "committed (async" in p.stderr, p.stderr
+    assert committed_steps(asyn) == committed_steps(sync) == [6, 9, 12]
+    for step in committed_steps(sync):
+        assert digest(f"{asyn}@{step}") == digest(f"{sync}@{step}"), f"step {step} differs"
+    # an error in the background surfaces as one line; the committed step stays
+    ck = f"{tmp}/faulty"  # each rank's second shard cannot even be created
+    p = mpirun(2, train_args(train, f"fault:put=EIO@2;{ck}", steps=9,
+                             extra=["--ckpt-async"]), check=False)
+    line = [l for l in p.stderr.splitlines() if "background checkpoint of step 6 failed" in l]
+    assert p.returncode != 0 and line and "Input/output error" in line[0], p.stderr
+    assert "newest committed checkpoint is step 3" in line[0], line
+    assert committed_steps(ck) == [3] and run([CKPT, "verify", ck]).returncode == 0
+
+
 def real_enospc_on_a_full_filesystem(tmp):
     mnt = f"{tmp}/small"
     os.makedirs(mnt)
@@ -168,4 +187,5 @@ if __name__ == "__main__":
           resume_none_refuses_a_store_with_checkpoints,
           retention_keeps_newest_k,
           storage_errors_fail_the_save_and_keep_committed,
+          async_checkpoints_equal_sync_ones_and_surface_errors,
           real_enospc_on_a_full_filesystem])

@@ -1,4 +1,5 @@
-"""Resume is bit-exact: a run killed with SIGKILL (every process of the job)
+"""Resume is bit-exact (with synchronous and with --ckpt-async checkpoints):
+a run killed with SIGKILL (every process of the job)
 at a dozen moments - mid-shard, after the shards are durable but before the
 manifest, right after the manifest, and at random times - and resumed with
 --resume auto each time ends with the same digest as an uninterrupted run
@@ -21,11 +22,11 @@ def assert_committed_verify(ck):
         assert p.returncode == 0, f"step {step} is listed committed but fails verify:\n{p.stdout}"
 
 
-def kill_and_resume(tmp, np, seed):
+def kill_and_resume(tmp, np, seed, extra=()):
     train, _ = prepare_corpus(tmp)
     ref = f"{tmp}/ref-{np}"
     t0 = time.monotonic()
-    mpirun(np, train_args(train, ref))
+    mpirun(np, train_args(train, ref))  # the reference is always synchronous
     wall = time.monotonic() - t0
     want = digest(ref)
 
@@ -45,7 +46,7 @@ def kill_and_resume(tmp, np, seed):
     kills = 0
     for kind, arg in plan + [("none", 0)]:
         env = {"FSDP_TEST_STOP_AT": f"{kind}:{arg}"} if kind not in ("time", "none") else {}
-        p = launch(np, train_args(train, ck), env)
+        p = launch(np, train_args(train, ck, extra=extra), env)
         if kind == "time":
             try:
                 p.wait(timeout=arg)
@@ -69,7 +70,7 @@ def kill_and_resume(tmp, np, seed):
             if kind == "none":
                 break
     # finish whatever is left
-    p = launch(np, train_args(train, ck))
+    p = launch(np, train_args(train, ck, extra=extra))
     err = p.communicate()[1]
     assert p.returncode == 0, err[-2000:]
     print(f"  {np} rank(s): {kills} SIGKILLs, final digest "
@@ -91,5 +92,12 @@ def resume_after_kill_is_bit_exact_two_ranks(tmp):
 
 
 
+@slow
+def resume_after_kill_is_bit_exact_with_async_checkpoints(tmp):
+    """Kills also land while the background thread writes a shard."""
+    kill_and_resume(tmp, 2, seed=13, extra=["--ckpt-async"])
+
+
 if __name__ == "__main__":
-    main([resume_after_kill_is_bit_exact_one_rank, resume_after_kill_is_bit_exact_two_ranks])
+    main([resume_after_kill_is_bit_exact_one_rank, resume_after_kill_is_bit_exact_two_ranks,
+          resume_after_kill_is_bit_exact_with_async_checkpoints])
