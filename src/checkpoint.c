@@ -264,7 +264,7 @@ static int commit(struct ckptr *c, uint64_t step, json_t *trainer, const char *a
 
 /* Rank 0, after a commit: keep the newest K committed steps, drop
  * incomplete steps below the newest committed one. */
-static int retain(struct ckptr *c, char *err)
+static int retain(struct ckptr *c, uint64_t *newest_committed, char *err)
 {
     struct ckpt_step_info *steps;
     int n;
@@ -280,10 +280,13 @@ static int retain(struct ckptr *c, char *err)
         if (drop)
             rc = ckpt_delete_step(c->st, steps[i].step, err);
     }
-    c->newest_committed = newest;
+    *newest_committed = newest;
     free(steps);
     return rc;
 }
+
+static void async_retain(struct ckptr *c);
+static void async_quiesce(struct ckptr *c);
 
 /* Collective, after every rank wrote (or failed to write) its shard: the
  * agreement, the chunk tables to rank 0, the commit, retention. Takes mine. */
@@ -305,7 +308,10 @@ static int finish_save(struct ckptr *c, uint64_t step, json_t *trainer, char *mi
             c->newest_committed = step;
             hb_event("checkpoint_committed step=%llu", (unsigned long long)step);
             stop_here("after-commit");
-            rc = retain(c, err);
+            if (c->async)
+                async_retain(c); /* rank 0's writer thread deletes old steps */
+            else
+                rc = retain(c, &c->newest_committed, err);
         }
     }
     free(all);
@@ -314,6 +320,8 @@ static int finish_save(struct ckptr *c, uint64_t step, json_t *trainer, char *mi
 
 int ckptr_save(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
 {
+    if (c->async) /* an emergency save: rank 0's writer may still apply retention */
+        async_quiesce(c);
     current_save = ++c->saves;
     hb_set(step, HB_SAVE);
     char *mine = NULL;
@@ -326,29 +334,45 @@ int ckptr_save(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
 
 /* ---- asynchronous saves ---------------------------------------------------------------
  *
- * At the step boundary the rank copies its shard of every state kind into a
- * staging buffer (allocated and touched once) and goes back to training; one
- * background thread per rank, at nice 10 so the compute threads keep their
- * cores, chunks, shuffles, compresses, hashes and writes it. Each step the
- * trainer adds "my write is done" and "my write failed" to the loss
- * all-reduce it makes anyway; the step in which every rank is done runs the
- * commit (the chunk-table gather and rank 0's manifest), so no step waits on
- * storage unless a checkpoint is due while the previous one is still
- * being written. */
+ * One background thread per rank, at nice 10 so the compute threads keep
+ * their cores (when it competes with one, the fair scheduler gives it about
+ * a tenth of that core). At a due step boundary the trainer only hands it
+ * the step: the thread first copies this rank's shard of every state kind
+ * into staging buffers (allocated and touched once), which overlaps with the
+ * next step's forward and backward, since those only read the shard; the
+ * trainer waits for the copy (ckptr_async_snapshot_wait) only before the
+ * optimizer step, the first thing that writes the shard. Then the thread
+ * chunks, shuffles, compresses, hashes and writes the staged copy. Each
+ * step the trainer adds "my write is done" and "my write failed" to the
+ * loss all-reduce it makes anyway; the step in which every rank is done
+ * runs the commit (the chunk-table gather and rank 0's manifest), so no step
+ * waits on storage unless a checkpoint is due while the previous one is
+ * still being written. After a commit, rank 0's thread applies retention. */
 
-enum { A_IDLE, A_WRITING, A_DONE, A_FAILED };
+enum { A_IDLE, A_COPYING, A_WRITING, A_DONE, A_FAILED };
 
 struct ckptr_async {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int state, quit, job;
+    int retain, retain_failed; /* rank 0: retention to apply; it failed */
     uint64_t step;
     json_t *trainer;
     float *staging[CKPT_NKINDS];
     char *json;
-    char err[ERR_LEN];
+    char err[ERR_LEN], retain_err[ERR_LEN];
 };
+
+static void async_snapshot(struct ckptr *c, struct ckptr_async *a)
+{
+    /* On the CPU the staging copy is a memcpy; a device backend would make
+     * it a device-to-host copy on a stream of its own. */
+    struct fsdp_engine *e = c->e;
+    const float *src[CKPT_NKINDS] = {e->params, e->exp_avg, e->exp_avg_sq};
+    for (int k = 0; k < CKPT_NKINDS; k++)
+        e->k->copy(a->staging[k], src[k], e->shard_total);
+}
 
 static void *async_main(void *arg)
 {
@@ -357,11 +381,30 @@ static void *async_main(void *arg)
     setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
     pthread_mutex_lock(&a->mu);
     for (;;) {
-        while (!a->job && !a->quit)
+        while (!a->job && !a->retain && !a->quit)
             pthread_cond_wait(&a->cv, &a->mu);
+        if (a->retain) {
+            pthread_mutex_unlock(&a->mu);
+            uint64_t newest;
+            char err[ERR_LEN] = "";
+            int rc = retain(c, &newest, err);
+            pthread_mutex_lock(&a->mu);
+            if (rc && !a->retain_failed) {
+                a->retain_failed = 1;
+                snprintf(a->retain_err, sizeof a->retain_err, "%s", err);
+            }
+            a->retain = 0;
+            pthread_cond_broadcast(&a->cv);
+            continue;
+        }
         if (a->quit)
             break;
         uint64_t step = a->step;
+        pthread_mutex_unlock(&a->mu);
+        async_snapshot(c, a);
+        pthread_mutex_lock(&a->mu);
+        a->state = A_WRITING;
+        pthread_cond_broadcast(&a->cv);
         pthread_mutex_unlock(&a->mu);
         char *json = NULL, err[ERR_LEN] = "";
         int rc = write_own_shard(c, step, a->staging, &json, err);
@@ -374,6 +417,24 @@ static void *async_main(void *arg)
     }
     pthread_mutex_unlock(&a->mu);
     return NULL;
+}
+
+static void async_retain(struct ckptr *c)
+{
+    struct ckptr_async *a = c->async;
+    pthread_mutex_lock(&a->mu);
+    a->retain = 1;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+static void async_quiesce(struct ckptr *c)
+{
+    struct ckptr_async *a = c->async;
+    pthread_mutex_lock(&a->mu);
+    while (a->retain)
+        pthread_cond_wait(&a->cv, &a->mu);
+    pthread_mutex_unlock(&a->mu);
 }
 
 int ckptr_async_start(struct ckptr *c, char *err)
@@ -407,7 +468,7 @@ void ckptr_async_stop(struct ckptr *c)
     if (!a)
         return;
     pthread_mutex_lock(&a->mu);
-    a->quit = 1;
+    a->quit = 1; /* after any retention it was given */
     pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->mu);
     pthread_join(a->thread, NULL);
@@ -437,11 +498,6 @@ int ckptr_save_async(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
 {
     struct ckptr_async *a = c->async;
     current_save = ++c->saves;
-    struct fsdp_engine *e = c->e;
-    const float *src[CKPT_NKINDS] = {e->params, e->exp_avg, e->exp_avg_sq};
-    /* the stall: one copy of this rank's state */
-    for (int k = 0; k < CKPT_NKINDS; k++)
-        e->k->copy(a->staging[k], src[k], e->shard_total);
     pthread_mutex_lock(&a->mu);
     a->step = step;
     json_decref(a->trainer);
@@ -449,7 +505,7 @@ int ckptr_save_async(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
     free(a->json);
     a->json = NULL;
     if (c->comm->rank < c->world) {
-        a->state = A_WRITING;
+        a->state = A_COPYING;
         a->job = 1;
         pthread_cond_broadcast(&a->cv);
     } else {
@@ -460,15 +516,30 @@ int ckptr_save_async(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
     return 0;
 }
 
+int ckptr_async_snapshot_wait(struct ckptr *c)
+{
+    struct ckptr_async *a = c->async;
+    if (!a)
+        return 0;
+    pthread_mutex_lock(&a->mu);
+    int waited = a->state == A_COPYING;
+    while (a->state == A_COPYING)
+        pthread_cond_wait(&a->cv, &a->mu);
+    pthread_mutex_unlock(&a->mu);
+    return waited;
+}
+
 int ckptr_async_finish(struct ckptr *c, char *err)
 {
     struct ckptr_async *a = c->async;
     pthread_mutex_lock(&a->mu);
-    while (a->state == A_WRITING)
+    while (a->state == A_COPYING || a->state == A_WRITING)
         pthread_cond_wait(&a->cv, &a->mu);
     int rc = a->state == A_FAILED;
     if (rc)
         fsdp_err(err, "%s", a->err);
+    else if (a->retain_failed) /* of the previous commit; surfaces now */
+        rc = fsdp_err(err, "%s", a->retain_err);
     char *mine = a->json;
     a->json = NULL;
     json_t *trainer = a->trainer;
@@ -592,7 +663,7 @@ static int clean_for_start(struct ckptr *c, uint64_t upto, char *err)
         if (steps[i].step > upto || !steps[i].committed)
             rc = ckpt_delete_step(c->st, steps[i].step, err);
     free(steps);
-    return rc ? rc : retain(c, err);
+    return rc ? rc : retain(c, &c->newest_committed, err);
 }
 
 static int check_model(struct ckptr *c, const struct ckpt_manifest *man, char *err)

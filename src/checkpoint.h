@@ -66,6 +66,10 @@ void ckptr_async_stop(struct ckptr *c);
 int ckptr_save_async(struct ckptr *c, uint64_t step, json_t *trainer, char *err);
 int ckptr_async_state(struct ckptr *c, int *in_flight, int *failed);
 int ckptr_async_finish(struct ckptr *c, char *err);
+/* Blocks while the background thread is still copying the state into
+ * staging; the trainer calls it before the optimizer step writes the
+ * state. Returns 1 if it had to wait. */
+int ckptr_async_snapshot_wait(struct ckptr *c);
 uint64_t ckptr_async_step(struct ckptr *c);
 
 /* The loaded state's digest against the checkpoint's (--verify-load). */

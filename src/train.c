@@ -41,6 +41,7 @@ struct trainer {
     int async_pending;    /* an async checkpoint is being written (same on every rank) */
     double async_t0;
     double train_t0;      /* when the training loop began (the log's elapsed_s) */
+    double ckpt_s;        /* time the loop spent in checkpoint work (the log's ckpt_s) */
 };
 
 static int pick_threads(const struct trainer *t)
@@ -255,10 +256,11 @@ static void log_step(struct trainer *t, long long step, double loss, double lr, 
         fputc('\n', stderr);
     }
     if (t->log) {
-        json_t *j = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:f}", "step",
+        json_t *j = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:f, s:f}", "step",
                               (json_int_t)step + 1, "loss", loss, "lr", lr, "grad_norm", norm,
                               "tokens_per_s", tps, "ms", dt * 1e3, "samples_seen",
-                              (json_int_t)t->cursor, "elapsed_s", fsdp_now() - t->train_t0);
+                              (json_int_t)t->cursor, "elapsed_s", fsdp_now() - t->train_t0,
+                              "ckpt_s", t->ckpt_s);
         if (j && !isnan(val))
             json_object_set_new(j, "val_loss", json_real(val));
         if (j && samples)
@@ -327,6 +329,7 @@ static int save(struct trainer *t, long long step, char *err)
                             (unsigned long long)t->ck.newest_committed);
         return fsdp_err(err, "checkpoint of step %lld failed: %s", step, msg);
     }
+    t->ckpt_s += fsdp_now() - t0;
     if (t->comm.rank == 0)
         fprintf(stderr, "fsdp-train: checkpoint step %lld committed in %.2f s\n", step,
                 fsdp_now() - t0);
@@ -351,12 +354,13 @@ static int finish_async(struct trainer *t, const char *why, char *err)
                         "committed checkpoint is step %llu)", (unsigned long long)step, msg,
                         (unsigned long long)t->ck.newest_committed);
     }
+    t->ckpt_s += fsdp_now() - t0;
     if (t->comm.rank == 0) {
         if (why)
             fprintf(stderr, "fsdp-train: %s: waited %.2f s for checkpoint step %llu\n", why,
                     fsdp_now() - t0, (unsigned long long)step);
         fprintf(stderr, "fsdp-train: checkpoint step %llu committed (async, %.2f s after its "
-                "snapshot)\n", (unsigned long long)step, fsdp_now() - t->async_t0);
+                "step boundary)\n", (unsigned long long)step, fsdp_now() - t->async_t0);
     }
     return 0;
 }
@@ -375,9 +379,10 @@ static int save_async(struct trainer *t, long long step, char *err)
         return -1;
     t->async_pending = 1;
     t->async_t0 = fsdp_now();
+    t->ckpt_s += t->async_t0 - t0;
     if (t->comm.rank == 0)
-        fprintf(stderr, "fsdp-train: checkpoint step %lld: snapshot in %.1f ms, writing in the "
-                "background\n", step, (t->async_t0 - t0) * 1e3);
+        fprintf(stderr, "fsdp-train: checkpoint step %lld: snapshot and write in the "
+                "background\n", step);
     return 0;
 }
 
@@ -417,6 +422,11 @@ static int train(struct trainer *t, char *err)
         double lr = lr_at(o, step);
         struct fsdp_adamw opt = {(float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
                                  (float)o->weight_decay};
+        if (t->async_pending) { /* the step's first write of the state */
+            double w0 = fsdp_now();
+            if (ckptr_async_snapshot_wait(&t->ck))
+                t->ckpt_s += fsdp_now() - w0;
+        }
         fsdp_adamw_step(&t->eng, &opt, (int)step + 1, gscale);
         t->cursor += (uint64_t)o->global_batch;
         double dt = fsdp_now() - t0;

@@ -140,10 +140,16 @@ def async_checkpoints_equal_sync_ones_and_surface_errors(tmp):
     sync, asyn = f"{tmp}/sync", f"{tmp}/async"
     mpirun(2, train_args(train, sync, steps=12))
     p = mpirun(2, train_args(train, asyn, steps=12, extra=["--ckpt-async"]))
-    assert "snapshot in" in p.stderr and "committed (async" in p.stderr, p.stderr
+    assert "snapshot and write in the background" in p.stderr and "committed (async" in p.stderr, p.stderr
     assert committed_steps(asyn) == committed_steps(sync) == [6, 9, 12]
     for step in committed_steps(sync):
         assert digest(f"{asyn}@{step}") == digest(f"{sync}@{step}"), f"step {step} differs"
+    # retention runs on rank 0's background thread: only the newest K stay
+    kept = f"{tmp}/kept"
+    mpirun(2, train_args(train, kept, steps=12, extra=["--ckpt-async", "--keep", "1"]))
+    steps_left = sorted(d for d in os.listdir(kept) if d.startswith("step-"))
+    assert committed_steps(kept) == [12] and steps_left == ["step-00000012"], steps_left
+    assert digest(f"{kept}@12") == digest(f"{sync}@12")
     # an error in the background surfaces as one line; the committed step stays
     ck = f"{tmp}/faulty"  # each rank's second shard cannot even be created
     p = mpirun(2, train_args(train, f"fault:put=EIO@2;{ck}", steps=9,

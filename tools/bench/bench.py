@@ -1,0 +1,252 @@
+#!/usr/bin/python3
+"""The whole system in one invocation: training throughput, checkpoint
+overhead (sync and async), durable write, load and reshard-load bandwidth,
+and compression. Every figure comes with a baseline measured in the same run
+(dd conv=fsync, cat > /dev/null, no checkpoints, no compression). Prints a
+table and writes it as JSON. Installs what is missing and builds first.
+
+    tools/bench/bench.py [--out FILE] [--repeats R] [--dir DIR]
+
+  tokens/s        tiny and small, 1 rank x 2 threads and 2 ranks x 1 thread,
+                  median of the steps after the first three.
+  checkpoints     small model, 2 ranks, 50 steps with none, sync and async
+                  checkpoints every 10 steps, R rounds of one run each,
+                  interleaved. The
+                  window is the 50 steps' wall time (the log's elapsed_s at
+                  step 50), which holds the checkpoints of steps 10..40; per
+                  checkpoint, the time the training loop spent in checkpoint
+                  work (the log's ckpt_s / 4): the whole save when sync, the
+                  snapshot, the commit and any wait when async. Medians over
+                  the runs.
+  write           a --compress none checkpoint of the small model (2 ranks
+                  writing their shards in parallel, fsynced, committed) against
+                  dd conv=fsync of the same number of bytes, one stream.
+  load            resuming that checkpoint on 2 ranks (same world size) and on
+                  1 and 4 ranks (resharding; 4 ranks oversubscribe 2 cores), every chunk read and verified,
+                  against cat of the same files to /dev/null. Warm: nothing is
+                  dropped from the page cache (both sides read cached bytes).
+  compression     the trained state of the sync runs (step 50), resharded
+                  offline from a raw copy with each codec: ratio, and raw
+                  GB/s of the whole reshard (read, verify, compress, hash,
+                  write) next to the same with --compress none.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_train import BUILD, DATA, ENV, ROOT, TRAIN, ours, sh  # noqa: E402
+
+CKPT = os.path.join(BUILD, "tools", "fsdp-ckpt")
+SMALL = ["--model", "small"]
+STEPS, EVERY = 50, 10
+
+
+def train(data, ranks, threads, steps, extra, log):
+    cmd = [TRAIN, "--data", data, "--global-batch", "8", "--steps", str(steps),
+           "--threads", str(threads), "--log", log, "--log-every", "1000"] + SMALL + extra
+    if ranks > os.cpu_count():
+        cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"] + cmd
+    elif ranks > 1:
+        cmd = ["mpirun", "-np", str(ranks), "--bind-to", "core"] + cmd
+    return sh(cmd).stderr
+
+
+def last_log(log):
+    with open(log) as f:
+        return json.loads(f.read().splitlines()[-1])
+
+
+def step_dir(ck, step):
+    return os.path.join(ck, "step-%08d" % step)
+
+
+def stored_bytes(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def timed(args):
+    t0 = time.perf_counter()
+    p = sh(args)
+    return time.perf_counter() - t0, p
+
+
+def checkpoint_overheads(data, tmp, repeats):
+    modes = {"none": [], "sync": ["--ckpt-every", str(EVERY)],
+             "async": ["--ckpt-every", str(EVERY), "--ckpt-async"]}
+    runs = {m: [] for m in modes}
+    for r in range(repeats):
+        for m, extra in modes.items():
+            ck = os.path.join(tmp, "ck-" + m)
+            shutil.rmtree(ck, ignore_errors=True)
+            if m != "none":
+                extra = ["--ckpt", ck, "--keep", "1"] + extra
+            log = os.path.join(tmp, m + ".jsonl")
+            train(data, 2, 1, STEPS, extra, log)
+            j = last_log(log)
+            runs[m].append({"wall_s": j["elapsed_s"], "ckpt_s": j["ckpt_s"]})
+            print(f"  run {r + 1}/{repeats} {m:<5}: {j['elapsed_s']:.2f} s, "
+                  f"{j['ckpt_s']:.3f} s in checkpoint work", file=sys.stderr)
+    n_ckpt = STEPS // EVERY - 1  # steps 10..40; step 50's comes after the window
+    med = {m: statistics.median(x["wall_s"] for x in runs[m]) for m in modes}
+    # this VM's step time drifts by +-15% over minutes: the overheads are
+    # the median over rounds of each round's ratio (its runs are neighbours)
+    paired = {m: statistics.median(runs[m][r]["wall_s"] / runs["none"][r]["wall_s"]
+                                   for r in range(repeats)) - 1 for m in ("sync", "async")}
+    per = {m: statistics.median(x["ckpt_s"] for x in runs[m]) / n_ckpt for m in ("sync", "async")}
+    return {
+        "runs": runs, "repeats": repeats, "steps": STEPS, "every": EVERY,
+        "checkpoints_in_window": n_ckpt,
+        "state_bytes_stored": stored_bytes(step_dir(os.path.join(tmp, "ck-sync"), STEPS)),
+        "sync_save_s": per["sync"], "async_stall_s": per["async"],
+        "stall_over_save": per["async"] / per["sync"],
+        "step_s": {m: med[m] / STEPS for m in modes},
+        "sync_overhead_of_medians": med["sync"] / med["none"] - 1,
+        "async_overhead_of_medians": med["async"] / med["none"] - 1,
+        "sync_overhead": paired["sync"], "async_overhead": paired["async"],
+    }
+
+
+def write_and_load(data, tmp):
+    ck = os.path.join(tmp, "ck-raw")
+    shutil.rmtree(ck, ignore_errors=True)
+    err = train(data, 2, 1, 3, ["--ckpt", ck, "--ckpt-every", "1", "--compress", "none",
+                                "--keep", "3"], os.path.join(tmp, "raw.jsonl"))
+    saves = [float(s) for s in re.findall(r"committed in ([0-9.]+) s", err)]
+    nbytes = stored_bytes(step_dir(ck, 3))
+    save_s = statistics.median(saves)
+    dd_file = os.path.join(tmp, "dd.bin")
+    mib = (nbytes + (1 << 20) - 1) >> 20
+    dd_s, _ = timed(["dd", "if=/dev/zero", "of=" + dd_file, "bs=1M", "count=%d" % mib,
+                     "conv=fsync", "status=none"])
+    dd_bytes = os.path.getsize(dd_file)
+    os.unlink(dd_file)
+    write = {"bytes": nbytes, "saves_s": saves, "save_s": save_s, "gb_s": nbytes / save_s / 1e9,
+             "dd_bytes": dd_bytes, "dd_s": dd_s, "dd_gb_s": dd_bytes / dd_s / 1e9}
+    write["over_dd"] = write["gb_s"] / write["dd_gb_s"]
+    for s in (1, 2):
+        shutil.rmtree(step_dir(ck, s))
+    files = [os.path.join(d, f) for d, _, fs in os.walk(step_dir(ck, 3)) for f in fs]
+    cat_s = []
+    loads = {}
+    for ranks, threads in ((2, 1), (1, 2), (4, 1)):
+        cat_t, _ = timed(["sh", "-c", 'cat "$@" > /dev/null', "cat"] + files)
+        cat_s.append(cat_t)
+        err = train(data, ranks, threads, 3, ["--ckpt", ck, "--resume", "auto"],
+                    os.path.join(tmp, "load.jsonl"))
+        m = re.search(r"loading step 3 read ([0-9 ,]+) bytes on ranks 0\.\.\d+, of (\d+) stored, "
+                      r"in ([0-9.]+) s", err)
+        if not m:
+            sys.exit("bench: no load line in:\n" + err[-2000:])
+        secs = float(m.group(3))
+        loads[ranks] = {"s": secs, "bytes": nbytes, "gb_s": nbytes / secs / 1e9,
+                        "resharded": ranks != 2}
+    cat = statistics.median(cat_s)
+    for v in loads.values():
+        v["over_cat"] = v["gb_s"] / (nbytes / cat / 1e9)
+    return write, {"cat_s": cat, "cat_gb_s": nbytes / cat / 1e9, "by_ranks": loads,
+                   "cache": "warm (nothing dropped; both read from the page cache)"}
+
+
+def compression(tmp):
+    src = os.path.join(tmp, "ck-sync") + "@%d" % STEPS
+    raw = os.path.join(tmp, "cmp-raw")
+    shutil.rmtree(raw, ignore_errors=True)
+    sh([CKPT, "reshard", src, raw, "--world-size", "2", "--compress", "none"])
+    nbytes = stored_bytes(raw)
+    rows = []
+    for codec in ("none", "zstd:1", "zstd+shuffle:1", "zstd:3", "zstd+shuffle:3"):
+        dst = os.path.join(tmp, "cmp-out")
+        shutil.rmtree(dst, ignore_errors=True)
+        secs, _ = timed([CKPT, "reshard", raw, dst, "--world-size", "2", "--compress", codec])
+        out = stored_bytes(dst)
+        rows.append({"codec": codec, "s": secs, "ratio": nbytes / out,
+                     "raw_gb_s": nbytes / secs / 1e9})
+    base = rows[0]["s"]
+    for r in rows:
+        extra = r["s"] - base
+        r["codec_gb_s"] = nbytes / extra / 1e9 if extra > 0 else None
+    return {"raw_bytes": nbytes, "rows": rows}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(BUILD, "bench.json"))
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--dir", default=BUILD, help="scratch directory on the disk to measure")
+    a = ap.parse_args()
+    subprocess.run([os.path.join(ROOT, "tools", "setup.sh")], check=True)
+    if not os.path.exists(os.path.join(BUILD, "build.ninja")):
+        subprocess.run(["meson", "setup", BUILD, ROOT], check=True, capture_output=True)
+    subprocess.run(["meson", "compile", "-C", BUILD], check=True, capture_output=True)
+    res = {}
+    with tempfile.TemporaryDirectory(dir=a.dir, prefix="bench-") as tmp:
+        data = os.path.join(tmp, "train.bin")
+        files = sorted(f for f in os.listdir("/usr/share/games/fortunes") if "." not in f)
+        sh([DATA, "prepare", "--doc-sep", "%", "--out", data] +
+           [os.path.join("/usr/share/games/fortunes", f) for f in files])
+        print("bench: tokens/s", file=sys.stderr)
+        res["tokens_per_s"] = {
+            name: {"1x2": ours(data, margs, steps, 1, 2, tmp),
+                   "2x1": ours(data, margs, steps, 2, 1, tmp)}
+            for name, margs, steps in (("tiny", ["--model", "tiny"], 40),
+                                       ("small", SMALL, 12))}
+        print("bench: checkpoints every %d steps" % EVERY, file=sys.stderr)
+        res["checkpoints"] = checkpoint_overheads(data, tmp, a.repeats)
+        print("bench: durable write, load", file=sys.stderr)
+        res["write"], res["load"] = write_and_load(data, tmp)
+        print("bench: compression", file=sys.stderr)
+        res["compression"] = compression(tmp)
+    report(res)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"wrote {a.out}")
+
+
+def report(res):
+    mb = 1e6
+    print("tokens/s (global batch 8)        1 rank x 2 thr   2 ranks x 1 thr")
+    for name, v in res["tokens_per_s"].items():
+        print(f"  {name:<30} {v['1x2']:14.0f} {v['2x1']:17.0f}")
+    c = res["checkpoints"]
+    print(f"checkpoints, small model, 2 ranks, state {c['state_bytes_stored'] / mb:.1f} MB stored "
+          f"(median of {c['repeats']} runs)")
+    print(f"  sync save per checkpoint       {c['sync_save_s'] * 1e3:10.1f} ms")
+    print(f"  async stall per checkpoint     {c['async_stall_s'] * 1e3:10.1f} ms   "
+          f"stall / save {c['stall_over_save'] * 100:.1f}%")
+    print(f"  step time, {c['steps']} steps, none     {c['step_s']['none'] * 1e3:10.1f} ms")
+    print(f"            sync every {c['every']}       {c['step_s']['sync'] * 1e3:10.1f} ms   "
+          f"overhead {c['sync_overhead'] * 100:+.1f}% "
+          f"({c['sync_overhead_of_medians'] * 100:+.1f}% of medians)")
+    print(f"            async every {c['every']}      {c['step_s']['async'] * 1e3:10.1f} ms   "
+          f"overhead {c['async_overhead'] * 100:+.1f}% "
+          f"({c['async_overhead_of_medians'] * 100:+.1f}% of medians)")
+    print("  (overhead: median over rounds of the round's ratio to its no-checkpoint run)")
+    w = res["write"]
+    print(f"durable write, {w['bytes'] / mb:.1f} MB, --compress none")
+    print(f"  checkpoint (2 ranks)           {w['gb_s']:10.3f} GB/s   dd conv=fsync "
+          f"{w['dd_gb_s']:.3f} GB/s   ratio {w['over_dd']:.2f}")
+    ld = res["load"]
+    print(f"load, {w['bytes'] / mb:.1f} MB, {ld['cache']}; cat > /dev/null {ld['cat_gb_s']:.3f} GB/s")
+    for ranks, v in sorted(ld["by_ranks"].items()):
+        kind = "reshard 2->%d" % ranks if v["resharded"] else "same world 2->2"
+        print(f"  {kind:<30} {v['gb_s']:10.3f} GB/s   ratio to cat {v['over_cat']:.2f}")
+    cm = res["compression"]
+    print(f"compression of the trained state ({cm['raw_bytes'] / mb:.1f} MB raw), offline reshard")
+    print("  codec              ratio   whole reshard GB/s   codec-only GB/s")
+    for r in cm["rows"]:
+        cg = f"{r['codec_gb_s']:.3f}" if r["codec_gb_s"] else "-"
+        print(f"  {r['codec']:<16} {r['ratio']:7.3f} {r['raw_gb_s']:20.3f} {cg:>17}")
+
+
+if __name__ == "__main__":
+    main()
