@@ -51,6 +51,8 @@ STEPS, EVERY = 50, 10
 
 
 def train(data, ranks, threads, steps, extra, log):
+    if os.path.exists(log):  # fsdp-train appends to its log
+        os.unlink(log)
     cmd = [TRAIN, "--data", data, "--global-batch", "8", "--steps", str(steps),
            "--threads", str(threads), "--log", log, "--log-every", "1000"] + SMALL + extra
     if ranks > os.cpu_count():

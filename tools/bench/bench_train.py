@@ -46,6 +46,8 @@ def sh(args, env=ENV):
 
 def ours(data, model_args, steps, ranks, threads, tmp):
     log = os.path.join(tmp, "log.jsonl")
+    if os.path.exists(log):  # fsdp-train appends to its log
+        os.unlink(log)
     cmd = [TRAIN, "--data", data, "--global-batch", "8", "--steps", str(steps),
            "--threads", str(threads), "--log", log, "--log-every", "1000"] + model_args
     if ranks > 1:
