@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 struct listing {
     struct ckpt_step_info *v;
@@ -178,15 +181,33 @@ int ckpt_fence_current(struct storage *st, uint64_t *gen, char *err)
     return storage_list(st, GEN_PREFIX, on_gen, gen, err) ? -1 : 0;
 }
 
+/* "host pid nonce": what makes a claim's body this launcher's own, so that
+ * a put-if-absent retried after a lost answer can tell its own claim from a
+ * rival's (storage.h). */
+static void claimant_id(char *out, size_t n)
+{
+    char host[64] = "?";
+    gethostname(host, sizeof host - 1);
+    uint64_t nonce = 0;
+    if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        nonce = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (uint64_t)getpid() << 48;
+    }
+    snprintf(out, n, "%s %d %016llx", host, (int)getpid(), (unsigned long long)nonce);
+}
+
 int ckpt_fence_claim(struct storage *st, uint64_t *gen, char *err)
 {
+    char claimant[128];
+    claimant_id(claimant, sizeof claimant);
     for (int attempt = 0; attempt < 16; attempt++) {
         uint64_t cur;
         if (ckpt_fence_current(st, &cur, err))
             return -1;
-        char key[64], body[32];
+        char key[64], body[160];
         snprintf(key, sizeof key, GEN_PREFIX "%020llu", (unsigned long long)(cur + 1));
-        int n = snprintf(body, sizeof body, "%llu\n", (unsigned long long)(cur + 1));
+        int n = snprintf(body, sizeof body, "%llu %s\n", (unsigned long long)(cur + 1), claimant);
         int rc = storage_put_if_absent(st, key, body, (size_t)n, err);
         if (rc == 0) {
             *gen = cur + 1;

@@ -323,6 +323,9 @@ static int save(struct trainer *t, long long step, char *err)
         t->agreed_error = 1;
         char msg[ERR_LEN];
         snprintf(msg, sizeof msg, "%s", err);
+        if (t->ck.newest_committed == (uint64_t)step) /* the commit held; retention failed */
+            return fsdp_err(err, "checkpoint step %lld is committed, but removing older "
+                            "checkpoints (--keep) failed: %s", step, msg);
         if (t->ck.newest_committed)
             return fsdp_err(err, "checkpoint of step %lld failed: %s (the newest committed "
                             "checkpoint is step %llu)", step, msg,

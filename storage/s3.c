@@ -530,6 +530,24 @@ static int s3_del_many(struct storage *st, const char *const *keys, int n, char 
     return 0;
 }
 
+/* After a retried conditional PUT, 412 may answer our own earlier attempt:
+ * one whose request reached the server but whose answer was lost (a reset,
+ * a timeout, a 5xx from a proxy after the write). The object then holds
+ * exactly our bytes, and the put succeeded. Anything else there is another
+ * writer's: STORAGE_EXISTS. Callers make their bodies unique to the writer
+ * (the generation record carries a nonce) so that equal bytes mean "ours". */
+static int holds_exactly(struct storage *st, const char *key, const void *buf, size_t n)
+{
+    char err[STORAGE_ERR_LEN];
+    uint64_t size;
+    if (st->ops->stat(st, key, &size, err) || size != n)
+        return 0;
+    void *got = malloc(n ? n : 1);
+    int same = got && st->ops->get_range(st, key, 0, n, got, err) == 0 && memcmp(got, buf, n) == 0;
+    free(got);
+    return same;
+}
+
 static int s3_put_if_absent(struct storage *st, const char *key, const void *buf, size_t n,
                             char *err)
 {
@@ -541,8 +559,12 @@ static int s3_put_if_absent(struct storage *st, const char *key, const void *buf
     r.extra[0] = "If-None-Match: *";
     int rc = s3_perform(&s->c, &r, "PutObject", err);
     if (!rc && (r.status == 412 || r.status == 409)) {
-        snprintf(err, STORAGE_ERR_LEN, "s3://%s/%s already exists", s->bucket, k);
-        rc = STORAGE_EXISTS;
+        if (r.attempts > 1 && holds_exactly(st, key, buf, n)) {
+            rc = 0;
+        } else {
+            snprintf(err, STORAGE_ERR_LEN, "s3://%s/%s already exists", s->bucket, k);
+            rc = STORAGE_EXISTS;
+        }
     } else if (!rc && r.status != 200) {
         rc = s3_http_error(&r, "PutObject", err);
     }

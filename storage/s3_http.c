@@ -495,7 +495,6 @@ static int retryable_code(const char *code)
 int s3_finish(struct s3_client *c, CURL *h, struct s3_request *r, CURLcode cc, int *retry,
               char *why, size_t why_len)
 {
-    (void)c;
     *retry = 0;
     if (cc != CURLE_OK) {
         if (r->overflow) {
@@ -507,7 +506,9 @@ int s3_finish(struct s3_client *c, CURL *h, struct s3_request *r, CURLcode cc, i
                  cc == CURLE_SEND_ERROR || cc == CURLE_OPERATION_TIMEDOUT ||
                  cc == CURLE_GOT_NOTHING || cc == CURLE_PARTIAL_FILE || cc == CURLE_WRITE_ERROR ||
                  cc == CURLE_SSL_CONNECT_ERROR || cc == CURLE_HTTP2 || cc == CURLE_HTTP2_STREAM;
-        snprintf(why, why_len, "%s", curl_easy_strerror(cc));
+        /* name the endpoint: "Couldn't connect" is only useful with it */
+        snprintf(why, why_len, "%s (%s://%s)", curl_easy_strerror(cc), c->cfg.scheme,
+                 c->cfg.host);
         return -1;
     }
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
@@ -564,6 +565,7 @@ int s3_perform(struct s3_client *c, struct s3_request *r, const char *op, char *
     for (int attempt = 0; attempt < c->cfg.max_attempts; attempt++) {
         if (attempt)
             s3_backoff(c, attempt);
+        r->attempts = attempt + 1;
         struct curl_slist *hdrs = NULL;
         if (s3_prepare(c, c->easy, r, &hdrs, err))
             return STORAGE_ERROR;

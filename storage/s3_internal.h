@@ -58,6 +58,7 @@ struct s3_request {
     /* per attempt */
     size_t sent, received;
     int overflow;
+    int attempts; /* how many were sent (s3_perform) */
     CURL *h;
 };
 

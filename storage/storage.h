@@ -9,7 +9,10 @@
  * Durability contract: storage_writer_commit returns 0 only once the object
  * is durable under its final key, and before that moment no reader can see
  * a partial object under that key. storage_put_if_absent is atomic: of two
- * racing writers exactly one succeeds, the other gets STORAGE_EXISTS.
+ * racing writers exactly one succeeds, the other gets STORAGE_EXISTS. A
+ * backend that retries may find its own earlier attempt in place (its answer
+ * was lost); it reports success when the object holds exactly the bytes it
+ * was given, so writers make those bytes their own (a nonce, a generation).
  *
  * Errors: negative returns with a one-line message in err naming the
  * operation, the object and the cause (errno text); STORAGE_NOT_FOUND and

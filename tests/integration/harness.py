@@ -27,9 +27,11 @@ ENV.update({
 })
 
 
-def run(args, check=True, **kw):
-    """Runs a command; returns the CompletedProcess with text stdout/stderr."""
-    p = subprocess.run(args, env=ENV, capture_output=True, text=True, errors="replace", **kw)
+def run(args, check=True, env=None, **kw):
+    """Runs a command (env: variables to set on top of ENV); returns the
+    CompletedProcess with text stdout/stderr."""
+    p = subprocess.run(args, env=dict(ENV, **(env or {})), capture_output=True, text=True,
+                       errors="replace", **kw)
     if check and p.returncode != 0:
         raise AssertionError(f"{args[0]} exited {p.returncode}:\n{p.stderr[-3000:]}")
     return p

@@ -4,9 +4,12 @@ sample is made of the corpus's words.
 
 "Words" is measured against the same count for a model trained one step
 (random bytes): after 200 steps (loss about 2.65, the plateau before a
-byte-level model learns to use its context; the demo trains longer) about a
-tenth of the sample's runs of three or more letters are among the corpus's
-2000 commonest words (none, man, art, the, this), against none before."""
+byte-level model learns to use its context; the demo trains longer) a
+2000-byte sample at temperature 0.5 has 27-40% of its runs of three or more
+letters among the corpus's 2000 commonest words (the, and, you, man, his),
+against none before. (Measured over seeds 1337, 7 and 99 and 1 or 2 threads;
+at temperature 0.8 and 400 bytes the share is 5-10% and a threshold there
+fails on CPUs whose kernels round differently.)"""
 
 import math
 import re
@@ -34,7 +37,8 @@ def tiny_model_learns_english_in_200_steps(tmp):
     train, val = prepare_corpus(tmp)
     log = f"{tmp}/log.jsonl"
     p = run([TRAIN, "--data", train, "--val-data", val, "--model", "tiny", "--global-batch", "8",
-             "--steps", "200", "--log", log, "--log-every", "50", "--sample", "400"])
+             "--steps", "200", "--log", log, "--log-every", "50", "--sample", "2000",
+             "--temperature", "0.5"])
     steps = read_log(log)
     assert len(steps) == 200, f"{len(steps)} log lines"
     first, last = steps[0]["loss"], steps[-1]["loss"]
@@ -47,12 +51,13 @@ def tiny_model_learns_english_in_200_steps(tmp):
     common = {w for w, _ in corpus_words().most_common(2000)}
     trained, n, real = word_share(p.stdout, common)
     print(f"  sample: {len(real)} of {n} letter runs are common corpus words: {' '.join(real[:15])}")
-    untrained = run([TRAIN, "--data", train, "--steps", "1", "--sample", "400"])
+    untrained = run([TRAIN, "--data", train, "--steps", "1", "--sample", "2000",
+                     "--temperature", "0.5"])
     baseline, _, _ = word_share(untrained.stdout, common)
     print(f"  word share {trained:.2f} after 200 steps, {baseline:.2f} after 1 step")
-    assert n >= 20, "the sample has too few letter runs"
-    assert trained >= 0.07, "the sample is not made of words"
-    assert trained >= baseline + 0.05, "the sample is no more word-like than random bytes"
+    assert n >= 100, "the sample has too few letter runs"
+    assert trained >= 0.15, "the sample is not made of words"
+    assert trained >= baseline + 0.1, "the sample is no more word-like than random bytes"
 
 
 if __name__ == "__main__":

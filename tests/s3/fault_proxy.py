@@ -7,10 +7,16 @@ server. Each request takes the next action of the plan (then "pass"):
   truncate   forward, relay only half of the answer's body, close
   stall:S    say nothing for S seconds, then close
   forbid     answer 403 AccessDenied (a final error: must not be retried)
+  drop       forward (the server acts on the request), then reset the
+             client's connection without relaying the answer: a lost answer
+
+set_rate(share, seed, actions) instead draws, for every request, one of the
+actions with probability share (seeded) and passes the rest.
 
 Requests are forwarded unchanged (the Host header the client signed
 included), each on its own upstream connection."""
 
+import random
 import socket
 import struct
 import threading
@@ -42,6 +48,7 @@ class FaultProxy:
     def __init__(self, upstream_port):
         self.upstream = ("127.0.0.1", upstream_port)
         self.plan = []
+        self.rate = None
         self.seen = []  # (method and path, action) of every request
         self.lock = threading.Lock()
         self.server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -54,11 +61,26 @@ class FaultProxy:
     def set_plan(self, actions):
         with self.lock:
             self.plan = list(actions)
+            self.rate = None
             self.seen = []
+
+    def set_rate(self, share, seed, actions):
+        with self.lock:
+            self.plan = []
+            self.rate = (share, random.Random(seed), list(actions))
+            self.seen = []
+
+    def faults(self):
+        with self.lock:
+            return [a for _, a in self.seen if a != "pass"]
 
     def _next(self, what):
         with self.lock:
-            action = self.plan.pop(0) if self.plan else "pass"
+            if self.rate:
+                share, rng, actions = self.rate
+                action = rng.choice(actions) if rng.random() < share else "pass"
+            else:
+                action = self.plan.pop(0) if self.plan else "pass"
             self.seen.append((what, action))
             return action
 
@@ -96,6 +118,9 @@ class FaultProxy:
                     time.sleep(float(action.split(":")[1]))
                     return
                 answer = self._forward(head, body)
+                if action == "drop":
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    return
                 if action == "truncate":
                     rhead, rbody = answer.split(b"\r\n\r\n", 1)
                     conn.sendall(rhead + b"\r\n\r\n" + rbody[:len(rbody) // 2])

@@ -10,14 +10,17 @@ fsdp-ckpt command work on s3:// URIs."""
 import hashlib
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
-from harness import (BUILD, CKPT, ENV, TRAIN, committed_steps, digest, kill_job,  # noqa: E402
-                     launch, main, mpirun, prepare_corpus, run, wait_stopped_or_exit)
+from harness import (BUILD, CKPT, ENV, TRAIN, committed_steps, digest, job_pids,  # noqa: E402
+                     kill_job, launch, main, mpirun, prepare_corpus, run,
+                     wait_stopped_or_exit)
 from fault_proxy import FaultProxy  # noqa: E402
 
 CAT = os.path.join(BUILD, "tests", "s3", "s3_cat")
@@ -56,6 +59,36 @@ class Server:
 
     def stop(self):
         subprocess.run([CEPH, "stop", self.dir], capture_output=True)
+
+    def stop_gateway(self):
+        """Stops radosgw alone (the objects live on in the OSD), so the
+        endpoint refuses connections until start_gateway."""
+        pidfile = f"{self.dir}/run/rgw.a.pid"
+        pid = int(open(pidfile).read())
+        self.rgw_argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[:-1]
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if os.path.exists(f"/proc/{pid}"):
+            os.kill(pid, signal.SIGKILL)
+        while port_open(self.port):
+            time.sleep(0.05)
+
+    def start_gateway(self):
+        with open(f"{self.dir}/log/rgw.a.out", "ab") as log:
+            p = subprocess.Popen(self.rgw_argv, stdin=subprocess.DEVNULL, stdout=log,
+                                 stderr=log, start_new_session=True)
+        open(f"{self.dir}/run/rgw.a.pid", "w").write(f"{p.pid}\n")
+        deadline = time.monotonic() + 60
+        while not port_open(self.port):
+            assert p.poll() is None and time.monotonic() < deadline, "radosgw did not come back"
+            time.sleep(0.1)
+
+
+def port_open(port):
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 server = None
@@ -218,6 +251,84 @@ def faults_are_ridden_through_and_permanent_ones_reported(tmp):
     assert len(proxy.seen) == 1, f"a 403 was retried: {proxy.seen}"
 
 
+def a_lost_answer_to_a_conditional_put_is_told_apart(tmp):
+    """The server acted on put-if-absent but its answer was lost: the retry
+    meets 412. Our own bytes there mean the put succeeded; a rival's mean
+    the key was taken."""
+    b = bucket("lost")
+    proxy = FaultProxy(server.port)
+    via = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"}
+    proxy.set_plan(["drop"])
+    p = cat("pia", b, "step/MANIFEST.json", data=b"ours", check=False, env=via)
+    assert p.returncode == 0, p.stderr
+    assert [a for _, a in proxy.seen] == ["drop", "pass", "pass", "pass"], proxy.seen  # + HEAD, GET
+    assert cat("get", b, "step/MANIFEST.json").stdout == b"ours"
+    proxy.set_plan(["drop"])
+    p = cat("pia", b, "step/MANIFEST.json", data=b"theirs", check=False, env=via)
+    assert p.returncode == 3 and b"already exists" in p.stderr, p.stderr
+    assert cat("get", b, "step/MANIFEST.json").stdout == b"ours"
+
+
+def fs_reference(tmp, data, common):
+    ref = f"{tmp}/run-fs"
+    if not os.path.exists(ref):
+        mpirun(2, [TRAIN, "--ckpt", ref] + common)
+    return digest(ref)
+
+
+def training_rides_through_ten_percent_transient_faults(tmp):
+    """Every request has a 10% chance of a reset, a 503 SlowDown, a cut
+    body, a lost answer or a stall; a run killed mid-way and resumed through
+    that ends with the filesystem run's digest."""
+    data, _ = prepare_corpus(tmp)
+    common = ["--model", "tiny", "--global-batch", "8", "--steps", "9", "--ckpt-every", "3",
+              "--log-every", "100", "--data", data, "--ckpt-chunk-kib", "256"]
+    want = fs_reference(tmp, data, common)
+    b = bucket("flaky")
+    proxy = FaultProxy(server.port)
+    via = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"}
+    proxy.set_rate(0.10, 2026, ["reset", "slowdown", "truncate", "drop", "stall:3"])
+    p = launch(2, [TRAIN, "--ckpt", f"{b}/run"] + common,
+               dict(via, FSDP_TEST_STOP_AT="after-commit:2"))
+    assert wait_stopped_or_exit(p)
+    kill_job(p)
+    p = mpirun(2, [TRAIN, "--ckpt", f"{b}/run"] + common, env=via)
+    assert "resumed from checkpoint step 6" in p.stderr, p.stderr
+    assert run([CKPT, "verify", f"{b}/run"], env=via).returncode == 0
+    faults, total = proxy.faults(), len(proxy.seen)
+    print(f"  {len(faults)} faults in {total} requests: "
+          f"{', '.join(sorted(set(faults)))}")
+    assert total >= 100 and len(faults) >= 0.05 * total, (len(faults), total)
+    assert digest(f"{b}/run") == want, "faults changed the result"
+
+
+def a_server_gone_for_good_stops_training_and_keeps_the_checkpoint(tmp):
+    data, _ = prepare_corpus(tmp)
+    b = bucket("gone")
+    argv = [TRAIN, "--ckpt", f"{b}/run", "--model", "tiny", "--global-batch", "8", "--steps",
+            "30", "--ckpt-every", "3", "--log-every", "100", "--data", data]
+    p = launch(2, argv, {"FSDP_TEST_STOP_AT": "after-commit:1"})
+    assert wait_stopped_or_exit(p)
+    server.stop_gateway()
+    try:
+        for pid, state in job_pids(p.pid):
+            if state == "T":
+                os.kill(pid, signal.SIGCONT)
+        err = p.communicate(timeout=120)[1]
+        ours = [l for l in err.splitlines() if l.startswith("fsdp-train")]
+        print(f"  {ours[-1]}")
+        assert p.returncode != 0, err
+        # the first request after the commit of step 3 is retention's listing
+        line = [l for l in ours if "Couldn't connect to server" in l]
+        assert len(line) == 1, err
+        assert "checkpoint step 3 is committed, but removing older checkpoints" in line[0], line
+        assert f"127.0.0.1:{server.port}" in line[0] and "after 6 attempts" in line[0], line
+    finally:
+        server.start_gateway()
+    assert committed_steps(f"{b}/run") == [3]
+    assert run([CKPT, "verify", f"{b}/run"]).returncode == 0
+
+
 def training_and_every_tool_work_on_s3(tmp):
     data, _ = prepare_corpus(tmp)
     b = bucket("training")
@@ -271,6 +382,9 @@ def run_all():
               credentials_come_from_a_profile,
               tls_peers_are_verified_and_ca_bundle_honoured,
               faults_are_ridden_through_and_permanent_ones_reported,
+              a_lost_answer_to_a_conditional_put_is_told_apart,
+              training_rides_through_ten_percent_transient_faults,
+              a_server_gone_for_good_stops_training_and_keeps_the_checkpoint,
               training_and_every_tool_work_on_s3])
     finally:
         server.stop()

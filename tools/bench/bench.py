@@ -18,9 +18,10 @@ table and writes it as JSON. Installs what is missing and builds first.
                   work (the log's ckpt_s / 4): the whole save when sync, the
                   snapshot, the commit and any wait when async. Medians over
                   the runs.
-  write           a --compress none checkpoint of the small model (2 ranks
-                  writing their shards in parallel, fsynced, committed) against
-                  dd conv=fsync of the same number of bytes, one stream.
+  write           a --compress none checkpoint of GPT-2 124M's shapes (1.49 GB
+                  of state; 2 ranks writing their shards in parallel, fsynced,
+                  committed; median of 3 saves) against dd conv=fsync of the
+                  same number of bytes, one stream, on the same disk.
   load            resuming that checkpoint on 2 ranks (same world size) and on
                   1 and 4 ranks (resharding; 4 ranks oversubscribe 2 cores), every chunk read and verified,
                   against cat of the same files to /dev/null. Warm: nothing is
@@ -47,14 +48,18 @@ from bench_train import BUILD, DATA, ENV, ROOT, TRAIN, ours, sh  # noqa: E402
 
 CKPT = os.path.join(BUILD, "tools", "fsdp-ckpt")
 SMALL = ["--model", "small"]
+# GPT-2 124M's shapes (vocabulary 50257 padded to 50304) at sequence 64 and
+# global batch 4, so that a step is cheap: 124M parameters, 1.49 GB of state
+# (parameters and both AdamW moments) to write, load and reshard.
+BIG = ["--model", "gpt2-124m", "--seq", "64"]
 STEPS, EVERY = 50, 10
 
 
-def train(data, ranks, threads, steps, extra, log):
+def train(data, ranks, threads, steps, extra, log, model=SMALL, batch=8):
     if os.path.exists(log):  # fsdp-train appends to its log
         os.unlink(log)
-    cmd = [TRAIN, "--data", data, "--global-batch", "8", "--steps", str(steps),
-           "--threads", str(threads), "--log", log, "--log-every", "1000"] + SMALL + extra
+    cmd = [TRAIN, "--data", data, "--global-batch", str(batch), "--steps", str(steps),
+           "--threads", str(threads), "--log", log, "--log-every", "1000"] + model + extra
     if ranks > os.cpu_count():
         cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none"] + cmd
     elif ranks > 1:
@@ -121,7 +126,7 @@ def write_and_load(data, tmp):
     ck = os.path.join(tmp, "ck-raw")
     shutil.rmtree(ck, ignore_errors=True)
     err = train(data, 2, 1, 3, ["--ckpt", ck, "--ckpt-every", "1", "--compress", "none",
-                                "--keep", "3"], os.path.join(tmp, "raw.jsonl"))
+                                "--keep", "3"], os.path.join(tmp, "raw.jsonl"), BIG, 4)
     saves = [float(s) for s in re.findall(r"committed in ([0-9.]+) s", err)]
     nbytes = stored_bytes(step_dir(ck, 3))
     save_s = statistics.median(saves)
@@ -143,7 +148,7 @@ def write_and_load(data, tmp):
         cat_t, _ = timed(["sh", "-c", 'cat "$@" > /dev/null', "cat"] + files)
         cat_s.append(cat_t)
         err = train(data, ranks, threads, 3, ["--ckpt", ck, "--resume", "auto"],
-                    os.path.join(tmp, "load.jsonl"))
+                    os.path.join(tmp, "load.jsonl"), BIG, 4)
         m = re.search(r"loading step 3 read ([0-9 ,]+) bytes on ranks 0\.\.\d+, of (\d+) stored, "
                       r"in ([0-9.]+) s", err)
         if not m:
@@ -234,11 +239,12 @@ def report(res):
           f"({c['async_overhead_of_medians'] * 100:+.1f}% of medians)")
     print("  (overhead: median over rounds of the round's ratio to its no-checkpoint run)")
     w = res["write"]
-    print(f"durable write, {w['bytes'] / mb:.1f} MB, --compress none")
+    print(f"durable write, GPT-2 124M shapes, {w['bytes'] / mb:.1f} MB, --compress none")
     print(f"  checkpoint (2 ranks)           {w['gb_s']:10.3f} GB/s   dd conv=fsync "
           f"{w['dd_gb_s']:.3f} GB/s   ratio {w['over_dd']:.2f}")
     ld = res["load"]
-    print(f"load, {w['bytes'] / mb:.1f} MB, {ld['cache']}; cat > /dev/null {ld['cat_gb_s']:.3f} GB/s")
+    print(f"load, the same {w['bytes'] / mb:.1f} MB, {ld['cache']}; "
+          f"cat > /dev/null {ld['cat_gb_s']:.3f} GB/s")
     for ranks, v in sorted(ld["by_ranks"].items()):
         kind = "reshard 2->%d" % ranks if v["resharded"] else "same world 2->2"
         print(f"  {kind:<30} {v['gb_s']:10.3f} GB/s   ratio to cat {v['over_cat']:.2f}")
