@@ -149,6 +149,55 @@ static void fault_wrapper_injects_errors(void)
           "a bad rule was accepted");
 }
 
+/* Writes n pattern bytes to key in pieces of 1, 4095, 3 MiB + 7, ... bytes
+ * and reads them back whole and at the block-unaligned tail. */
+static void round_trip(struct storage *s, const char *key, size_t n)
+{
+    char err[STORAGE_ERR_LEN];
+    unsigned char *data = malloc(n + 1), *back = malloc(n + 1);
+    REQUIRE(data && back, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        data[i] = (unsigned char)(i * 2654435761u >> 13);
+    struct storage_writer *w;
+    REQUIRE(storage_put_begin(s, key, &w, err) == 0, "%s", err);
+    const size_t pieces[] = {1, 4095, (3u << 20) + 7, 4096, 9u << 20};
+    size_t off = 0;
+    for (int i = 0; off < n; i = (i + 1) % 5) {
+        size_t take = pieces[i] < n - off ? pieces[i] : n - off;
+        REQUIRE(storage_write(w, data + off, take, err) == 0, "%s", err);
+        off += take;
+    }
+    REQUIRE(storage_writer_commit(w, err) == 0, "%s", err);
+    uint64_t size = 0;
+    CHECK(storage_stat(s, key, &size, err) == 0 && size == n, "%s: size %llu", key,
+          (unsigned long long)size);
+    CHECK(storage_get_range(s, key, 0, n, back, err) == 0 && memcmp(back, data, n) == 0,
+          "%s: other bytes read back", key);
+    CHECK(n < 5 || (storage_get_range(s, key, n - 5, 5, back, err) == 0 &&
+                    memcmp(back, data + n - 5, 5) == 0),
+          "%s: the tail", key);
+    free(data);
+    free(back);
+}
+
+static void objects_of_any_size_round_trip_with_and_without_direct_io(void)
+{
+    const size_t sizes[] = {0, 1, 4095, 4096, 4097, (8u << 20) - 1, 8u << 20,
+                            (8u << 20) + 1, (21u << 20) + 12345};
+    for (int direct = 1; direct >= 0; direct--) {
+        char err[STORAGE_ERR_LEN], key[64];
+        struct storage *s;
+        setenv("FSDP_DIRECT_IO", direct ? "1" : "0", 1);
+        REQUIRE(storage_open(root, &s, err) == 0, "%s", err);
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            snprintf(key, sizeof key, "sizes/direct-%d-%zu-bytes", direct, sizes[i]);
+            round_trip(s, key, sizes[i]);
+        }
+        storage_close(s);
+    }
+    unsetenv("FSDP_DIRECT_IO");
+}
+
 static void teardown(void)
 {
     storage_close(st);
@@ -159,4 +208,5 @@ static void teardown(void)
 
 CHECK_MAIN(TEST(setup), TEST(object_is_invisible_until_commit), TEST(abort_leaves_nothing),
            TEST(put_if_absent_never_replaces), TEST(list_by_prefix_and_delete),
-           TEST(keys_cannot_escape_the_root), TEST(fault_wrapper_injects_errors), TEST(teardown))
+           TEST(keys_cannot_escape_the_root), TEST(fault_wrapper_injects_errors),
+           TEST(objects_of_any_size_round_trip_with_and_without_direct_io), TEST(teardown))

@@ -20,8 +20,10 @@ table and writes it as JSON. Installs what is missing and builds first.
                   the runs.
   write           a --compress none checkpoint of GPT-2 124M's shapes (1.49 GB
                   of state; 2 ranks writing their shards in parallel, fsynced,
-                  committed; median of 3 saves) against dd conv=fsync of the
-                  same number of bytes, one stream, on the same disk.
+                  committed; median of 3 saves; the posix backend writes with
+                  O_DIRECT) against dd conv=fsync of the same number of bytes,
+                  one stream, on the same disk, through the page cache and
+                  with oflag=direct.
   load            resuming that checkpoint on 2 ranks (same world size) and on
                   1 and 4 ranks (resharding; 4 ranks oversubscribe 2 cores), every chunk read and verified,
                   against cat of the same files to /dev/null. Warm: nothing is
@@ -132,13 +134,17 @@ def write_and_load(data, tmp):
     save_s = statistics.median(saves)
     dd_file = os.path.join(tmp, "dd.bin")
     mib = (nbytes + (1 << 20) - 1) >> 20
-    dd_s, _ = timed(["dd", "if=/dev/zero", "of=" + dd_file, "bs=1M", "count=%d" % mib,
-                     "conv=fsync", "status=none"])
-    dd_bytes = os.path.getsize(dd_file)
-    os.unlink(dd_file)
-    write = {"bytes": nbytes, "saves_s": saves, "save_s": save_s, "gb_s": nbytes / save_s / 1e9,
-             "dd_bytes": dd_bytes, "dd_s": dd_s, "dd_gb_s": dd_bytes / dd_s / 1e9}
-    write["over_dd"] = write["gb_s"] / write["dd_gb_s"]
+    write = {"bytes": nbytes, "saves_s": saves, "save_s": save_s, "gb_s": nbytes / save_s / 1e9}
+    # dd as the filesystem's users write (through the page cache) and as our
+    # posix backend does (O_DIRECT), both with a final fsync, 4 MiB blocks
+    for name, flags in (("dd", []), ("dd_direct", ["oflag=direct"])):
+        secs, _ = timed(["dd", "if=/dev/zero", "of=" + dd_file, "bs=4M", "count=%d" % ((mib + 3) // 4),
+                         "conv=fsync", "status=none"] + flags)
+        dd_bytes = os.path.getsize(dd_file)
+        os.unlink(dd_file)
+        write.update({name + "_bytes": dd_bytes, name + "_s": secs,
+                      name + "_gb_s": dd_bytes / secs / 1e9})
+        write["over_" + name] = write["gb_s"] / write[name + "_gb_s"]
     for s in (1, 2):
         shutil.rmtree(step_dir(ck, s))
     files = [os.path.join(d, f) for d, _, fs in os.walk(step_dir(ck, 3)) for f in fs]
@@ -184,34 +190,57 @@ def compression(tmp):
     return {"raw_bytes": nbytes, "rows": rows}
 
 
+def build():
+    """Installs what is missing and builds the release tree."""
+    subprocess.run([os.path.join(ROOT, "tools", "setup.sh")], check=True)
+    if not os.path.exists(os.path.join(BUILD, "build.ninja")):
+        subprocess.run(["meson", "setup", BUILD, ROOT], check=True, capture_output=True)
+    subprocess.run(["meson", "compile", "-C", BUILD], check=True, capture_output=True)
+
+
+def corpus(tmp):
+    """The fortunes as byte-level tokens; returns the file."""
+    data = os.path.join(tmp, "train.bin")
+    files = sorted(f for f in os.listdir("/usr/share/games/fortunes") if "." not in f)
+    sh([DATA, "prepare", "--doc-sep", "%", "--out", data] +
+       [os.path.join("/usr/share/games/fortunes", f) for f in files])
+    return data
+
+
+SECTIONS = ("tokens", "checkpoints", "write", "compression")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(BUILD, "bench.json"))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dir", default=BUILD, help="scratch directory on the disk to measure")
+    ap.add_argument("--only", default=",".join(SECTIONS),
+                    help="comma-separated sections (compression needs checkpoints)")
     a = ap.parse_args()
-    subprocess.run([os.path.join(ROOT, "tools", "setup.sh")], check=True)
-    if not os.path.exists(os.path.join(BUILD, "build.ninja")):
-        subprocess.run(["meson", "setup", BUILD, ROOT], check=True, capture_output=True)
-    subprocess.run(["meson", "compile", "-C", BUILD], check=True, capture_output=True)
+    only = a.only.split(",")
+    if set(only) - set(SECTIONS) or ("compression" in only and "checkpoints" not in only):
+        ap.error(f"--only: sections are {', '.join(SECTIONS)}; compression needs checkpoints")
+    build()
     res = {}
     with tempfile.TemporaryDirectory(dir=a.dir, prefix="bench-") as tmp:
-        data = os.path.join(tmp, "train.bin")
-        files = sorted(f for f in os.listdir("/usr/share/games/fortunes") if "." not in f)
-        sh([DATA, "prepare", "--doc-sep", "%", "--out", data] +
-           [os.path.join("/usr/share/games/fortunes", f) for f in files])
-        print("bench: tokens/s", file=sys.stderr)
-        res["tokens_per_s"] = {
-            name: {"1x2": ours(data, margs, steps, 1, 2, tmp),
-                   "2x1": ours(data, margs, steps, 2, 1, tmp)}
-            for name, margs, steps in (("tiny", ["--model", "tiny"], 40),
-                                       ("small", SMALL, 12))}
-        print("bench: checkpoints every %d steps" % EVERY, file=sys.stderr)
-        res["checkpoints"] = checkpoint_overheads(data, tmp, a.repeats)
-        print("bench: durable write, load", file=sys.stderr)
-        res["write"], res["load"] = write_and_load(data, tmp)
-        print("bench: compression", file=sys.stderr)
-        res["compression"] = compression(tmp)
+        data = corpus(tmp)
+        if "tokens" in only:
+            print("bench: tokens/s", file=sys.stderr)
+            res["tokens_per_s"] = {
+                name: {"1x2": ours(data, margs, steps, 1, 2, tmp),
+                       "2x1": ours(data, margs, steps, 2, 1, tmp)}
+                for name, margs, steps in (("tiny", ["--model", "tiny"], 40),
+                                           ("small", SMALL, 12))}
+        if "checkpoints" in only:
+            print("bench: checkpoints every %d steps" % EVERY, file=sys.stderr)
+            res["checkpoints"] = checkpoint_overheads(data, tmp, a.repeats)
+        if "write" in only:
+            print("bench: durable write, load", file=sys.stderr)
+            res["write"], res["load"] = write_and_load(data, tmp)
+        if "compression" in only:
+            print("bench: compression", file=sys.stderr)
+            res["compression"] = compression(tmp)
     report(res)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
@@ -220,11 +249,20 @@ def main():
 
 
 def report(res):
+    if "tokens_per_s" in res:
+        print("tokens/s (global batch 8)        1 rank x 2 thr   2 ranks x 1 thr")
+        for name, v in res["tokens_per_s"].items():
+            print(f"  {name:<30} {v['1x2']:14.0f} {v['2x1']:17.0f}")
+    if "checkpoints" in res:
+        report_checkpoints(res["checkpoints"])
+    if "write" in res:
+        report_io(res["write"], res["load"])
+    if "compression" in res:
+        report_compression(res["compression"])
+
+
+def report_checkpoints(c):
     mb = 1e6
-    print("tokens/s (global batch 8)        1 rank x 2 thr   2 ranks x 1 thr")
-    for name, v in res["tokens_per_s"].items():
-        print(f"  {name:<30} {v['1x2']:14.0f} {v['2x1']:17.0f}")
-    c = res["checkpoints"]
     print(f"checkpoints, small model, 2 ranks, state {c['state_bytes_stored'] / mb:.1f} MB stored "
           f"(median of {c['repeats']} runs)")
     print(f"  sync save per checkpoint       {c['sync_save_s'] * 1e3:10.1f} ms")
@@ -238,17 +276,25 @@ def report(res):
           f"overhead {c['async_overhead'] * 100:+.1f}% "
           f"({c['async_overhead_of_medians'] * 100:+.1f}% of medians)")
     print("  (overhead: median over rounds of the round's ratio to its no-checkpoint run)")
-    w = res["write"]
+
+
+def report_io(w, ld):
+    mb = 1e6
     print(f"durable write, GPT-2 124M shapes, {w['bytes'] / mb:.1f} MB, --compress none")
-    print(f"  checkpoint (2 ranks)           {w['gb_s']:10.3f} GB/s   dd conv=fsync "
-          f"{w['dd_gb_s']:.3f} GB/s   ratio {w['over_dd']:.2f}")
-    ld = res["load"]
+    print(f"  checkpoint (2 ranks)           {w['gb_s']:10.3f} GB/s")
+    print(f"  dd bs=4M conv=fsync            {w['dd_gb_s']:10.3f} GB/s   "
+          f"checkpoint / dd {w['over_dd']:.2f}")
+    print(f"  dd bs=4M oflag=direct,fsync    {w['dd_direct_gb_s']:10.3f} GB/s   "
+          f"checkpoint / dd {w['over_dd_direct']:.2f}")
     print(f"load, the same {w['bytes'] / mb:.1f} MB, {ld['cache']}; "
           f"cat > /dev/null {ld['cat_gb_s']:.3f} GB/s")
     for ranks, v in sorted(ld["by_ranks"].items()):
         kind = "reshard 2->%d" % ranks if v["resharded"] else "same world 2->2"
         print(f"  {kind:<30} {v['gb_s']:10.3f} GB/s   ratio to cat {v['over_cat']:.2f}")
-    cm = res["compression"]
+
+
+def report_compression(cm):
+    mb = 1e6
     print(f"compression of the trained state ({cm['raw_bytes'] / mb:.1f} MB raw), offline reshard")
     print("  codec              ratio   whole reshard GB/s   codec-only GB/s")
     for r in cm["rows"]:

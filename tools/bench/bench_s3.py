@@ -31,8 +31,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import BIG, stored_bytes, train  # noqa: E402
-from bench_train import BUILD, DATA, ENV, ROOT, sh  # noqa: E402
+from bench import BIG, build, corpus, stored_bytes, train  # noqa: E402
+from bench_train import BUILD, ENV, ROOT  # noqa: E402
 
 CKPT = os.path.join(BUILD, "tools", "fsdp-ckpt")
 CEPH = os.path.join(ROOT, "tests", "s3", "ceph-s3.sh")
@@ -73,15 +73,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", default=BUILD, help="scratch directory")
     a = ap.parse_args()
-    subprocess.run([os.path.join(ROOT, "tools", "setup.sh")], check=True)
-    if not os.path.exists(os.path.join(BUILD, "build.ninja")):
-        subprocess.run(["meson", "setup", BUILD, ROOT], check=True, capture_output=True)
-    subprocess.run(["meson", "compile", "-C", BUILD], check=True, capture_output=True)
+    build()
     with tempfile.TemporaryDirectory(dir=a.dir, prefix="bench-s3-") as tmp:
-        data = os.path.join(tmp, "train.bin")
-        files = sorted(f for f in os.listdir("/usr/share/games/fortunes") if "." not in f)
-        sh([DATA, "prepare", "--doc-sep", "%", "--out", data] +
-           [os.path.join("/usr/share/games/fortunes", f) for f in files])
+        data = corpus(tmp)
         src = os.path.join(tmp, "src")
         print("bench: a checkpoint of GPT-2 124M's shapes", file=sys.stderr)
         train(data, 2, 1, 1, ["--ckpt", src, "--compress", "none"],
