@@ -4,7 +4,7 @@ server, same bytes. Starts Ceph RADOS Gateway on 127.0.0.1 (tests/s3/ceph-s3.sh,
 memstore: the objects live in the OSD's memory, so the disk is out of the
 picture for both sides), writes a --compress none checkpoint of GPT-2 124M's
 shapes (1.49 GB: parameters and both AdamW moments, 2 shards) on the local
-disk, then measures, R rounds interleaved, medians:
+disk, then measures, R rounds (default 2) interleaved, medians:
 
   upload     fsdp-ckpt cp DIR s3://...     (every chunk read and verified,
                                             shards as multipart uploads of
@@ -39,12 +39,14 @@ CEPH = os.path.join(ROOT, "tests", "s3", "ceph-s3.sh")
 AWS = "/usr/bin/aws"
 
 
-def timed(args, env):
+def timed(args, env, what=None):
     t0 = time.perf_counter()
     p = subprocess.run(args, env=env, capture_output=True, text=True, errors="replace")
     secs = time.perf_counter() - t0
     if p.returncode != 0:
-        sys.exit(f"bench: {' '.join(args[:4])}... failed:\n{p.stderr[-2000:]}")
+        sys.exit(f"bench: {' '.join(args)} failed:\n{(p.stdout + p.stderr)[-2000:]}")
+    if what:
+        print(f"  {what:<28} {secs:7.2f} s", file=sys.stderr)
     return secs
 
 
@@ -70,7 +72,9 @@ def start_server(tmp):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(BUILD, "bench-s3.json"))
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="rounds; RGW frees deleted objects lazily, and each round stores "
+                         "3 GB in an 8 GB memstore")
     ap.add_argument("--dir", default=BUILD, help="scratch directory")
     a = ap.parse_args()
     build()
@@ -102,14 +106,15 @@ def measure(tmp, src, step, nbytes, env, repeats):
         print(f"bench: round {r + 1}/{repeats}", file=sys.stderr)
         ours, theirs = f"s3://bench/ours{r}", f"s3://bench/aws{r}/step-00000001/"
         down = os.path.join(tmp, "down")
-        t["ours_up"].append(timed([CKPT, "cp", src, ours], env))
-        t["aws_up"].append(timed(aws + ["s3", "cp", "--recursive", "--quiet", step, theirs], env))
-        t["ours_verify"].append(timed([CKPT, "verify", ours], env))
+        t["ours_up"].append(timed([CKPT, "cp", src, ours], env, "fsdp-ckpt cp fs -> s3"))
+        t["aws_up"].append(timed(aws + ["s3", "cp", "--recursive", "--quiet", step, theirs], env,
+                                 "aws s3 cp fs -> s3"))
+        t["ours_verify"].append(timed([CKPT, "verify", ours], env, "fsdp-ckpt verify s3"))
         shutil.rmtree(down, ignore_errors=True)
-        t["ours_down"].append(timed([CKPT, "cp", ours, down], env))
+        t["ours_down"].append(timed([CKPT, "cp", ours, down], env, "fsdp-ckpt cp s3 -> fs"))
         shutil.rmtree(down, ignore_errors=True)
         t["aws_down"].append(timed(aws + ["s3", "cp", "--recursive", "--quiet", theirs, down],
-                                   env))
+                                   env, "aws s3 cp s3 -> fs"))
         if stored_bytes(down) != nbytes:
             sys.exit(f"bench: the AWS CLI downloaded {stored_bytes(down)} of {nbytes} bytes")
         shutil.rmtree(down)
