@@ -287,6 +287,51 @@ static void s3_abort(struct storage_writer *wb)
     free_writer(s, w);
 }
 
+/* The ETag S3 gives a multipart object: the MD5 of the parts' binary MD5s,
+ * "-" and the number of parts (quoted, as the ETag header sends it). */
+static int multipart_etag(const struct s3_writer *w, char *out, size_t n)
+{
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    if (!md || !EVP_DigestInit_ex(md, EVP_md5(), NULL)) {
+        EVP_MD_CTX_free(md);
+        return -1;
+    }
+    int ok = 1;
+    for (int i = 0; ok && i < w->next_part; i++) {
+        const char *e = w->etags[i] + (w->etags[i][0] == '"');
+        unsigned char bin[16];
+        for (int j = 0; ok && j < 16; j++)
+            ok = sscanf(e + 2 * j, "%2hhx", &bin[j]) == 1;
+        ok = ok && EVP_DigestUpdate(md, bin, sizeof bin);
+    }
+    unsigned char sum[16];
+    unsigned int len = 0;
+    ok = ok && EVP_DigestFinal_ex(md, sum, &len) && len == 16;
+    EVP_MD_CTX_free(md);
+    if (!ok)
+        return -1;
+    size_t o = (size_t)snprintf(out, n, "\"");
+    for (int j = 0; j < 16; j++)
+        o += (size_t)snprintf(out + o, n - o, "%02x", sum[j]);
+    snprintf(out + o, n - o, "-%d\"", w->next_part);
+    return 0;
+}
+
+/* A CompleteMultipartUpload retried after its answer was lost meets
+ * NoSuchUpload when the first attempt did complete it: the object is then
+ * there with the ETag of exactly our parts. */
+static int completed_before(struct s3_store *s, struct s3_writer *w)
+{
+    char want[64], err[STORAGE_ERR_LEN];
+    if (multipart_etag(w, want, sizeof want))
+        return 0;
+    struct s3_request r = {.method = "HEAD", .bucket = s->bucket, .key = w->key};
+    int same = s3_perform(&s->c, &r, "HeadObject", err) == 0 && r.status == 200 &&
+               strcmp(r.etag, want) == 0;
+    s3_buf_free(&r.resp);
+    return same;
+}
+
 static int complete(struct s3_store *s, struct s3_writer *w, char *err)
 {
     size_t cap = (size_t)w->next_part * 200 + 128;
@@ -304,6 +349,11 @@ static int complete(struct s3_store *s, struct s3_writer *w, char *err)
     struct s3_request r = {.method = "POST", .bucket = s->bucket, .key = w->key, .query = q,
                            .body = xml, .body_len = o};
     int rc = s3_perform(&s->c, &r, "CompleteMultipartUpload", err);
+    if (!rc && r.status == 404 && r.attempts > 1 && completed_before(s, w)) {
+        s3_buf_free(&r.resp);
+        free(xml);
+        return 0;
+    }
     /* S3 may answer 200 with an <Error> body; RGW sends an empty ETag */
     if (!rc && (r.status != 200 || (r.resp.p && strstr(r.resp.p, "<Error>")))) {
         if (r.status == 200)

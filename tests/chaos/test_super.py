@@ -276,6 +276,9 @@ def chaos_with_host_changes_verifies_every_reshard(tmp):
     out, err = finish(p, limit=3000)
     assert p.returncode == 0, err[-3000:]
     evs = events_of(ev)
+    chaos = [e["kind"] for e in evs if e["event"] == "chaos" and not e.get("armed")]
+    print(f"  faults injected: { {k: chaos.count(k) for k in sorted(set(chaos))} }")
+    print("  " + "\n  ".join(l for l in err.splitlines()[-9:]))
     resizes = [e for e in evs if e["event"] == "resize"]
     verified = [e for e in evs if e["event"] == "load_verified"]
     print(f"  {len(resizes)} resizes: {[(e['from'], e['to']) for e in resizes]}; "

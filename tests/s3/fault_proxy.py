@@ -9,6 +9,8 @@ server. Each request takes the next action of the plan (then "pass"):
   forbid     answer 403 AccessDenied (a final error: must not be retried)
   drop       forward (the server acts on the request), then reset the
              client's connection without relaying the answer: a lost answer
+  nosuchupload  answer 404 NoSuchUpload without forwarding (what some
+             servers say to a CompleteMultipartUpload already carried out)
 
 set_rate(share, seed, actions) instead draws, for every request, one of the
 actions with probability share (seeded) and passes the rest.
@@ -25,6 +27,10 @@ import time
 SLOWDOWN = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SlowDown</Code>"
             b"<Message>Please reduce your request rate.</Message></Error>")
 FORBID = b"<?xml version=\"1.0\"?><Error><Code>AccessDenied</Code><Message></Message></Error>"
+NOSUCHUPLOAD = b"<?xml version=\"1.0\"?><Error><Code>NoSuchUpload</Code><Message></Message></Error>"
+
+ANSWERS = {"slowdown": (b"503 Slow Down", SLOWDOWN), "forbid": (b"403 Forbidden", FORBID),
+           "nosuchupload": (b"404 Not Found", NOSUCHUPLOAD)}
 
 
 def read_head(sock, buf):
@@ -108,9 +114,8 @@ class FaultProxy:
                 if action == "reset":
                     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     return
-                if action in ("slowdown", "forbid"):
-                    status, xml = ((b"503 Slow Down", SLOWDOWN) if action == "slowdown"
-                                   else (b"403 Forbidden", FORBID))
+                if action in ANSWERS:
+                    status, xml = ANSWERS[action]
                     conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/xml\r\n"
                                  b"Content-Length: " + str(len(xml)).encode() + b"\r\n\r\n" + xml)
                     continue

@@ -267,6 +267,24 @@ def a_lost_answer_to_a_conditional_put_is_told_apart(tmp):
     p = cat("pia", b, "step/MANIFEST.json", data=b"theirs", check=False, env=via)
     assert p.returncode == 3 and b"already exists" in p.stderr, p.stderr
     assert cat("get", b, "step/MANIFEST.json").stdout == b"ours"
+    # a multipart upload whose CompleteMultipartUpload answer is lost: create
+    # and three parts pass, the completion is carried out and its answer dropped
+    data = random_bytes(17 * MIB, 6)
+    proxy.set_plan(["pass"] * 4 + ["drop"])
+    p = cat("put", b, "step/shard", data=data, check=False, env=via)
+    assert p.returncode == 0, p.stderr
+    done = [w for w, a in proxy.seen if a == "drop"]
+    assert len(done) == 1 and done[0].startswith("POST") and "uploadId=" in done[0], proxy.seen
+    assert cat("get", b, "step/shard").stdout == data
+    # the same, on a server that answers the repeated completion NoSuchUpload:
+    # the object's ETag is that of exactly our parts, so the upload succeeded
+    data = random_bytes(17 * MIB, 7)
+    proxy.set_plan(["pass"] * 4 + ["drop", "nosuchupload"])
+    p = cat("put", b, "step/shard2", data=data, check=False, env=via)
+    assert p.returncode == 0, p.stderr
+    assert [a for _, a in proxy.seen][4:7] == ["drop", "nosuchupload", "pass"], proxy.seen
+    assert proxy.seen[6][0].startswith("HEAD"), proxy.seen
+    assert cat("get", b, "step/shard2").stdout == data
 
 
 def fs_reference(tmp, data, common):
