@@ -11,7 +11,7 @@ table and writes it as JSON. Installs what is missing and builds first.
                   median of the steps after the first three.
   checkpoints     small model, 2 ranks, 50 steps with none, sync and async
                   checkpoints every 10 steps, R rounds of one run each,
-                  interleaved. The
+                  interleaved, the order rotated round to round. The
                   window is the 50 steps' wall time (the log's elapsed_s at
                   step 50), which holds the checkpoints of steps 10..40; per
                   checkpoint, the time the training loop spent in checkpoint
@@ -92,8 +92,12 @@ def checkpoint_overheads(data, tmp, repeats):
     modes = {"none": [], "sync": ["--ckpt-every", str(EVERY)],
              "async": ["--ckpt-every", str(EVERY), "--ckpt-async"]}
     runs = {m: [] for m in modes}
+    names = list(modes)
     for r in range(repeats):
-        for m, extra in modes.items():
+        # the VM's speed drifts by several percent over minutes: each round
+        # runs the three modes in a rotated order, so no mode always goes first
+        for m in names[r % 3:] + names[:r % 3]:
+            extra = modes[m]
             ck = os.path.join(tmp, "ck-" + m)
             shutil.rmtree(ck, ignore_errors=True)
             if m != "none":
@@ -111,6 +115,7 @@ def checkpoint_overheads(data, tmp, repeats):
     paired = {m: statistics.median(runs[m][r]["wall_s"] / runs["none"][r]["wall_s"]
                                    for r in range(repeats)) - 1 for m in ("sync", "async")}
     per = {m: statistics.median(x["ckpt_s"] for x in runs[m]) / n_ckpt for m in ("sync", "async")}
+    none = [x["wall_s"] for x in runs["none"]]
     return {
         "runs": runs, "repeats": repeats, "steps": STEPS, "every": EVERY,
         "checkpoints_in_window": n_ckpt,
@@ -121,6 +126,11 @@ def checkpoint_overheads(data, tmp, repeats):
         "sync_overhead_of_medians": med["sync"] / med["none"] - 1,
         "async_overhead_of_medians": med["async"] / med["none"] - 1,
         "sync_overhead": paired["sync"], "async_overhead": paired["async"],
+        # the noise floor: how far apart the no-checkpoint runs themselves are
+        "none_spread": (max(none) - min(none)) / statistics.median(none),
+        # what checkpoints cost the loop directly: its time in checkpoint work
+        "sync_loop_share": per["sync"] * n_ckpt / med["none"],
+        "async_loop_share": per["async"] * n_ckpt / med["none"],
     }
 
 
@@ -275,7 +285,10 @@ def report_checkpoints(c):
     print(f"            async every {c['every']}      {c['step_s']['async'] * 1e3:10.1f} ms   "
           f"overhead {c['async_overhead'] * 100:+.1f}% "
           f"({c['async_overhead_of_medians'] * 100:+.1f}% of medians)")
-    print("  (overhead: median over rounds of the round's ratio to its no-checkpoint run)")
+    print("  (overhead: median over rounds of the round's ratio to its no-checkpoint run;")
+    print(f"   the no-checkpoint runs alone spread over {c['none_spread'] * 100:.1f}% of their "
+          f"median; time the loop spent in checkpoint work: sync "
+          f"{c['sync_loop_share'] * 100:.2f}%, async {c['async_loop_share'] * 100:.2f}%)")
 
 
 def report_io(w, ld):
