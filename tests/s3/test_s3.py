@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 from harness import (BUILD, CKPT, ENV, TRAIN, committed_steps, digest, job_pids,  # noqa: E402
-                     kill_job, launch, main, mpirun, prepare_corpus, run,
+                     kill_job, launch, main, mpirun, prepare_corpus, run, slow,
                      wait_stopped_or_exit)
 from fault_proxy import FaultProxy  # noqa: E402
 
@@ -294,6 +294,7 @@ def fs_reference(tmp, data, common):
     return digest(ref)
 
 
+@slow  # the C paths it takes are covered quickly by the lost-answer and fault tests
 def training_rides_through_ten_percent_transient_faults(tmp):
     """Every request has a 10% chance of a reset, a 503 SlowDown, a cut
     body, a lost answer or a stall; a run killed mid-way and resumed through
