@@ -265,6 +265,8 @@ static void log_step(struct trainer *t, long long step, double loss, double lr, 
             json_object_set_new(j, "val_loss", json_real(val));
         if (j && samples)
             json_object_set(j, "samples", samples);
+        if (j && hb_generation()) /* the log is appended to by every launch */
+            json_object_set_new(j, "generation", json_integer((json_int_t)hb_generation()));
         if (j) {
             json_dumpf(j, t->log, JSON_COMPACT | JSON_REAL_PRECISION(17));
             fputc('\n', t->log);

@@ -153,9 +153,10 @@ def main(tests):
             print(f"skip {t.__name__} (slow; FSDP_QUICK=1)", flush=True)
             continue
         with tempfile.TemporaryDirectory(prefix="fsdp-test-") as tmp:
+            t0 = time.monotonic()
             try:
                 t(tmp)
-                print(f"ok   {t.__name__}", flush=True)
+                print(f"ok   {t.__name__} ({time.monotonic() - t0:.1f} s)", flush=True)
             except Exception:
                 failed += 1
                 print(f"FAIL {t.__name__}", flush=True)
