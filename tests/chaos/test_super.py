@@ -53,6 +53,11 @@ def events_of(path):
     return out
 
 
+def last_fault_s(evs):
+    """Seconds from the first event to the last injected fault."""
+    return max(e["t"] for e in evs if e["event"] == "chaos") - evs[0]["t"]
+
+
 def wait_event(path, pred, limit=120):
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
@@ -200,8 +205,9 @@ def preemption_notice_costs_at_most_the_step_in_progress(tmp):
     took = emergency["t"] - posted
     resumed = wait_event(ev, lambda e: e["event"] == "resumed" and e["step"] > 0)
     # everything the first launch computed was saved: its last logged step is the checkpoint
-    gens = sorted({s["generation"] for s in read_log(log)})
-    steps_gen1 = [s["step"] for s in read_log(log) if s["generation"] == gens[0]]
+    lines = read_log(log)
+    first_gen = min(s["generation"] for s in lines)
+    steps_gen1 = [s["step"] for s in lines if s["generation"] == first_gen]
     print(f"  notice -> emergency checkpoint at step {emergency['step']} in {took:.1f} s; "
           f"last step computed {steps_gen1[-1]}; relaunch resumed at {resumed['step']}")
     assert took < 10, "the emergency checkpoint missed the 10 s deadline"
@@ -252,9 +258,8 @@ def chaos_at_a_fixed_world_size_keeps_the_digest(tmp):
     assert p.returncode == 0, err[-3000:]
     chaos = [e["kind"] for e in events_of(ev) if e["event"] == "chaos" and not e.get("armed")]
     kinds = {k: chaos.count(k) for k in set(chaos)}
-    evs = events_of(ev)
-    last = max(e["t"] for e in evs if e["event"] == "chaos") - evs[0]["t"]
-    print(f"  faults injected: {kinds}; the last {last:.1f} s after the start")
+    print(f"  faults injected: {kinds}; the last {last_fault_s(events_of(ev)):.1f} s "
+          "after the start")
     print("  " + "\n  ".join(l for l in err.splitlines()[-9:]))
     assert digest(f"{tmp}/ck") == digest(ref), "the chaos run's final state differs"
     want = dict(x.split("=") for x in spec.split(",") if x.split("=")[0] in
@@ -282,9 +287,8 @@ def chaos_with_host_changes_verifies_every_reshard(tmp):
     assert p.returncode == 0, err[-3000:]
     evs = events_of(ev)
     chaos = [e["kind"] for e in evs if e["event"] == "chaos" and not e.get("armed")]
-    last = max(e["t"] for e in evs if e["event"] == "chaos") - evs[0]["t"]
     print(f"  faults injected: { {k: chaos.count(k) for k in sorted(set(chaos))} }; "
-          f"the last {last:.1f} s after the start")
+          f"the last {last_fault_s(evs):.1f} s after the start")
     print("  " + "\n  ".join(l for l in err.splitlines()[-9:]))
     resizes = [e for e in evs if e["event"] == "resize"]
     verified = [e for e in evs if e["event"] == "load_verified"]
