@@ -1,5 +1,11 @@
 /*
  * data.c - reading, validating and writing token files; the sample stream.
+ *
+ * Token files are regular files, read and written: a FIFO, device node,
+ * socket or directory named as one is refused with one line naming it.
+ * Reading opens with O_NONBLOCK (a FIFO must never hang the trainer in
+ * open()); writing never replaces anything but a regular file (rename()
+ * would turn /dev/null into a token file).
  */
 #include "data.h"
 
@@ -20,13 +26,29 @@ static uint32_t le32(const unsigned char *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+static const char *kind_of(mode_t m)
+{
+    return S_ISFIFO(m)   ? "a FIFO"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISSOCK(m) ? "a socket"
+           : S_ISDIR(m)  ? "a directory"
+           : S_ISLNK(m)  ? "a symbolic link"
+                         : "not a regular file";
+}
+
 int token_file_open(struct token_file *f, const char *path, int vocab, char *err)
 {
     memset(f, 0, sizeof *f);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    /* the type first: a device is never even opened; O_NONBLOCK for what
+     * is swapped in between, so a FIFO cannot block open() */
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return fsdp_err(err, "%s: is %s, not a regular file (a token file is one)", path,
+                        kind_of(st.st_mode));
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return fsdp_err(err, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
     if (fstat(fd, &st) < 0) {
         int e = errno;
         close(fd);
@@ -34,7 +56,8 @@ int token_file_open(struct token_file *f, const char *path, int vocab, char *err
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return fsdp_err(err, "%s: not a regular file", path);
+        return fsdp_err(err, "%s: is %s, not a regular file (a token file is one)", path,
+                        kind_of(st.st_mode));
     }
     const size_t hdr = DATA_HEADER_INTS * 4, len = (size_t)st.st_size;
     if (len < hdr) {
@@ -108,16 +131,47 @@ static int write_all(int fd, const void *buf, size_t n)
     return 0;
 }
 
+int token_file_check_output(const char *path, char *err)
+{
+    struct stat st;
+    if (lstat(path, &st) == 0) {
+        if (S_ISREG(st.st_mode))
+            return 0;
+        return fsdp_err(err, "%s: exists and is %s, not a regular file; refusing to replace it "
+                             "with a token file (name a new file)", path, kind_of(st.st_mode));
+    }
+    if (errno != ENOENT)
+        return fsdp_err(err, "%s: cannot stat: %s", path, strerror(errno));
+    return 0;
+}
+
+/* A new temporary next to path; a regular file left there by an earlier
+ * process of the same id goes first, anything else is never opened. */
+static int create_tmp(const char *tmp, char *err)
+{
+    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    int fd = open(tmp, flags, 0644);
+    struct stat st;
+    if (fd < 0 && errno == EEXIST && lstat(tmp, &st) == 0 && S_ISREG(st.st_mode) &&
+        unlink(tmp) == 0)
+        fd = open(tmp, flags, 0644);
+    if (fd < 0)
+        return fsdp_err(err, "%s: cannot create: %s", tmp, strerror(errno));
+    return fd;
+}
+
 int token_file_write(const char *path, const uint16_t *tokens, size_t n, char *err)
 {
     if (n > INT32_MAX)
         return fsdp_err(err, "%s: %zu tokens do not fit the format's int32 count", path, n);
+    if (token_file_check_output(path, err))
+        return -1;
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
         return fsdp_err(err, "%s: path too long", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = create_tmp(tmp, err);
     if (fd < 0)
-        return fsdp_err(err, "%s: cannot create: %s", tmp, strerror(errno));
+        return -1;
     int32_t header[DATA_HEADER_INTS] = {DATA_MAGIC, DATA_VERSION, (int32_t)n};
     /* The format is little-endian; so is every machine this builds for. */
     _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "little-endian host");

@@ -32,8 +32,13 @@ struct token_file {
 int token_file_open(struct token_file *f, const char *path, int vocab, char *err);
 void token_file_close(struct token_file *f);
 
-/* Writes tokens to path atomically (temporary file, fsync, rename). */
+/* Writes tokens to path atomically (temporary file, fsync, rename); path
+ * must be absent or a regular file (token_file_check_output). */
 int token_file_write(const char *path, const uint16_t *tokens, size_t n, char *err);
+/* 0 when path is absent or a regular file; an error naming it when it is
+ * anything else (device node, FIFO, directory, symbolic link), which a
+ * write would replace. */
+int token_file_check_output(const char *path, char *err);
 
 struct sample_stream {
     const struct token_file *file;

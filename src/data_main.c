@@ -99,13 +99,13 @@ static int read_file(const char *path, unsigned char **out, size_t *len, char *e
         buf = nb;
         cap *= 2;
     }
-    int bad = ferror(f);
+    int bad = ferror(f), e = errno; /* EISDIR for a directory */
     fclose(f);
     if (!buf)
         return fsdp_err(err, "%s: out of memory", path);
     if (bad) {
         free(buf);
-        return fsdp_err(err, "%s: read error", path);
+        return fsdp_err(err, "%s: cannot read: %s", path, strerror(e ? e : EIO));
     }
     *out = buf;
     *len = n;
@@ -229,7 +229,10 @@ int main(int argc, char **argv)
         return 2;
     }
     struct split s = {.val_fraction = val_out ? frac : 0.0};
-    int rc = 0;
+    /* before any work: an output that is not a regular file is refused */
+    int rc = token_file_check_output(out, err);
+    if (!rc && val_out)
+        rc = token_file_check_output(val_out, err);
     for (int i = first_input; i < argc && !rc; i++)
         rc = split_file(&s, argv[i], sep, err);
     if (!rc && s.train.n == 0)

@@ -18,23 +18,28 @@
  * same reason. Deletions fsync the directory too: a deleted manifest must
  * stay deleted before the shards it describes go (see ckpt/).
  *
- * Shards are written with O_DIRECT: the bytes go from an aligned staging
- * buffer straight to the device, not through the page cache. A checkpoint
- * is gigabytes that nobody reads back soon; buffered, every byte is copied
- * into freshly allocated cache pages (on these VMs the first touch of a
- * page runs at about 0.3 GB/s, which made write() the whole cost of a save)
- * and then evicts the training job's own cache. O_DIRECT still needs the
- * fsync of step 2: it makes the data reach the device, not the inode's size
- * and extents. The last partial block goes through the cache (O_DIRECT
- * cleared with fcntl). A filesystem that refuses O_DIRECT (EINVAL at open or
- * at a write) gets buffered writes for that object; FSDP_DIRECT_IO=0 turns
- * it off.
+ * Nothing inside a store is ever followed. A store holds only directories
+ * and regular files; a symbolic link, FIFO, socket or device anywhere in
+ * it is refused, naming its path, by every operation that meets it (read,
+ * write, stat, delete, list), so a link planted in a store can neither
+ * redirect a write onto another run's committed step nor hide from a
+ * listing. Every key is resolved from the root one component at a time:
+ * openat(O_DIRECTORY | O_NOFOLLOW) for each directory, the *at calls with
+ * that directory's descriptor for the leaf (create with O_EXCL |
+ * O_NOFOLLOW, renameat, linkat, unlinkat, fstatat(AT_SYMLINK_NOFOLLOW)),
+ * and files are read only after fstat says S_ISREG (opened O_NONBLOCK, so
+ * a FIFO can never block). The root the user named may itself be a link:
+ * that is the user's choice, resolved once when the store is opened (or
+ * when its first write creates it, or again if it was removed).
+ *
+ * The bytes themselves (staging buffers, O_DIRECT) are posix_io.c's.
  */
-#include "storage.h"
+#include "posix_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,39 +47,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define DIRECT_ALIGN 4096     /* a multiple of every logical block size in use */
-#define DIRECT_BUF (8u << 20) /* bytes staged per O_DIRECT write */
-
-struct posix_store {
-    struct storage base;
-    char root[1024];
-    int direct; /* try O_DIRECT for writers */
-    pthread_mutex_t mu;
-    unsigned long counter;
-    unsigned char *spare[2]; /* staging buffers kept for the next writer (warm pages) */
-};
-
-/* A writer either writes through the page cache as it is handed bytes, or
- * (staged) fills one of two aligned buffers while its I/O thread writes the
- * other with O_DIRECT, so hashing and compressing the next bytes overlaps
- * the device's work on the previous ones. Writes stay in order: a buffer is
- * handed over only once the previous one is written. */
-struct posix_writer {
-    struct storage_writer base;
-    int fd;
-    char tmp[2048], path[2048];
-    int staged;
-    unsigned char *buf[2]; /* DIRECT_BUF bytes each, DIRECT_ALIGN-aligned */
-    int cur;               /* the buffer being filled */
-    size_t fill;
-    /* shared with the I/O thread, under mu */
-    pthread_t io;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int pending; /* buffer the I/O thread is to write, -1: none */
-    int quit, io_errno;
-    int direct; /* fd has O_DIRECT: the I/O thread's, or the owner's once it is idle */
-};
+#define MAX_KEY    400  /* bytes in a key */
+#define MAX_LISTED 1024 /* bytes in a key a listing meets (temporaries included) */
 
 static struct posix_store *P(struct storage *s) { return (struct posix_store *)s; }
 
@@ -84,16 +58,83 @@ static int fail(char *err, const char *op, const char *path, int e)
     return STORAGE_ERROR;
 }
 
-/* Keys are relative paths of plain components: no "..", no empty parts. */
+static int oom(char *err)
+{
+    snprintf(err, STORAGE_ERR_LEN, "storage: out of memory");
+    return STORAGE_ERROR;
+}
+
+/* "ROOT/" and the first len bytes of key: what messages name. */
+static void where(const struct posix_store *s, const char *key, size_t len, char *out, size_t n)
+{
+    snprintf(out, n, "%s/%.*s", s->root, (int)len, key);
+}
+
+static const char *kind_of(mode_t m)
+{
+    return S_ISLNK(m)    ? "a symbolic link"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISSOCK(m) ? "a socket"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISDIR(m)  ? "a directory"
+           : S_ISREG(m)  ? "a regular file"
+                         : "a special file";
+}
+
+/* The one refusal of anything but a directory or a regular file. */
+static int refuse(char *err, const char *path, mode_t m)
+{
+    snprintf(err, STORAGE_ERR_LEN,
+             "%s: is %s; a checkpoint store holds only directories and regular files", path,
+             kind_of(m));
+    return STORAGE_ERROR;
+}
+
+/* What name in dir is, not followed: 0 with *sb, STORAGE_NOT_FOUND, or an
+ * error naming path. */
+static int entry_stat(int dir, const char *name, const char *path, struct stat *sb, char *err)
+{
+    if (fstatat(dir, name, sb, AT_SYMLINK_NOFOLLOW) == 0)
+        return 0;
+    if (errno == ENOENT) {
+        snprintf(err, STORAGE_ERR_LEN, "%s: not found", path);
+        return STORAGE_NOT_FOUND;
+    }
+    return fail(err, "stat", path, errno);
+}
+
+/* An object's name: absent (STORAGE_NOT_FOUND) or a regular file (0, *sb
+ * filled); a directory or anything special is refused naming path. */
+static int object_stat(int dir, const char *name, const char *path, struct stat *sb, char *err)
+{
+    int rc = entry_stat(dir, name, path, sb, err);
+    if (rc || S_ISREG(sb->st_mode))
+        return rc;
+    if (S_ISDIR(sb->st_mode)) {
+        snprintf(err, STORAGE_ERR_LEN, "%s: is a directory, not an object", path);
+        return STORAGE_ERROR;
+    }
+    return refuse(err, path, sb->st_mode);
+}
+
+/* storage_key_check's rule, and what a path here can hold. */
 static int key_ok(const char *key, char *err)
 {
-    size_t n = strlen(key);
-    int bad = n == 0 || n > 400 || key[0] == '/' || key[n - 1] == '/' || strstr(key, "//") ||
-              strcmp(key, "..") == 0 || strncmp(key, "../", 3) == 0 || strstr(key, "/../") ||
-              (n >= 3 && strcmp(key + n - 3, "/..") == 0);
-    if (bad)
-        snprintf(err, STORAGE_ERR_LEN, "storage: invalid key '%s'", key);
-    return bad ? STORAGE_ERROR : 0;
+    if (storage_key_check(key, err))
+        return STORAGE_ERROR;
+    const char *why = strlen(key) > MAX_KEY ? "longer than 400 bytes" : NULL;
+    for (const char *p = key; !why; p++) {
+        size_t len = strcspn(p, "/");
+        if (len > NAME_MAX)
+            why = "a part longer than NAME_MAX (255 bytes)";
+        p += len;
+        if (!*p)
+            break;
+    }
+    if (why)
+        snprintf(err, STORAGE_ERR_LEN, "storage: invalid key '%.100s...': %s", key, why);
+    return why ? STORAGE_ERROR : 0;
 }
 
 static int fsync_dir(const char *dir)
@@ -120,239 +161,189 @@ static void parent_of(const char *path, char *out, size_t n)
         snprintf(out, n, ".");
 }
 
-/* mkdir -p for the directory that will hold path; new directories are
- * fsynced into their parents. */
-static int make_parents(const char *path, char *err)
+/* mkdir -p of the root the user named (outside the store: links on its
+ * path are the user's); new directories are fsynced into their parents. */
+static int make_root(const char *dir, char *err)
 {
-    char dir[2048], parent[2048];
-    parent_of(path, dir, sizeof dir);
+    char parent[1024];
     struct stat st;
     if (stat(dir, &st) == 0)
         return S_ISDIR(st.st_mode) ? 0 : fail(err, "mkdir", dir, ENOTDIR);
-    if (make_parents(dir, err))
+    parent_of(dir, parent, sizeof parent);
+    if (strcmp(parent, dir) != 0 && make_root(parent, err))
         return STORAGE_ERROR;
     if (mkdir(dir, 0755) && errno != EEXIST)
         return fail(err, "mkdir", dir, errno);
-    parent_of(dir, parent, sizeof parent);
     if (fsync_dir(parent))
         return fail(err, "fsync directory", parent, errno);
     return 0;
 }
 
-static int full_path(struct posix_store *s, const char *key, char *out, size_t n, char *err)
+/* A descriptor of the root for the caller to close. The root is resolved
+ * once and kept open (under mu); it is opened again only when it did not
+ * exist yet or was removed since. create: make it if missing; otherwise a
+ * missing root is STORAGE_NOT_FOUND. */
+static int root_dir(struct posix_store *s, int create, int *out, char *err)
 {
-    if (key_ok(key, err))
-        return STORAGE_ERROR;
-    if ((size_t)snprintf(out, n, "%s/%s", s->root, key) >= n) {
-        snprintf(err, STORAGE_ERR_LEN, "storage: path too long for key '%s'", key);
-        return STORAGE_ERROR;
-    }
-    return 0;
-}
-
-static int write_fd(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* A spare staging buffer of the store, or a new one (NULL: none to be had). */
-static unsigned char *take_buffer(struct posix_store *s)
-{
-    unsigned char *b = NULL;
+    int rc = 0;
+    struct stat sb;
     pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < 2 && !b; i++) {
-        b = s->spare[i];
-        s->spare[i] = NULL;
+    if (s->root_fd >= 0 && (fstat(s->root_fd, &sb) || sb.st_nlink == 0)) {
+        close(s->root_fd); /* removed; every user holds a descriptor of its own */
+        s->root_fd = -1;
     }
-    pthread_mutex_unlock(&s->mu);
-    if (!b && posix_memalign((void **)&b, DIRECT_ALIGN, DIRECT_BUF))
-        b = NULL;
-    return b;
-}
-
-static void give_buffer(struct posix_store *s, unsigned char *b)
-{
-    pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < 2 && b; i++)
-        if (!s->spare[i]) {
-            s->spare[i] = b;
-            b = NULL;
-        }
-    pthread_mutex_unlock(&s->mu);
-    free(b);
-}
-
-/* From here on, plain buffered writes to the same file. */
-static int stop_direct(struct posix_writer *w)
-{
-    int fl = fcntl(w->fd, F_GETFL);
-    if (fl < 0 || fcntl(w->fd, F_SETFL, fl & ~O_DIRECT) < 0)
-        return -1;
-    w->direct = 0;
-    return 0;
-}
-
-/* Writes n staged bytes: whole blocks with O_DIRECT while the filesystem
- * takes them (EINVAL: it refuses this alignment), the rest buffered. */
-static int write_staged(struct posix_writer *w, const unsigned char *p, size_t n)
-{
-    while (n && w->direct && n % DIRECT_ALIGN == 0) {
-        ssize_t k = write(w->fd, p, n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0 && (errno != EINVAL || stop_direct(w)))
-            return -1;
-        if (k > 0) {
-            p += k;
-            n -= (size_t)k;
+    if (s->root_fd < 0 && create)
+        rc = make_root(s->root, err);
+    if (!rc && s->root_fd < 0) {
+        s->root_fd = open(s->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (s->root_fd < 0 && errno == ENOENT && !create) {
+            snprintf(err, STORAGE_ERR_LEN, "%s: not found", s->root);
+            rc = STORAGE_NOT_FOUND;
+        } else if (s->root_fd < 0) {
+            rc = fail(err, "open", s->root, errno);
         }
     }
-    if (n && w->direct && stop_direct(w))
-        return -1;
-    return write_fd(w->fd, p, n);
+    /* a new open file description, not a dup(): a listing's readdir
+     * position must not be shared */
+    if (!rc && (*out = openat(s->root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+        rc = fail(err, "open", s->root, errno);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
 }
 
-static void *io_main(void *arg)
+/* Opens directory name in dir without following it; path names it for
+ * messages. create: a missing one is made and fsynced into dir.
+ * STORAGE_NOT_FOUND (no message) when it is missing. */
+static int open_subdir(int dir, const char *name, const char *path, int create, int *out, char *err)
 {
-    struct posix_writer *w = arg;
-    pthread_mutex_lock(&w->mu);
-    for (;;) {
-        while (w->pending < 0 && !w->quit)
-            pthread_cond_wait(&w->cv, &w->mu);
-        if (w->pending < 0)
-            break;
-        const unsigned char *p = w->buf[w->pending];
-        pthread_mutex_unlock(&w->mu);
-        int rc = write_staged(w, p, DIRECT_BUF), e = errno;
-        pthread_mutex_lock(&w->mu);
-        if (rc && !w->io_errno)
-            w->io_errno = e ? e : EIO;
-        w->pending = -1;
-        pthread_cond_broadcast(&w->cv);
-    }
-    pthread_mutex_unlock(&w->mu);
-    return NULL;
-}
-
-/* Waits until the I/O thread has written what it was handed; -1 with errno
- * if any of its writes failed. */
-static int io_wait(struct posix_writer *w)
-{
-    pthread_mutex_lock(&w->mu);
-    while (w->pending >= 0)
-        pthread_cond_wait(&w->cv, &w->mu);
-    int e = w->io_errno;
-    pthread_mutex_unlock(&w->mu);
-    errno = e;
-    return e ? -1 : 0;
-}
-
-/* Hands the full current buffer to the I/O thread and fills the other. */
-static int io_submit(struct posix_writer *w)
-{
-    if (io_wait(w))
-        return -1;
-    pthread_mutex_lock(&w->mu);
-    w->pending = w->cur;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-    w->cur ^= 1;
-    w->fill = 0;
-    return 0;
-}
-
-static void io_stop(struct posix_writer *w)
-{
-    pthread_mutex_lock(&w->mu);
-    w->quit = 1;
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-    pthread_join(w->io, NULL);
-    pthread_cond_destroy(&w->cv);
-    pthread_mutex_destroy(&w->mu);
-}
-
-/* Two buffers and an I/O thread for fd (opened with O_DIRECT); on any
- * shortage the writer stays a plain buffered one. */
-static void start_staging(struct posix_store *s, struct posix_writer *w)
-{
-    w->buf[0] = take_buffer(s);
-    w->buf[1] = w->buf[0] ? take_buffer(s) : NULL;
-    w->pending = -1;
-    if (w->buf[1] && pthread_mutex_init(&w->mu, NULL) == 0) {
-        if (pthread_cond_init(&w->cv, NULL) == 0) {
-            if (pthread_create(&w->io, NULL, io_main, w) == 0) {
-                w->staged = 1;
-                return;
+    for (int tries = 0;; tries++) {
+        int fd = openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd >= 0) {
+            *out = fd;
+            return 0;
+        }
+        int e = errno;
+        struct stat sb;
+        if (e == ENOENT && create && tries < 3) {
+            if (mkdirat(dir, name, 0755) == 0) {
+                if (fsync(dir)) {
+                    char parent[2048];
+                    parent_of(path, parent, sizeof parent);
+                    return fail(err, "fsync directory", parent, errno);
+                }
+            } else if (errno != EEXIST) {
+                return fail(err, "mkdir", path, errno);
             }
-            pthread_cond_destroy(&w->cv);
+            continue;
         }
-        pthread_mutex_destroy(&w->mu);
+        if (e == ENOENT)
+            return STORAGE_NOT_FOUND;
+        if ((e == ELOOP || e == ENOTDIR) && fstatat(dir, name, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
+            if (S_ISREG(sb.st_mode)) {
+                snprintf(err, STORAGE_ERR_LEN, "%s: is a regular file, not a directory", path);
+                return STORAGE_ERROR;
+            }
+            if (!S_ISDIR(sb.st_mode))
+                return refuse(err, path, sb.st_mode);
+        }
+        return fail(err, "open", path, e);
     }
-    stop_direct(w);
+}
+
+/* Resolves every directory of key from the root, one component at a time,
+ * never following a link: *out is the directory that holds the last
+ * component (the caller closes it), *leaf that component inside key.
+ * create: missing directories are made (and the root). STORAGE_NOT_FOUND
+ * with "PATH: not found" when a directory or the root is missing. */
+static int open_parent(struct posix_store *s, const char *key, int create, int *out,
+                       const char **leaf, char *err)
+{
+    char path[2048];
+    int fd = -1, rc = key_ok(key, err);
+    if (!rc)
+        rc = root_dir(s, create, &fd, err);
+    const char *p = key;
+    for (const char *slash; !rc && (slash = strchr(p, '/')); p = slash + 1) {
+        char name[NAME_MAX + 1];
+        snprintf(name, sizeof name, "%.*s", (int)(slash - p), p); /* key_ok: it fits */
+        where(s, key, (size_t)(slash - key), path, sizeof path);
+        int next = -1;
+        rc = open_subdir(fd, name, path, create, &next, err);
+        close(fd);
+        fd = next;
+    }
+    if (rc == STORAGE_NOT_FOUND) {
+        where(s, key, strlen(key), path, sizeof path);
+        snprintf(err, STORAGE_ERR_LEN, "%s: not found", path);
+    }
+    if (rc)
+        return rc;
+    *leaf = p;
+    *out = fd;
+    return 0;
 }
 
 static void free_writer(struct posix_writer *w)
 {
-    if (w->staged)
-        io_stop(w);
-    for (int i = 0; i < 2; i++)
-        if (w->buf[i])
-            give_buffer(P(w->base.store), w->buf[i]);
+    posix_staging_free(w);
+    if (w->dir >= 0)
+        close(w->dir);
     free(w);
 }
 
-/* A writer on a new temporary; direct: stage for O_DIRECT if the store may. */
-static int open_writer(struct storage *st, const char *key, int direct,
-                       struct posix_writer **out, char *err)
+/* A writer on a new temporary; direct: stage for O_DIRECT if the store may.
+ * The object's name must be free or a regular file (which commit replaces). */
+static int open_writer(struct storage *st, const char *key, int direct, struct posix_writer **out,
+                       char *err)
 {
     struct posix_store *s = P(st);
     struct posix_writer *w = calloc(1, sizeof *w);
-    if (!w) {
-        snprintf(err, STORAGE_ERR_LEN, "storage: out of memory");
-        return STORAGE_ERROR;
-    }
+    if (!w)
+        return oom(err);
     w->base.store = st;
-    w->fd = -1;
+    w->fd = w->dir = -1;
     snprintf(w->base.key, sizeof w->base.key, "%s", key);
-    if (full_path(s, key, w->path, sizeof w->path, err) || make_parents(w->path, err)) {
-        free(w);
-        return STORAGE_ERROR;
-    }
+    const char *leaf;
+    struct stat sb;
+    int rc = open_parent(s, key, 1, &w->dir, &leaf, err);
+    if (rc)
+        goto fail;
+    snprintf(w->name, sizeof w->name, "%s", leaf);
+    where(s, key, strlen(key), w->path, sizeof w->path);
+    if ((rc = object_stat(w->dir, w->name, w->path, &sb, err)) == STORAGE_NOT_FOUND)
+        rc = 0;
+    if (rc)
+        goto fail;
     pthread_mutex_lock(&s->mu);
     unsigned long n = ++s->counter;
     pthread_mutex_unlock(&s->mu);
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%d.%lu", w->path, (int)getpid(), n);
-    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC;
+    if ((size_t)snprintf(w->tmpname, sizeof w->tmpname, "%s.tmp.%d.%lu", w->name, (int)getpid(),
+                         n) >= sizeof w->tmpname) {
+        rc = fail(err, "create", w->tmp, ENAMETOOLONG);
+        goto fail;
+    }
+    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
     if (direct && s->direct) {
-        w->fd = open(w->tmp, flags | O_DIRECT, 0644);
+        w->fd = openat(w->dir, w->tmpname, flags | O_DIRECT, 0644);
         if (w->fd >= 0) {
             w->direct = 1;
-            start_staging(s, w);
+            posix_staging_start(s, w);
         } else if (errno == EINVAL) { /* this filesystem has no O_DIRECT */
-            w->fd = open(w->tmp, flags, 0644);
+            w->fd = openat(w->dir, w->tmpname, flags, 0644);
         }
     } else {
-        w->fd = open(w->tmp, flags, 0644);
+        w->fd = openat(w->dir, w->tmpname, flags, 0644);
     }
     if (w->fd < 0) {
-        int rc = fail(err, "create", w->tmp, errno);
-        free_writer(w);
-        return rc;
+        rc = fail(err, "create", w->tmp, errno);
+        goto fail;
     }
     *out = w;
     return 0;
+fail:
+    free_writer(w);
+    return rc;
 }
 
 static int posix_put_begin(struct storage *st, const char *key, struct storage_writer **out,
@@ -367,58 +358,83 @@ static int posix_put_begin(struct storage *st, const char *key, struct storage_w
 static int posix_write(struct storage_writer *wb, const void *buf, size_t n, char *err)
 {
     struct posix_writer *w = (struct posix_writer *)wb;
-    if (!w->staged)
-        return write_fd(w->fd, buf, n) ? fail(err, "write", w->tmp, errno) : 0;
-    const unsigned char *p = buf;
-    while (n) {
-        size_t take = DIRECT_BUF - w->fill < n ? DIRECT_BUF - w->fill : n;
-        memcpy(w->buf[w->cur] + w->fill, p, take);
-        w->fill += take;
-        p += take;
-        n -= take;
-        if (w->fill == DIRECT_BUF && io_submit(w))
-            return fail(err, "write", w->tmp, errno);
-    }
-    return 0;
+    int rc = w->staged ? posix_staged_write(w, buf, n) : posix_write_all(w->fd, buf, n);
+    return rc ? fail(err, "write", w->tmp, errno) : 0;
 }
 
 static void posix_abort(struct storage_writer *wb)
 {
     struct posix_writer *w = (struct posix_writer *)wb;
-    if (w->staged)
-        io_wait(w);
+    posix_staging_wait(w);
     if (w->fd >= 0)
         close(w->fd);
-    unlink(w->tmp);
+    unlinkat(w->dir, w->tmpname, 0);
     free_writer(w);
 }
 
-/* Steps 2 and 3-4 of the header comment; on failure the temporary goes. */
-static int posix_commit(struct storage_writer *wb, char *err)
+/* Step 2 of the header comment: the temporary's bytes durable, closed. */
+static int finish_tmp(struct posix_writer *w, char *err)
 {
-    struct posix_writer *w = (struct posix_writer *)wb;
-    char dir[2048];
     int rc = 0;
-    if (w->staged) { /* the I/O thread's last buffer, then the rest, its tail buffered */
-        const unsigned char *p = w->buf[w->cur];
-        size_t whole = w->fill - w->fill % DIRECT_ALIGN;
-        if (io_wait(w) || write_staged(w, p, whole) || (w->direct && stop_direct(w)) ||
-            write_fd(w->fd, p + whole, w->fill - whole))
-            rc = fail(err, "write", w->tmp, errno);
-    }
+    if (w->staged && posix_staged_flush(w))
+        rc = fail(err, "write", w->tmp, errno);
     if (!rc && fsync(w->fd))
         rc = fail(err, "fsync", w->tmp, errno);
     if (close(w->fd) && !rc)
         rc = fail(err, "close", w->tmp, errno);
     w->fd = -1;
-    if (!rc && rename(w->tmp, w->path))
-        rc = fail(err, "rename to", w->path, errno);
+    return rc;
+}
+
+/* Step 4: the name change durable. */
+static int sync_dir(struct posix_writer *w, char *err)
+{
+    if (fsync(w->dir) == 0)
+        return 0;
+    char dir[2048];
     parent_of(w->path, dir, sizeof dir);
-    if (!rc && fsync_dir(dir))
-        rc = fail(err, "fsync directory", dir, errno);
+    return fail(err, "fsync directory", dir, errno);
+}
+
+/* Steps 2-4 of the header comment; on failure the temporary goes. The name
+ * is checked again just before the rename: a link or FIFO planted there
+ * while the object was written is refused, not replaced. */
+static int posix_commit(struct storage_writer *wb, char *err)
+{
+    struct posix_writer *w = (struct posix_writer *)wb;
+    struct stat sb;
+    int rc = finish_tmp(w, err);
+    if (!rc && (rc = object_stat(w->dir, w->name, w->path, &sb, err)) == STORAGE_NOT_FOUND)
+        rc = 0;
+    if (!rc && renameat(w->dir, w->tmpname, w->dir, w->name))
+        rc = fail(err, "rename to", w->path, errno);
+    if (!rc)
+        rc = sync_dir(w, err);
     if (rc)
-        unlink(w->tmp);
+        unlinkat(w->dir, w->tmpname, 0);
     free_writer(w);
+    return rc;
+}
+
+/* Moves the temporary to the object's name unless that name exists. */
+static int move_no_replace(struct posix_writer *w, char *err)
+{
+    const char *op = "rename to";
+    int rc = renameat2(w->dir, w->tmpname, w->dir, w->name, RENAME_NOREPLACE);
+    if (rc && (errno == EINVAL || errno == ENOSYS)) { /* no renameat2 here: link (then unlink) */
+        op = "link to";
+        rc = linkat(w->dir, w->tmpname, w->dir, w->name, 0);
+    }
+    if (rc == 0)
+        return 0;
+    if (errno != EEXIST)
+        return fail(err, op, w->path, errno);
+    struct stat sb; /* what holds the name: an object, or something to refuse */
+    rc = object_stat(w->dir, w->name, w->path, &sb, err);
+    if (rc == 0 || rc == STORAGE_NOT_FOUND) {
+        snprintf(err, STORAGE_ERR_LEN, "%s already exists", w->path);
+        rc = STORAGE_EXISTS;
+    }
     return rc;
 }
 
@@ -429,54 +445,65 @@ static int posix_put_if_absent(struct storage *st, const char *key, const void *
     int rc = open_writer(st, key, 0, &w, err);
     if (rc)
         return rc;
-    char dir[2048];
-    if (write_fd(w->fd, buf, n))
+    if (posix_write_all(w->fd, buf, n))
         rc = fail(err, "write", w->tmp, errno);
-    if (!rc && fsync(w->fd))
-        rc = fail(err, "fsync", w->tmp, errno);
-    if (close(w->fd) && !rc)
-        rc = fail(err, "close", w->tmp, errno);
-    w->fd = -1;
-    if (!rc) {
-        /* never replaces: of two racing writers exactly one wins */
-        if (renameat2(AT_FDCWD, w->tmp, AT_FDCWD, w->path, RENAME_NOREPLACE) == 0) {
-        } else if (errno == EEXIST) {
-            rc = STORAGE_EXISTS;
-            snprintf(err, STORAGE_ERR_LEN, "%s already exists", w->path);
-        } else if (errno == EINVAL || errno == ENOSYS) {
-            if (link(w->tmp, w->path) == 0)
-                unlink(w->tmp);
-            else if (errno == EEXIST) {
-                rc = STORAGE_EXISTS;
-                snprintf(err, STORAGE_ERR_LEN, "%s already exists", w->path);
-            } else
-                rc = fail(err, "link to", w->path, errno);
-        } else {
-            rc = fail(err, "rename to", w->path, errno);
-        }
-    }
-    parent_of(w->path, dir, sizeof dir);
-    if (!rc && fsync_dir(dir))
-        rc = fail(err, "fsync directory", dir, errno);
-    unlink(w->tmp);
+    if (!rc)
+        rc = finish_tmp(w, err);
+    if (!rc)
+        rc = move_no_replace(w, err); /* of two racing writers exactly one wins */
+    if (!rc)
+        rc = sync_dir(w, err);
+    unlinkat(w->dir, w->tmpname, 0); /* gone after a rename; the spare name after a link */
     free_writer(w);
     return rc;
 }
 
-static int posix_get_range(struct storage *st, const char *key, uint64_t off, size_t len,
-                           void *buf, char *err)
+/* Opens key's regular file for reading: O_NOFOLLOW, and O_NONBLOCK so a
+ * FIFO put there can never block; fstat must say S_ISREG. */
+static int open_object(struct posix_store *s, const char *key, int *out, char *path, size_t pn,
+                       char *err)
+{
+    const char *leaf;
+    struct stat sb;
+    int dir, rc = open_parent(s, key, 0, &dir, &leaf, err);
+    if (rc)
+        return rc;
+    where(s, key, strlen(key), path, pn);
+    if ((rc = object_stat(dir, leaf, path, &sb, err))) { /* a device is never even opened */
+        close(dir);
+        return rc;
+    }
+    int fd = openat(dir, leaf, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    int e = errno;
+    close(dir);
+    if (fd < 0 && e == ENOENT) {
+        snprintf(err, STORAGE_ERR_LEN, "%s: not found", path);
+        return STORAGE_NOT_FOUND;
+    }
+    if (fd < 0 && e == ELOOP)
+        return refuse(err, path, S_IFLNK);
+    if (fd < 0)
+        return fail(err, "open", path, e);
+    if (fstat(fd, &sb)) {
+        rc = fail(err, "stat", path, errno);
+        close(fd);
+        return rc;
+    }
+    if (!S_ISREG(sb.st_mode)) { /* swapped since the check above */
+        close(fd);
+        return refuse(err, path, sb.st_mode);
+    }
+    *out = fd;
+    return 0;
+}
+
+static int posix_get_range(struct storage *st, const char *key, uint64_t off, size_t len, void *buf,
+                           char *err)
 {
     char path[2048];
-    if (full_path(P(st), key, path, sizeof path, err))
-        return STORAGE_ERROR;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno == ENOENT) {
-            snprintf(err, STORAGE_ERR_LEN, "%s: not found", path);
-            return STORAGE_NOT_FOUND;
-        }
-        return fail(err, "open", path, errno);
-    }
+    int fd = -1, rc = open_object(P(st), key, &fd, path, sizeof path, err);
+    if (rc)
+        return rc;
     char *p = buf;
     size_t done = 0;
     while (done < len) {
@@ -484,84 +511,117 @@ static int posix_get_range(struct storage *st, const char *key, uint64_t off, si
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0) {
-            int e = errno;
-            close(fd);
-            return fail(err, "read", path, e);
+            rc = fail(err, "read", path, errno);
+            break;
         }
         if (r == 0) {
-            close(fd);
             snprintf(err, STORAGE_ERR_LEN,
                      "%s: truncated: wanted %zu bytes at offset %llu, found %zu", path, len,
                      (unsigned long long)off, done);
-            return STORAGE_ERROR;
+            rc = STORAGE_ERROR;
+            break;
         }
         done += (size_t)r;
     }
     close(fd);
-    return 0;
+    return rc;
 }
 
 static int posix_stat(struct storage *st, const char *key, uint64_t *size, char *err)
 {
+    const char *leaf;
     char path[2048];
-    if (full_path(P(st), key, path, sizeof path, err))
-        return STORAGE_ERROR;
     struct stat sb;
-    if (stat(path, &sb)) {
-        if (errno == ENOENT) {
-            snprintf(err, STORAGE_ERR_LEN, "%s: not found", path);
-            return STORAGE_NOT_FOUND;
-        }
-        return fail(err, "stat", path, errno);
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        snprintf(err, STORAGE_ERR_LEN, "%s: not a regular file", path);
-        return STORAGE_ERROR;
-    }
-    *size = (uint64_t)sb.st_size;
-    return 0;
+    int dir, rc = open_parent(P(st), key, 0, &dir, &leaf, err);
+    if (rc)
+        return rc;
+    where(P(st), key, strlen(key), path, sizeof path);
+    rc = object_stat(dir, leaf, path, &sb, err);
+    close(dir);
+    if (rc == 0)
+        *size = (uint64_t)sb.st_size;
+    return rc;
 }
 
 struct walk {
+    struct posix_store *s;
     const char *prefix;
+    size_t pl;
     int (*fn)(void *, const char *, uint64_t);
     void *arg;
     char *err;
+    char key[MAX_LISTED + 1]; /* the key of the entry at hand, built in place */
+    char path[2048];          /* for messages: not on the stack of every level */
 };
 
-/* Walks dir (the key prefix rel, "" at the root) depth first. */
-static int walk_dir(struct posix_store *s, const char *rel, struct walk *wk)
+/* Walks the directory fd (closed here) whose key is key[0..kl) ("" at the
+ * root) depth first. Only entries that can match the prefix are looked
+ * at; one that is neither a directory nor a regular file fails the listing
+ * naming its path: a listing never skips what it cannot read. */
+static int walk_dir(struct walk *wk, int fd, size_t kl)
 {
-    char path[2048];
-    snprintf(path, sizeof path, "%s%s%s", s->root, *rel ? "/" : "", rel);
-    DIR *d = opendir(path);
+    char *path = wk->path;
+    DIR *d = fdopendir(fd);
     if (!d) {
-        if (errno == ENOENT)
-            return 0;
-        return fail(wk->err, "list", path, errno);
+        int e = errno;
+        close(fd);
+        where(wk->s, wk->key, kl, path, sizeof wk->path);
+        return fail(wk->err, "list", path, e);
     }
     int rc = 0;
-    struct dirent *de;
-    while (!rc && (de = readdir(d))) {
-        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+    while (!rc) {
+        errno = 0;
+        struct dirent *de = readdir(d);
+        if (!de) {
+            if (errno) {
+                where(wk->s, wk->key, kl, path, sizeof wk->path);
+                rc = fail(wk->err, "list", path, errno);
+            }
+            break;
+        }
+        const char *name = de->d_name;
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
             continue;
-        char key[1024];
-        if ((size_t)snprintf(key, sizeof key, "%s%s%s", rel, *rel ? "/" : "", de->d_name) >=
-            sizeof key)
-            continue;
-        size_t kl = strlen(key), pl = strlen(wk->prefix);
+        size_t nl = strlen(name), el = kl + (kl ? 1 : 0) + nl;
+        if (el > MAX_LISTED) {
+            where(wk->s, wk->key, kl, path, sizeof wk->path);
+            snprintf(wk->err, STORAGE_ERR_LEN, "%s/%s: path longer than %d bytes in a store", path,
+                     name, MAX_LISTED);
+            rc = STORAGE_ERROR;
+            break;
+        }
+        if (kl)
+            wk->key[kl] = '/';
+        memcpy(wk->key + el - nl, name, nl + 1);
         /* descend only where the prefix can still match */
-        if (strncmp(key, wk->prefix, kl < pl ? kl : pl) != 0)
+        size_t n = el < wk->pl ? el : wk->pl;
+        if (strncmp(wk->key, wk->prefix, n) != 0)
             continue;
-        char full[2048];
-        snprintf(full, sizeof full, "%s/%s", s->root, key);
+        int matches = el >= wk->pl, on_the_way = !matches && wk->prefix[el] == '/';
         struct stat sb;
-        if (lstat(full, &sb))
-            continue; /* deleted while we listed */
-        if (S_ISDIR(sb.st_mode))
-            rc = walk_dir(s, key, wk);
-        else if (S_ISREG(sb.st_mode) && kl >= pl)
-            rc = wk->fn(wk->arg, key, (uint64_t)sb.st_size);
+        if (fstatat(dirfd(d), name, &sb, AT_SYMLINK_NOFOLLOW)) {
+            int e = errno;
+            if (e != ENOENT) { /* else deleted while we listed */
+                where(wk->s, wk->key, el, path, sizeof wk->path);
+                rc = fail(wk->err, "stat", path, e);
+            }
+            continue;
+        }
+        if (S_ISDIR(sb.st_mode)) {
+            int sub;
+            where(wk->s, wk->key, el, path, sizeof wk->path);
+            rc = open_subdir(dirfd(d), name, path, 0, &sub, wk->err);
+            if (rc == STORAGE_NOT_FOUND)
+                rc = 0; /* deleted while we listed */
+            else if (rc == 0)
+                rc = walk_dir(wk, sub, el);
+        } else if (S_ISREG(sb.st_mode)) {
+            if (matches)
+                rc = wk->fn(wk->arg, wk->key, (uint64_t)sb.st_size);
+        } else if (matches || on_the_way) {
+            where(wk->s, wk->key, el, path, sizeof wk->path);
+            rc = refuse(wk->err, path, sb.st_mode);
+        }
     }
     closedir(d);
     return rc;
@@ -570,33 +630,70 @@ static int walk_dir(struct posix_store *s, const char *rel, struct walk *wk)
 static int posix_list(struct storage *st, const char *prefix,
                       int (*fn)(void *, const char *, uint64_t), void *arg, char *err)
 {
-    struct walk wk = {prefix, fn, arg, err};
-    return walk_dir(P(st), "", &wk);
+    struct walk *wk = calloc(1, sizeof *wk);
+    if (!wk)
+        return oom(err);
+    *wk = (struct walk){
+        .s = P(st), .prefix = prefix, .pl = strlen(prefix), .fn = fn, .arg = arg, .err = err};
+    int fd, rc = root_dir(P(st), 0, &fd, err);
+    if (rc == STORAGE_NOT_FOUND)
+        rc = 0; /* no root yet: nothing in it */
+    else if (rc == 0)
+        rc = walk_dir(wk, fd, 0);
+    free(wk);
+    return rc;
+}
+
+/* Removes the directories of key that its deletion emptied, deepest first,
+ * up to (not including) the root. */
+static void drop_empty_dirs(struct posix_store *s, const char *key)
+{
+    char dirkey[MAX_KEY + 1], err[STORAGE_ERR_LEN];
+    snprintf(dirkey, sizeof dirkey, "%s", key);
+    for (char *slash; (slash = strrchr(dirkey, '/'));) {
+        *slash = 0;
+        const char *leaf;
+        int dir;
+        if (open_parent(s, dirkey, 0, &dir, &leaf, err))
+            return;
+        int gone = unlinkat(dir, leaf, AT_REMOVEDIR) == 0;
+        close(dir);
+        if (!gone)
+            return;
+    }
 }
 
 static int posix_del(struct storage *st, const char *key, char *err)
 {
     struct posix_store *s = P(st);
-    char path[2048], dir[2048];
-    if (full_path(s, key, path, sizeof path, err))
-        return STORAGE_ERROR;
-    if (unlink(path) && errno != ENOENT)
-        return fail(err, "delete", path, errno);
-    parent_of(path, dir, sizeof dir);
-    if (fsync_dir(dir) && errno != ENOENT)
-        return fail(err, "fsync directory", dir, errno);
-    /* drop directories the deletion emptied, up to the root */
-    while (strlen(dir) > strlen(s->root) && rmdir(dir) == 0) {
-        char up[2048];
-        parent_of(dir, up, sizeof up);
-        snprintf(dir, sizeof dir, "%s", up);
+    const char *leaf;
+    char path[2048];
+    struct stat sb;
+    int dir, rc = open_parent(s, key, 0, &dir, &leaf, err);
+    if (rc)
+        return rc == STORAGE_NOT_FOUND ? 0 : rc; /* absent is fine */
+    where(s, key, strlen(key), path, sizeof path);
+    rc = object_stat(dir, leaf, path, &sb, err);
+    if (rc == STORAGE_NOT_FOUND)
+        rc = 0;
+    else if (rc == 0 && unlinkat(dir, leaf, 0) && errno != ENOENT)
+        rc = fail(err, "delete", path, errno);
+    if (!rc && fsync(dir)) {
+        char parent[2048];
+        parent_of(path, parent, sizeof parent);
+        rc = fail(err, "fsync directory", parent, errno);
     }
-    return 0;
+    close(dir);
+    if (!rc)
+        drop_empty_dirs(s, key);
+    return rc;
 }
 
 static void posix_close(struct storage *st)
 {
     struct posix_store *s = P(st);
+    if (s->root_fd >= 0)
+        close(s->root_fd);
     pthread_mutex_destroy(&s->mu);
     free(s->spare[0]);
     free(s->spare[1]);
@@ -627,24 +724,35 @@ int storage_posix_open(const char *root, struct storage **out, char *err)
         return STORAGE_ERROR;
     }
     struct posix_store *s = calloc(1, sizeof *s);
-    if (!s) {
-        snprintf(err, STORAGE_ERR_LEN, "storage: out of memory");
-        return STORAGE_ERROR;
-    }
+    if (!s)
+        return oom(err);
     memcpy(s->root, root, n);
     s->root[n] = 0;
+    s->root_fd = -1;
     s->base.ops = &posix_ops;
     const char *direct = getenv("FSDP_DIRECT_IO");
     s->direct = !(direct && strcmp(direct, "0") == 0);
-    pthread_mutex_init(&s->mu, NULL);
+    if (pthread_mutex_init(&s->mu, NULL)) {
+        free(s);
+        return oom(err);
+    }
     snprintf(s->base.uri, sizeof s->base.uri, "%s", s->root);
+    /* the root is created by the first write, so reading commands leave no
+     * trace; one that exists is resolved now, links on its path followed */
     struct stat sb;
+    int fd = -1, rc = 0;
     if (stat(s->root, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
         snprintf(err, STORAGE_ERR_LEN, "%s: exists and is not a directory", s->root);
-        free(s);
-        return STORAGE_ERROR;
+        rc = STORAGE_ERROR;
+    } else if ((rc = root_dir(s, 0, &fd, err)) == STORAGE_NOT_FOUND) {
+        rc = 0;
     }
-    /* the root is created by the first write, so reading commands leave no trace */
+    if (fd >= 0)
+        close(fd);
+    if (rc) {
+        posix_close(&s->base);
+        return rc;
+    }
     *out = &s->base;
     return 0;
 }

@@ -12,6 +12,12 @@
  * object exists. On servers that ignore the header the put succeeds and
  * replaces the object: the commit protocol then relies on the generation
  * record (fencing) rather than on the condition.
+ *
+ * Keys and the bucket prefix are paths of plain names (storage_key_check):
+ * a "." or ".." part is refused, never sent, so s3://b/../x cannot leave
+ * its bucket or prefix. XML request bodies (DeleteObjects,
+ * CompleteMultipartUpload) are built with s3_buf's appends only, keys
+ * through the one escaping append.
  */
 #include "s3_internal.h"
 
@@ -23,6 +29,7 @@
 #include <string.h>
 
 #define MAX_PARTS 10000
+#define MAX_KEY 1024 /* bytes in an S3 object key, the prefix included */
 
 struct s3_store {
     struct storage base;
@@ -33,9 +40,38 @@ struct s3_store {
 
 #define S(s) ((struct s3_store *)(s))
 
-static void full_key(const struct s3_store *s, const char *key, char *out, size_t n)
+/* PREFIX/KEY into out (MAX_KEY + 1 bytes at least), after checking key:
+ * plain names only, and the whole within S3's limit. */
+static int full_key(const struct s3_store *s, const char *key, char *out, size_t n, char *err)
 {
-    snprintf(out, n, "%s%s%s", s->prefix, s->prefix[0] ? "/" : "", key);
+    if (storage_key_check(key, err))
+        return STORAGE_ERROR;
+    size_t len = (size_t)snprintf(out, n, "%s%s%s", s->prefix, s->prefix[0] ? "/" : "", key);
+    if (len > MAX_KEY || len >= n) {
+        snprintf(err, STORAGE_ERR_LEN, "storage: invalid key '%.100s...': s3://%s/%.100s... is "
+                 "longer than S3's %d bytes", key, s->bucket, out, MAX_KEY);
+        return STORAGE_ERROR;
+    }
+    return 0;
+}
+
+/* A listing prefix may end inside a name ("step-"); what comes before its
+ * last '/' follows the key rule, and none of it is a control character. */
+static int list_prefix_ok(const char *prefix, char *err)
+{
+    const char *slash = strrchr(prefix, '/');
+    char dirs[MAX_KEY + 1];
+    int bad = strlen(prefix) > MAX_KEY;
+    for (const char *p = prefix; !bad && *p; p++)
+        bad = (unsigned char)*p < 0x20 || *p == 0x7f;
+    if (!bad && slash) {
+        snprintf(dirs, sizeof dirs, "%.*s", (int)(slash - prefix), prefix);
+        bad = storage_key_problem(dirs) != NULL;
+    }
+    if (bad)
+        snprintf(err, STORAGE_ERR_LEN, "storage: invalid listing prefix '%.200s' (a path of "
+                 "plain names: no '.', '..' or empty parts, no control characters)", prefix);
+    return bad ? STORAGE_ERROR : 0;
 }
 
 /* ---- the writer ---------------------------------------------------------- */
@@ -107,7 +143,11 @@ static int start_part(struct s3_store *s, struct s3_writer *w, struct slot *sl, 
     if (s3_prepare(&s->c, sl->h, &sl->req, &sl->hdrs, err))
         return STORAGE_ERROR;
     curl_easy_setopt(sl->h, CURLOPT_PRIVATE, sl);
-    curl_multi_add_handle(s->c.multi, sl->h);
+    if (curl_multi_add_handle(s->c.multi, sl->h) != CURLM_OK) {
+        snprintf(err, STORAGE_ERR_LEN, "s3 UploadPart %s/%s part %d: cannot start the transfer",
+                 s->bucket, w->key, sl->part);
+        return STORAGE_ERROR;
+    }
     return 0;
 }
 
@@ -244,13 +284,17 @@ static int s3_put_begin(struct storage *st, const char *key, struct storage_writ
         goto oom;
     w->base.store = st;
     snprintf(w->base.key, sizeof w->base.key, "%s", key);
-    full_key(s, key, w->key, sizeof w->key);
-    w->nslots = s->c.cfg.parallel_parts + 1; /* one filling, the rest in flight */
-    w->slots = calloc((size_t)w->nslots, sizeof *w->slots);
+    if (full_key(s, key, w->key, sizeof w->key, err)) {
+        free(w);
+        return STORAGE_ERROR;
+    }
+    int nslots = s->c.cfg.parallel_parts + 1; /* one filling, the rest in flight */
+    w->slots = calloc((size_t)nslots, sizeof *w->slots);
+    if (w->slots)
+        w->nslots = nslots; /* free_writer walks the slots only once they exist */
     w->etags = calloc(MAX_PARTS, sizeof *w->etags);
     if (!w->slots || !w->etags || !(w->slots[0].buf = malloc(s->c.cfg.part_size))) {
-        if (w)
-            free_writer(s, w);
+        free_writer(s, w);
         goto oom;
     }
     *out = &w->base;
@@ -332,26 +376,38 @@ static int completed_before(struct s3_store *s, struct s3_writer *w)
     return same;
 }
 
+int s3_complete_body(const char (*etags)[128], int n, struct s3_buf *out)
+{
+    int bad = s3_buf_append_str(out, "<CompleteMultipartUpload>");
+    for (int i = 0; !bad && i < n; i++) {
+        char num[32];
+        snprintf(num, sizeof num, "%d", i + 1);
+        bad = s3_buf_append_str(out, "<Part><PartNumber>") || s3_buf_append_str(out, num) ||
+              s3_buf_append_str(out, "</PartNumber><ETag>") ||
+              s3_buf_append_xml_text(out, etags[i]) || s3_buf_append_str(out, "</ETag></Part>");
+    }
+    bad = bad || s3_buf_append_str(out, "</CompleteMultipartUpload>");
+    if (bad)
+        s3_buf_free(out);
+    return bad ? -1 : 0;
+}
+
 static int complete(struct s3_store *s, struct s3_writer *w, char *err)
 {
-    size_t cap = (size_t)w->next_part * 200 + 128;
-    char *xml = malloc(cap), q[1700];
-    if (!xml) {
-        snprintf(err, STORAGE_ERR_LEN, "s3: out of memory");
+    char q[1700];
+    struct s3_buf xml = {0};
+    if (s3_complete_body((const char (*)[128])w->etags, w->next_part, &xml)) {
+        snprintf(err, STORAGE_ERR_LEN, "s3 CompleteMultipartUpload %s/%s: out of memory for "
+                 "the request body (or an ETag XML cannot carry)", s->bucket, w->key);
         return STORAGE_ERROR;
     }
-    size_t o = (size_t)snprintf(xml, cap, "<CompleteMultipartUpload>");
-    for (int i = 0; i < w->next_part; i++)
-        o += (size_t)snprintf(xml + o, cap - o, "<Part><PartNumber>%d</PartNumber><ETag>%s</ETag>"
-                              "</Part>", i + 1, w->etags[i]);
-    o += (size_t)snprintf(xml + o, cap - o, "</CompleteMultipartUpload>");
     snprintf(q, sizeof q, "uploadId=%s", w->upload_id_enc);
     struct s3_request r = {.method = "POST", .bucket = s->bucket, .key = w->key, .query = q,
-                           .body = xml, .body_len = o};
+                           .body = xml.p, .body_len = xml.len};
     int rc = s3_perform(&s->c, &r, "CompleteMultipartUpload", err);
     if (!rc && r.status == 404 && r.attempts > 1 && completed_before(s, w)) {
         s3_buf_free(&r.resp);
-        free(xml);
+        s3_buf_free(&xml);
         return 0;
     }
     /* S3 may answer 200 with an <Error> body; RGW sends an empty ETag */
@@ -369,7 +425,7 @@ static int complete(struct s3_store *s, struct s3_writer *w, char *err)
         rc = s3_http_error(&r, "CompleteMultipartUpload", err);
     }
     s3_buf_free(&r.resp);
-    free(xml);
+    s3_buf_free(&xml);
     return rc;
 }
 
@@ -410,9 +466,10 @@ static int s3_get_range(struct storage *st, const char *key, uint64_t off, size_
 {
     struct s3_store *s = S(st);
     char k[1100], range[96];
+    if (full_key(s, key, k, sizeof k, err))
+        return STORAGE_ERROR;
     if (len == 0)
         return 0;
-    full_key(s, key, k, sizeof k);
     snprintf(range, sizeof range, "Range: bytes=%llu-%llu", (unsigned long long)off,
              (unsigned long long)(off + len - 1));
     struct s3_request r = {.method = "GET", .bucket = s->bucket, .key = k, .into = buf,
@@ -437,7 +494,8 @@ static int s3_stat(struct storage *st, const char *key, uint64_t *size, char *er
 {
     struct s3_store *s = S(st);
     char k[1100];
-    full_key(s, key, k, sizeof k);
+    if (full_key(s, key, k, sizeof k, err))
+        return STORAGE_ERROR;
     struct s3_request r = {.method = "HEAD", .bucket = s->bucket, .key = k};
     int rc = s3_perform(&s->c, &r, "HeadObject", err);
     if (!rc && r.status == 404) {
@@ -457,7 +515,14 @@ static int s3_list(struct storage *st, const char *prefix,
 {
     struct s3_store *s = S(st);
     char full[1100], efull[3400], token[2048] = "", etok[6200], q[10000];
-    full_key(s, prefix, full, sizeof full);
+    if (list_prefix_ok(prefix, err))
+        return STORAGE_ERROR;
+    if ((size_t)snprintf(full, sizeof full, "%s%s%s", s->prefix, s->prefix[0] ? "/" : "",
+                         prefix) > MAX_KEY) {
+        snprintf(err, STORAGE_ERR_LEN, "storage: listing prefix '%.100s...' longer than S3's %d "
+                 "bytes", prefix, MAX_KEY);
+        return STORAGE_ERROR;
+    }
     sigv4_uri_encode(full, strlen(full), 0, efull, sizeof efull);
     size_t strip = s->prefix[0] ? strlen(s->prefix) + 1 : 0;
     for (;;) {
@@ -488,8 +553,14 @@ static int s3_list(struct storage *st, const char *prefix,
                 key = it->text;
             else if (strcmp(it->parent, "Contents") == 0 && strcmp(it->name, "Size") == 0 &&
                      key) {
-                if (strlen(key) >= strip)
+                /* only keys under our prefix: anything else is the server's error */
+                if (strip && (strncmp(key, s->prefix, strip - 1) != 0 || key[strip - 1] != '/')) {
+                    snprintf(err, STORAGE_ERR_LEN, "s3 ListObjectsV2 %s: the answer lists "
+                             "'%.200s', outside the prefix '%s/'", s->bucket, key, s->prefix);
+                    rc = STORAGE_ERROR;
+                } else {
                     rc = fn(arg, key + strip, strtoull(it->text, NULL, 10));
+                }
                 key = NULL;
             } else if (strcmp(it->name, "IsTruncated") == 0)
                 truncated = strcmp(it->text, "true") == 0;
@@ -514,7 +585,8 @@ static int s3_del(struct storage *st, const char *key, char *err)
 {
     struct s3_store *s = S(st);
     char k[1100];
-    full_key(s, key, k, sizeof k);
+    if (full_key(s, key, k, sizeof k, err))
+        return STORAGE_ERROR;
     struct s3_request r = {.method = "DELETE", .bucket = s->bucket, .key = k};
     int rc = s3_perform(&s->c, &r, "DeleteObject", err);
     if (!rc && r.status != 204 && r.status != 200 && r.status != 404)
@@ -523,47 +595,55 @@ static int s3_del(struct storage *st, const char *key, char *err)
     return rc;
 }
 
+int s3_delete_body(const char *prefix, const char *const *keys, int n, struct s3_buf *out)
+{
+    int bad = s3_buf_append_str(out, "<Delete><Quiet>true</Quiet>");
+    for (int i = 0; !bad && i < n; i++) {
+        bad = s3_buf_append_str(out, "<Object><Key>") ||
+              (prefix[0] && (s3_buf_append_xml_text(out, prefix) ||
+                             s3_buf_append_str(out, "/"))) ||
+              s3_buf_append_xml_text(out, keys[i]) || s3_buf_append_str(out, "</Key></Object>");
+    }
+    bad = bad || s3_buf_append_str(out, "</Delete>");
+    if (bad)
+        s3_buf_free(out);
+    return bad ? -1 : 0;
+}
+
 /* DeleteObjects, up to 1000 keys a request (Content-MD5 is required). */
 static int s3_del_many(struct storage *st, const char *const *keys, int n, char *err)
 {
     struct s3_store *s = S(st);
+    for (int i = 0; i < n; i++) { /* every key checked before anything is deleted */
+        char k[1100];
+        if (full_key(s, keys[i], k, sizeof k, err))
+            return STORAGE_ERROR;
+    }
     for (int at = 0; at < n; at += 1000) {
         int m = n - at < 1000 ? n - at : 1000;
-        size_t cap = (size_t)m * 1200 + 128, o = 0;
-        char *xml = malloc(cap);
-        if (!xml) {
-            snprintf(err, STORAGE_ERR_LEN, "s3: out of memory");
+        struct s3_buf xml = {0};
+        unsigned char md5[16];
+        unsigned int mdlen = 0;
+        if (s3_delete_body(s->prefix, keys + at, m, &xml) ||
+            !EVP_Digest(xml.p, xml.len, md5, &mdlen, EVP_md5(), NULL) || mdlen != 16) {
+            s3_buf_free(&xml);
+            snprintf(err, STORAGE_ERR_LEN, "s3 DeleteObjects %s: cannot build the request "
+                     "(out of memory, or OpenSSL failed)", s->bucket);
             return STORAGE_ERROR;
         }
-        o += (size_t)snprintf(xml, cap, "<Delete><Quiet>true</Quiet>");
-        for (int i = 0; i < m; i++) {
-            char k[1100];
-            full_key(s, keys[at + i], k, sizeof k);
-            o += (size_t)snprintf(xml + o, cap - o, "<Object><Key>");
-            for (const char *p = k; *p && o + 8 < cap; p++) { /* escape for XML */
-                const char *e = *p == '&' ? "&amp;" : *p == '<' ? "&lt;" : *p == '>' ? "&gt;" : NULL;
-                if (e)
-                    o += (size_t)snprintf(xml + o, cap - o, "%s", e);
-                else
-                    xml[o++] = *p;
-            }
-            o += (size_t)snprintf(xml + o, cap - o, "</Key></Object>");
-        }
-        o += (size_t)snprintf(xml + o, cap - o, "</Delete>");
-        unsigned char md5[16];
-        unsigned int mdlen = 16;
-        EVP_Digest(xml, o, md5, &mdlen, EVP_md5(), NULL);
         char b64[32], hdr[64];
         EVP_EncodeBlock((unsigned char *)b64, md5, 16);
         snprintf(hdr, sizeof hdr, "Content-MD5: %s", b64);
         struct s3_request r = {.method = "POST", .bucket = s->bucket, .query = "delete=",
-                               .body = xml, .body_len = o};
+                               .body = xml.p, .body_len = xml.len};
         r.extra[0] = hdr;
         int rc = s3_perform(&s->c, &r, "DeleteObjects", err);
         if (!rc && r.status != 200)
             rc = s3_http_error(&r, "DeleteObjects", err);
         if (!rc && r.resp.p && strstr(r.resp.p, "<Error>")) {
             struct s3_xml x;
+            snprintf(err, STORAGE_ERR_LEN, "s3 DeleteObjects %s: an error in the answer",
+                     s->bucket);
             if (s3_xml_parse(r.resp.p, r.resp.len, &x) == 0) {
                 const char *key = s3_xml_first(&x, "Key"), *code = s3_xml_first(&x, "Code");
                 snprintf(err, STORAGE_ERR_LEN, "s3 DeleteObjects %s: %s: %s", s->bucket,
@@ -573,7 +653,7 @@ static int s3_del_many(struct storage *st, const char *const *keys, int n, char 
             rc = STORAGE_ERROR;
         }
         s3_buf_free(&r.resp);
-        free(xml);
+        s3_buf_free(&xml);
         if (rc)
             return rc;
     }
@@ -603,7 +683,8 @@ static int s3_put_if_absent(struct storage *st, const char *key, const void *buf
 {
     struct s3_store *s = S(st);
     char k[1100];
-    full_key(s, key, k, sizeof k);
+    if (full_key(s, key, k, sizeof k, err))
+        return STORAGE_ERROR;
     struct s3_request r = {.method = "PUT", .bucket = s->bucket, .key = k, .body = buf,
                            .body_len = n};
     r.extra[0] = "If-None-Match: *";
@@ -643,17 +724,20 @@ static const struct storage_ops s3_ops = {
     .close = s3_close,
 };
 
+static int alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
+
 int storage_s3_open(const char *uri, struct storage **out, char *err)
 {
     const char *p = uri + 5; /* after s3:// */
     const char *slash = strchr(p, '/');
     size_t bl = slash ? (size_t)(slash - p) : strlen(p);
-    int ok = bl >= 3 && bl <= 63;
+    /* S3's bucket naming rules: no "." or ".." can stand in for a bucket */
+    int ok = bl >= 3 && bl <= 63 && alnum(p[0]) && alnum(p[bl - 1]);
     for (size_t i = 0; ok && i < bl; i++)
-        ok = (p[i] >= 'a' && p[i] <= 'z') || (p[i] >= '0' && p[i] <= '9') || p[i] == '-' ||
-             p[i] == '.';
+        ok = (alnum(p[i]) || p[i] == '-' || p[i] == '.') && !(p[i] == '.' && p[i + 1] == '.');
     if (!ok) {
-        snprintf(err, STORAGE_ERR_LEN, "storage: '%s': bucket must be 3-63 of a-z 0-9 . -", uri);
+        snprintf(err, STORAGE_ERR_LEN, "storage: '%s': a bucket name is 3-63 of a-z 0-9 . -, "
+                 "starting and ending with a letter or digit, without '..'", uri);
         return STORAGE_ERROR;
     }
     struct s3_store *s = calloc(1, sizeof *s);
@@ -673,6 +757,14 @@ int storage_s3_open(const char *uri, struct storage **out, char *err)
             return STORAGE_ERROR;
         }
         memcpy(s->prefix, pre, pl);
+        /* a prefix is a path of plain names: s3://b/../x would leave the bucket */
+        const char *why = pl ? storage_key_problem(s->prefix) : NULL;
+        if (why) {
+            snprintf(err, STORAGE_ERR_LEN, "storage: '%s': the prefix has %s (a bucket prefix "
+                     "is a path of plain names)", uri, why);
+            free(s);
+            return STORAGE_ERROR;
+        }
     }
     if (s3_client_init(&s->c, err)) {
         free(s);

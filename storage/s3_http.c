@@ -1,6 +1,12 @@
 /*
- * s3_http.c - configuration, signed requests over libcurl, retries, and
- * the XML of S3's answers (expat).
+ * s3_http.c - configuration, signed requests over libcurl, retries, the
+ * XML of S3's answers (expat) and of our request bodies.
+ *
+ * Request bodies are built in a growing buffer (struct s3_buf) by appends
+ * that check every size themselves, key text through one escaping append:
+ * no caller computes a capacity, so none can miscount one. Paths are sent
+ * exactly as signed (CURLOPT_PATH_AS_IS: curl must not remove dot
+ * segments; the backend refuses keys that have them anyway).
  *
  * Retry policy: exponential backoff with full jitter (sleep a uniform
  * random time in [0, min(cap, base * 2^attempt))) on HTTP 500, 502, 503,
@@ -211,10 +217,12 @@ static void xml_end(void *ud, const char *name)
     if (s->depth > 0 && s->depth <= 8)
         snprintf(it->parent, sizeof it->parent, "%s", s->stack[s->depth - 1]);
     it->text = malloc(s->text.len + 1);
-    if (it->text) {
-        memcpy(it->text, s->text.p ? s->text.p : "", s->text.len);
-        it->text[s->text.len] = 0;
+    if (!it->text) {
+        s->failed = 1; /* readers use text unchecked */
+        return;
     }
+    memcpy(it->text, s->text.p ? s->text.p : "", s->text.len);
+    it->text[s->text.len] = 0;
     s->text.len = 0;
 }
 
@@ -268,10 +276,12 @@ int s3_client_init(struct s3_client *c, char *err)
     if (s3_config_load(&c->cfg, err))
         return STORAGE_ERROR;
     static int global;
-    if (!global) {
-        curl_global_init(CURL_GLOBAL_DEFAULT);
-        global = 1;
+    if (!global && curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        s3_client_free(c);
+        snprintf(err, STORAGE_ERR_LEN, "s3: cannot initialise libcurl");
+        return STORAGE_ERROR;
     }
+    global = 1;
     c->easy = curl_easy_init();
     c->multi = curl_multi_init();
     if (!c->easy || !c->multi) {
@@ -294,25 +304,58 @@ void s3_client_free(struct s3_client *c)
     c->multi = NULL;
 }
 
-static size_t buf_add(struct s3_buf *b, const char *data, size_t n)
+int s3_buf_append(struct s3_buf *b, const void *data, size_t n)
 {
-    size_t limit = b->limit ? b->limit : (64u << 20);
-    if (b->len + n + 1 > limit)
-        return 0;
-    if (b->len + n + 1 > b->cap) {
+    size_t limit = b->limit ? b->limit : S3_BUF_LIMIT;
+    if (b->len >= limit || n >= limit - b->len) /* len + n + 1 <= limit, without overflow */
+        return -1;
+    size_t need = b->len + n + 1;
+    if (need > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1)
-            cap *= 2;
+        while (cap < need)
+            cap = cap > limit / 2 ? limit : cap * 2;
         char *p = realloc(b->p, cap);
         if (!p)
-            return 0;
+            return -1;
         b->p = p;
         b->cap = cap;
     }
-    memcpy(b->p + b->len, data, n);
+    if (n)
+        memcpy(b->p + b->len, data, n);
     b->len += n;
     b->p[b->len] = 0;
-    return n;
+    return 0;
+}
+
+int s3_buf_append_str(struct s3_buf *b, const char *s) { return s3_buf_append(b, s, strlen(s)); }
+
+int s3_buf_append_xml_text(struct s3_buf *b, const char *s)
+{
+    const size_t start = b->len; /* all of s or nothing */
+    for (const char *run = s;; s++) {
+        unsigned char c = (unsigned char)*s;
+        const char *e = c == '&'    ? "&amp;"
+                        : c == '<'  ? "&lt;"
+                        : c == '>'  ? "&gt;"
+                        : c == '"'  ? "&quot;"
+                        : c == '\'' ? "&apos;"
+                        : c == '\t' ? "&#9;"
+                        : c == '\n' ? "&#10;" /* a parser would fold a raw CR LF into LF */
+                        : c == '\r' ? "&#13;"
+                                    : NULL;
+        int bad = !e && c != 0 && c < 0x20; /* XML 1.0 cannot carry one at all */
+        if (!bad && !e && c != 0)
+            continue;
+        if (bad || s3_buf_append(b, run, (size_t)(s - run)) || (e && s3_buf_append_str(b, e))) {
+            b->len = start;
+            if (b->p)
+                b->p[start] = 0;
+            return -1;
+        }
+        if (c == 0)
+            return 0;
+        run = s + 1;
+    }
 }
 
 /* Body bytes: into the caller's buffer for a successful ranged GET (never
@@ -333,7 +376,7 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud)
         return bytes;
     }
     r->received += bytes;
-    return buf_add(&r->resp, data, bytes) == bytes ? bytes : 0;
+    return s3_buf_append(&r->resp, data, bytes) == 0 ? bytes : 0;
 }
 
 static size_t on_header(char *data, size_t size, size_t n, void *ud)
@@ -371,13 +414,28 @@ static void amz_now(char out[17])
     strftime(out, 17, "%Y%m%dT%H%M%SZ", &tm);
 }
 
-static void sha256_hex(const void *p, size_t n, char out[65])
+static int sha256_hex(const void *p, size_t n, char out[65])
 {
     unsigned char d[32];
     unsigned int len = 32;
-    EVP_Digest(p, n, d, &len, EVP_sha256(), NULL);
+    if (!EVP_Digest(p, n, d, &len, EVP_sha256(), NULL) || len != 32)
+        return -1;
     for (int i = 0; i < 32; i++)
         snprintf(out + 2 * i, 3, "%02x", d[i]);
+    return 0;
+}
+
+/* Appends line to *l; on failure frees the whole list (*l = NULL). */
+static int header_add(struct curl_slist **l, const char *line)
+{
+    struct curl_slist *n = curl_slist_append(*l, line);
+    if (!n) {
+        curl_slist_free_all(*l);
+        *l = NULL;
+        return -1;
+    }
+    *l = n;
+    return 0;
 }
 
 int s3_prepare(struct s3_client *c, CURL *h, struct s3_request *r, struct curl_slist **hdrs,
@@ -400,7 +458,10 @@ int s3_prepare(struct s3_client *c, CURL *h, struct s3_request *r, struct curl_s
              r->query && *r->query ? "?" : "", r->query ? r->query : "");
     amz_now(date);
     /* the real payload hash on every request; UNSIGNED-PAYLOAD is never used */
-    sha256_hex(r->body ? r->body : "", r->body ? r->body_len : 0, sha);
+    if (sha256_hex(r->body ? r->body : "", r->body ? r->body_len : 0, sha)) {
+        snprintf(err, STORAGE_ERR_LEN, "s3: cannot hash a request body (OpenSSL failed)");
+        return STORAGE_ERROR;
+    }
 
     struct sigv4_kv kv[6];
     char names[6][64], values[6][512];
@@ -423,29 +484,31 @@ int s3_prepare(struct s3_client *c, CURL *h, struct s3_request *r, struct curl_s
                              cfg->session_token[0] ? cfg->session_token : NULL, 1};
     static __thread struct sigv4_output out;
     if (sigv4_sign(&in, &out)) {
-        snprintf(err, STORAGE_ERR_LEN, "s3: request too large to sign");
+        snprintf(err, STORAGE_ERR_LEN, "s3: cannot sign a request (too large, or OpenSSL failed)");
         return STORAGE_ERROR;
     }
     char line[8192];
     struct curl_slist *l = NULL;
+    *hdrs = NULL;
     snprintf(line, sizeof line, "Host: %s", host);
-    l = curl_slist_append(l, line);
+    int bad = header_add(&l, line);
     snprintf(line, sizeof line, "x-amz-date: %s", date);
-    l = curl_slist_append(l, line);
+    bad = bad || header_add(&l, line);
     snprintf(line, sizeof line, "x-amz-content-sha256: %s", sha);
-    l = curl_slist_append(l, line);
+    bad = bad || header_add(&l, line);
     if (cfg->session_token[0]) {
         snprintf(line, sizeof line, "x-amz-security-token: %s", cfg->session_token);
-        l = curl_slist_append(l, line);
+        bad = bad || header_add(&l, line);
     }
     for (int i = 0; i < 4 && r->extra[i]; i++)
-        l = curl_slist_append(l, r->extra[i]);
+        bad = bad || header_add(&l, r->extra[i]);
     snprintf(line, sizeof line, "Authorization: %s", out.authorization);
-    l = curl_slist_append(l, line);
-    l = curl_slist_append(l, "Expect:"); /* no 100-continue round trip */
+    bad = bad || header_add(&l, line);
+    bad = bad || header_add(&l, "Expect:"); /* no 100-continue round trip */
     memset(&out, 0, sizeof out);
     memset(line, 0, sizeof line);
-    *hdrs = l;
+    if (bad)
+        goto oom;
 
     curl_easy_reset(h);
     r->h = h;
@@ -455,7 +518,11 @@ int s3_prepare(struct s3_client *c, CURL *h, struct s3_request *r, struct curl_s
     r->etag[0] = r->code[0] = 0;
     r->content_length = 0;
     r->status = 0;
-    curl_easy_setopt(h, CURLOPT_URL, url);
+    /* options that copy a string can fail (out of memory) */
+    if (curl_easy_setopt(h, CURLOPT_URL, url) != CURLE_OK ||
+        (cfg->ca_bundle[0] && curl_easy_setopt(h, CURLOPT_CAINFO, cfg->ca_bundle) != CURLE_OK))
+        goto oom;
+    curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L); /* the path as signed, dot segments and all */
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, l);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
@@ -467,8 +534,6 @@ int s3_prepare(struct s3_client *c, CURL *h, struct s3_request *r, struct curl_s
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, cfg->timeout_s);
     curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
     curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
-    if (cfg->ca_bundle[0])
-        curl_easy_setopt(h, CURLOPT_CAINFO, cfg->ca_bundle);
     if (strcmp(r->method, "PUT") == 0) {
         curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
         curl_easy_setopt(h, CURLOPT_READFUNCTION, on_send);
@@ -480,10 +545,17 @@ int s3_prepare(struct s3_client *c, CURL *h, struct s3_request *r, struct curl_s
         curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)r->body_len);
     } else if (strcmp(r->method, "HEAD") == 0) {
         curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
-    } else if (strcmp(r->method, "GET") != 0) {
-        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r->method);
+    } else if (strcmp(r->method, "GET") != 0 &&
+               curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r->method) != CURLE_OK) {
+        goto oom;
     }
+    *hdrs = l;
     return 0;
+oom:
+    curl_easy_reset(h); /* it must not keep a pointer to the list freed here */
+    curl_slist_free_all(l);
+    snprintf(err, STORAGE_ERR_LEN, "s3: out of memory for a request");
+    return STORAGE_ERROR;
 }
 
 static int retryable_code(const char *code)
@@ -579,8 +651,7 @@ int s3_perform(struct s3_client *c, struct s3_request *r, const char *op, char *
             break;
     }
     snprintf(err, STORAGE_ERR_LEN, "s3 %s %s: %s (after %d attempt%s)", op,
-             what(r, obj, sizeof obj), why, c->cfg.max_attempts,
-             c->cfg.max_attempts > 1 ? "s" : "");
+             what(r, obj, sizeof obj), why, r->attempts, r->attempts > 1 ? "s" : "");
     return STORAGE_ERROR;
 }
 

@@ -32,11 +32,28 @@ struct s3_config {
  * FSDP_S3_* tuning. Never prints a secret. */
 int s3_config_load(struct s3_config *c, char *err);
 
+/* A growing buffer (answers, request bodies), always NUL-terminated;
+ * limit: most bytes it may hold (0: S3_BUF_LIMIT). */
+#define S3_BUF_LIMIT ((size_t)64 << 20)
 struct s3_buf {
     char *p;
     size_t len, cap, limit;
 };
 void s3_buf_free(struct s3_buf *b);
+/* 0, or -1 (b unchanged) when the bytes would pass the limit or memory ran out. */
+int s3_buf_append(struct s3_buf *b, const void *data, size_t n);
+int s3_buf_append_str(struct s3_buf *b, const char *s);
+/* s as XML character data: & < > " ' escaped, tab, LF and CR as character
+ * references; -1 (b unchanged) for any other control character (XML 1.0
+ * has no way to carry one), or as s3_buf_append. */
+int s3_buf_append_xml_text(struct s3_buf *b, const char *s);
+
+/* Request bodies, built only with the appends above. DeleteObjects (Quiet)
+ * for PREFIX/KEY of each key (prefix "" for none); CompleteMultipartUpload
+ * for parts 1..n with their ETags. 0, or -1 (out of memory, or a key XML
+ * cannot carry); out is freed on failure. */
+int s3_delete_body(const char *prefix, const char *const *keys, int n, struct s3_buf *out);
+int s3_complete_body(const char (*etags)[128], int n, struct s3_buf *out);
 
 /* One request. body/body_len: what to send; into/into_len: a caller buffer
  * the response body must fill exactly (ranged GET), else resp collects it. */

@@ -78,18 +78,24 @@ static void hexify(const unsigned char *d, size_t n, char *out)
         snprintf(out + 2 * i, 3, "%02x", d[i]);
 }
 
-static void sha256_hex(const char *s, size_t n, char out[65])
+/* OpenSSL's one-shot calls allocate inside and can fail: 0 or -1. */
+static int sha256_hex(const char *s, size_t n, char out[65])
 {
     unsigned char d[32];
-    unsigned int len = 32;
-    EVP_Digest(s, n, d, &len, EVP_sha256(), NULL);
+    unsigned int len = 0;
+    if (!EVP_Digest(s, n, d, &len, EVP_sha256(), NULL) || len != 32)
+        return -1;
     hexify(d, 32, out);
+    return 0;
 }
 
-static void hmac(const unsigned char *key, size_t klen, const char *msg, unsigned char out[32])
+static int hmac(const unsigned char *key, size_t klen, const char *msg, unsigned char out[32])
 {
-    unsigned int len = 32;
-    HMAC(EVP_sha256(), key, (int)klen, (const unsigned char *)msg, strlen(msg), out, &len);
+    unsigned int len = 0;
+    if (!HMAC(EVP_sha256(), key, (int)klen, (const unsigned char *)msg, strlen(msg), out, &len) ||
+        len != 32)
+        return -1;
+    return 0;
 }
 
 /* ---- canonical query -------------------------------------------------- */
@@ -251,21 +257,26 @@ int sigv4_sign(const struct sigv4_input *in, struct sigv4_output *out)
     char day[9], scope[160], creq_hash[65];
     snprintf(day, sizeof day, "%.8s", in->amz_date);
     snprintf(scope, sizeof scope, "%s/%s/%s/aws4_request", day, in->region, in->service);
-    sha256_hex(out->canonical_request, strlen(out->canonical_request), creq_hash);
+    if (sha256_hex(out->canonical_request, strlen(out->canonical_request), creq_hash))
+        goto out;
     snprintf(out->string_to_sign, sizeof out->string_to_sign, "AWS4-HMAC-SHA256\n%s\n%s\n%s",
              in->amz_date, scope, creq_hash);
 
     unsigned char k[32], k2[32];
     char secret[256];
-    if (snprintf(secret, sizeof secret, "AWS4%s", in->secret_key) >= (int)sizeof secret)
+    if (snprintf(secret, sizeof secret, "AWS4%s", in->secret_key) >= (int)sizeof secret) {
+        memset(secret, 0, sizeof secret);
         goto out;
-    hmac((unsigned char *)secret, strlen(secret), day, k);
-    memset(secret, 0, sizeof secret);
-    hmac(k, 32, in->region, k2);
-    hmac(k2, 32, in->service, k);
-    hmac(k, 32, "aws4_request", k2);
+    }
     unsigned char sig[32];
-    hmac(k2, 32, out->string_to_sign, sig);
+    int bad = hmac((unsigned char *)secret, strlen(secret), day, k);
+    memset(secret, 0, sizeof secret);
+    bad = bad || hmac(k, 32, in->region, k2) || hmac(k2, 32, in->service, k) ||
+          hmac(k, 32, "aws4_request", k2) || hmac(k2, 32, out->string_to_sign, sig);
+    memset(k, 0, sizeof k);
+    memset(k2, 0, sizeof k2);
+    if (bad)
+        goto out;
     hexify(sig, 32, out->signature);
     snprintf(out->authorization, sizeof out->authorization,
              "AWS4-HMAC-SHA256 Credential=%s/%s, SignedHeaders=%s, Signature=%s", in->access_key,

@@ -171,3 +171,40 @@ int storage_put_if_absent(struct storage *s, const char *key, const void *buf, s
         s->bytes_written += n;
     return rc;
 }
+
+const char *storage_key_problem(const char *key)
+{
+    if (!*key)
+        return "empty";
+    for (const char *p = key; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return "a control character";
+    for (const char *p = key;; p++) {
+        size_t len = strcspn(p, "/");
+        if (len == 0)
+            return "an empty part (a leading, trailing or doubled '/')";
+        if (len == 1 && p[0] == '.')
+            return "a '.' part";
+        if (len == 2 && p[0] == '.' && p[1] == '.')
+            return "a '..' part";
+        p += len;
+        if (!*p)
+            return NULL;
+    }
+}
+
+int storage_key_check(const char *key, char *err)
+{
+    const char *why = storage_key_problem(key);
+    if (!why)
+        return 0;
+    char shown[128]; /* one line: control characters shown as '?' */
+    size_t i = 0;
+    for (; key[i] && i + 1 < sizeof shown; i++)
+        shown[i] = (unsigned char)key[i] < 0x20 || key[i] == 0x7f ? '?' : key[i];
+    shown[i] = 0;
+    snprintf(err, STORAGE_ERR_LEN,
+             "storage: invalid key '%s%s': %s (keys are relative paths of plain names)", shown,
+             key[i] ? "..." : "", why);
+    return STORAGE_ERROR;
+}

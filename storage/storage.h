@@ -4,7 +4,9 @@
  * A store is opened from a URI: a plain path or file://PATH (posix),
  * s3://BUCKET/PREFIX (S3-compatible object storage), and fault:SPEC;URI,
  * which wraps any other store and injects failures (tests, chaos). Keys are relative, '/'-separated
- * ("step-00000100/MANIFEST.json"). storage knows nothing of tensors.
+ * paths of plain names ("step-00000100/MANIFEST.json"; no '.', '..' or empty parts, no control
+ * characters: storage_key_check), refused before any I/O otherwise. storage knows nothing of
+ * tensors.
  *
  * Durability contract: storage_writer_commit returns 0 only once the object
  * is durable under its final key, and before that moment no reader can see
@@ -91,6 +93,14 @@ int storage_delete(struct storage *s, const char *key, char *err);
 int storage_delete_many(struct storage *s, const char *const *keys, int n, char *err);
 int storage_put_if_absent(struct storage *s, const char *key, const void *buf, size_t n,
                           char *err);
+
+/* The rule every backend applies to keys (and S3 to a bucket prefix): a
+ * relative path of plain names, '/'-separated, none empty, none "." or
+ * "..", no control characters. NULL when key follows it, else what is
+ * wrong ("a '..' part"); backends add their own length limits. */
+const char *storage_key_problem(const char *key);
+/* 0, or STORAGE_ERROR with "storage: invalid key 'KEY': PROBLEM (...)". */
+int storage_key_check(const char *key, char *err);
 
 /* backends */
 int storage_posix_open(const char *root, struct storage **out, char *err);

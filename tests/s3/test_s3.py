@@ -4,10 +4,12 @@ RADOS Gateway from Debian's packages on 127.0.0.1, started here
 refused); multipart objects cross over with the AWS CLI byte for byte,
 ranged reads across part boundaries included; a fault-injecting proxy
 (resets, 503 SlowDown, truncated bodies, stalls) is ridden through, a
-permanent failure is reported clearly; and training, resume and every
-fsdp-ckpt command work on s3:// URIs."""
+permanent failure is reported clearly; DeleteObjects carries keys full of
+XML specials; s3://bucket/../x never leaves its bucket; and training,
+resume and every fsdp-ckpt command work on s3:// URIs."""
 
 import hashlib
+import json
 import os
 import random
 import signal
@@ -151,6 +153,47 @@ def put_get_list_delete_and_put_if_absent(tmp):
     assert cat("get", b, "m/MANIFEST.json").stdout == b"first"
     p = cat("get", b, "nothing/here", check=False)
     assert p.returncode == 1 and b"not found" in p.stderr, p.stderr
+
+
+def delete_objects_carries_keys_full_of_xml_specials(tmp):
+    """DeleteObjects bodies escape every key (& < > " ' and long runs of
+    them) byte-exact; the server deletes exactly those objects."""
+    b = bucket("specials")
+    specials = "&<>\"'"
+    keys = [f"odd/{specials}{i}" for i in range(5)] + \
+        ["odd/" + "".join(specials[(i + j) % 5] for j in range(1000)) for i in range(5)]
+    keep = "odd/plain-survivor"
+    for k in keys + [keep]:
+        cat("put", b, k, data=k.encode())
+    listed = aws("s3api", "list-objects-v2", "--bucket", "specials", "--prefix", "odd/",
+                 "--query", "Contents[].Key", "--output", "json").stdout
+    assert sorted(json.loads(listed)) == sorted(keys + [keep]), listed
+    cat("delete", b, *keys)
+    left = cat("list", b, "odd/").stdout.decode().split()
+    assert left[0::2] == [keep], f"left behind: {left}"
+    assert cat("get", b, keep).stdout == keep.encode()
+
+
+def dot_segments_never_leave_the_bucket(tmp):
+    """s3://BUCKET/../other and keys with '.' or '..' parts are refused
+    with one line naming them; nothing is read or written elsewhere."""
+    victim = bucket("victim")
+    bucket("attacker")
+    cat("put", victim, "step-00000001/MANIFEST.json", data=b"committed")
+    for uri in ("s3://attacker/../victim", "s3://attacker/./x", "s3://attacker//x"):
+        p = cat("put", uri, "step-00000001/MANIFEST.json", data=b"evil", check=False)
+        err = p.stderr.decode().strip()
+        assert p.returncode == 2 and uri in err and len(err.splitlines()) == 1, err
+        p = run([CKPT, "ls", uri], check=False)
+        assert p.returncode != 0 and uri in p.stderr, p.stderr
+    for key in ("../victim/step-00000001/MANIFEST.json", "a/../../victim/x", "./x"):
+        p = cat("put", "s3://attacker", key, data=b"evil", check=False)
+        err = p.stderr.decode().strip()
+        assert p.returncode == 1 and "invalid key" in err and key in err, err
+        p = cat("delete", "s3://attacker", key, check=False)
+        assert p.returncode == 1 and "invalid key" in p.stderr.decode(), p.stderr
+    assert cat("get", victim, "step-00000001/MANIFEST.json").stdout == b"committed"
+    assert cat("list", "s3://attacker", "").stdout == b"", "something was written"
 
 
 def multipart_objects_cross_over_with_the_aws_cli(tmp):
@@ -397,6 +440,8 @@ def run_all():
     try:
         main([a_wrong_secret_is_refused_and_never_printed,
               put_get_list_delete_and_put_if_absent,
+              delete_objects_carries_keys_full_of_xml_specials,
+              dot_segments_never_leave_the_bucket,
               multipart_objects_cross_over_with_the_aws_cli,
               credentials_come_from_a_profile,
               tls_peers_are_verified_and_ca_bundle_honoured,

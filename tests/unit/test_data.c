@@ -1,5 +1,7 @@
 /*
- * test_data.c - token file validation and the sample stream.
+ * test_data.c - token file validation (regular files only: a FIFO is
+ * refused without blocking, an output that is not a regular file is never
+ * replaced) and the sample stream.
  */
 #include "check.h"
 
@@ -9,6 +11,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 static char dir[] = "/tmp/fsdp-test-data-XXXXXX";
@@ -80,6 +84,55 @@ static void bad_token_files_are_refused_naming_the_problem(void)
     CHECK(open_fails_with("/nonexistent/x.bin", 256, "cannot open"), "missing file");
 }
 
+static void special_files_are_refused_as_token_files_without_blocking(void)
+{
+    char fifo[256], sub[256];
+    snprintf(fifo, sizeof fifo, "%s/fifo.bin", dir);
+    snprintf(sub, sizeof sub, "%s/subdir.bin", dir);
+    REQUIRE(mkfifo(fifo, 0644) == 0 && mkdir(sub, 0755) == 0, "mkfifo, mkdir");
+    alarm(20); /* an open() that blocks on the FIFO ends the test here */
+    CHECK(open_fails_with(fifo, 256, "is a FIFO, not a regular file"), "a FIFO");
+    alarm(0);
+    CHECK(open_fails_with(sub, 256, "is a directory, not a regular file"), "a directory");
+    CHECK(open_fails_with("/dev/null", 256, "is a character device"), "/dev/null");
+}
+
+/* Writing onto path fails naming it, and path is still what it was. */
+static int write_refused(const char *path, mode_t type)
+{
+    uint16_t toks[] = {0, 1, 2};
+    char err[ERR_LEN] = "";
+    struct stat st;
+    int rc = token_file_write(path, toks, 3, err);
+    if (rc == 0 || !strstr(err, path) || !strstr(err, "not a regular file; refusing to replace"))
+        fprintf(stderr, "  %s: rc %d: %s\n", path, rc, err);
+    return rc != 0 && strstr(err, path) && strstr(err, "refusing to replace") &&
+           lstat(path, &st) == 0 && (st.st_mode & S_IFMT) == type;
+}
+
+static void outputs_that_are_not_regular_files_are_never_replaced(void)
+{
+    char fifo[256], sub[256], link[256], dev[256], target[256];
+    snprintf(fifo, sizeof fifo, "%s/out-fifo.bin", dir);
+    snprintf(sub, sizeof sub, "%s/out-dir.bin", dir);
+    snprintf(link, sizeof link, "%s/out-link.bin", dir);
+    snprintf(target, sizeof target, "%s/link-target.bin", dir);
+    snprintf(dev, sizeof dev, "%s/out-null", dir);
+    REQUIRE(mkfifo(fifo, 0644) == 0 && mkdir(sub, 0755) == 0, "mkfifo, mkdir");
+    REQUIRE(symlink(target, link) == 0, "symlink");
+    alarm(20);
+    CHECK(write_refused(fifo, S_IFIFO), "a FIFO");
+    alarm(0);
+    CHECK(write_refused(sub, S_IFDIR), "a directory");
+    CHECK(write_refused(link, S_IFLNK) && access(target, F_OK) != 0, "a symbolic link");
+    /* a device node of our own (a copy of /dev/null), where we may make one */
+    if (mknod(dev, S_IFCHR | 0666, makedev(1, 3)) == 0)
+        CHECK(write_refused(dev, S_IFCHR), "a character device");
+    char err[ERR_LEN];
+    CHECK(token_file_check_output(fifo, err) != 0 && token_file_check_output(target, err) == 0,
+          "the check alone");
+}
+
 static void stream_is_a_seeded_permutation_per_epoch(void)
 {
     const int T = 4;
@@ -129,4 +182,6 @@ static void teardown(void)
 
 CHECK_MAIN(TEST(setup), TEST(token_file_round_trips),
            TEST(bad_token_files_are_refused_naming_the_problem),
+           TEST(special_files_are_refused_as_token_files_without_blocking),
+           TEST(outputs_that_are_not_regular_files_are_never_replaced),
            TEST(stream_is_a_seeded_permutation_per_epoch), TEST(teardown))

@@ -1,8 +1,10 @@
 /*
  * test_storage.c - the posix backend's contract: objects appear only when
  * committed, aborts leave nothing, put-if-absent never replaces, listing
- * and deletion, keys that try to leave the root are refused, and the fault
- * wrapper injects what it is told.
+ * and deletion, keys that try to leave the root are refused, nothing
+ * inside a store is followed (a symlink or FIFO is refused by every
+ * operation, naming its path, and what it points at is never touched), and
+ * the fault wrapper injects what it is told.
  */
 #include "check.h"
 
@@ -11,6 +13,7 @@
 #include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char root[] = "/tmp/fsdp-test-storage-XXXXXX";
@@ -118,12 +121,190 @@ static void list_by_prefix_and_delete(void)
 static void keys_cannot_escape_the_root(void)
 {
     char err[STORAGE_ERR_LEN];
-    const char *bad[] = {"../x", "a/../../x", "/etc/passwd", "a//b", "", "a/.."};
+    const char *bad[] = {"../x", "a/../../x", "/etc/passwd", "a//b", "", "a/..",
+                         "./x", "a/./b", "a/.", "a/", "a\nb"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         uint64_t size;
         CHECK(storage_stat(st, bad[i], &size, err) == STORAGE_ERROR && strstr(err, "invalid key"),
               "key '%s' was accepted", bad[i]);
     }
+}
+
+/* ---- nothing inside a store is followed ------------------------------------ */
+
+static char outside[] = "/tmp/fsdp-test-outside-XXXXXX";
+#define REFUSAL "; a checkpoint store holds only directories and regular files"
+
+/* Every file under dir with its type, size and bytes: what must not change. */
+static void snapshot(const char *dir, char *out, size_t n)
+{
+    char cmd[700];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && find . -printf '%%p %%y %%s\\n' | sort && find . -type f | sort | "
+             "xargs -r md5sum", dir);
+    FILE *p = popen(cmd, "r");
+    size_t got = p ? fread(out, 1, n - 1, p) : 0;
+    out[got] = 0;
+    if (p)
+        pclose(p);
+}
+
+static int refused_naming(int rc, const char *err, const char *path, const char *what)
+{
+    char want[700];
+    snprintf(want, sizeof want, "%s: is %s" REFUSAL, path, what);
+    if (rc == STORAGE_ERROR && strstr(err, want))
+        return 1;
+    fprintf(stderr, "  rc %d, err '%s'; wanted '%s'\n", rc, err, want);
+    return 0;
+}
+
+static int count_keys(void *arg, const char *key, uint64_t size)
+{
+    (void)key, (void)size;
+    ++*(int *)arg;
+    return 0;
+}
+
+/* Every operation on key refuses with path named as what. */
+static void every_operation_refuses(const char *key, const char *path, const char *what)
+{
+    char err[STORAGE_ERR_LEN] = "", buf[16];
+    uint64_t size;
+    struct storage_writer *w = NULL;
+    int n = 0;
+    CHECK(refused_naming(storage_put(st, key, "evil", 4, err), err, path, what), "put %s", key);
+    CHECK(refused_naming(storage_put_begin(st, key, &w, err), err, path, what) && !w,
+          "put_begin %s", key);
+    CHECK(refused_naming(storage_put_if_absent(st, key, "evil", 4, err), err, path, what),
+          "put_if_absent %s", key);
+    CHECK(refused_naming(storage_get_range(st, key, 0, 4, buf, err), err, path, what), "get %s",
+          key);
+    CHECK(refused_naming(storage_stat(st, key, &size, err), err, path, what), "stat %s", key);
+    CHECK(refused_naming(storage_delete(st, key, err), err, path, what), "delete %s", key);
+    CHECK(refused_naming(storage_list(st, key, count_keys, &n, err), err, path, what),
+          "list %s", key);
+}
+
+static void a_symlinked_step_directory_is_refused_and_its_target_untouched(void)
+{
+    char err[STORAGE_ERR_LEN], link[600], target[600], before[8192], after[8192];
+    REQUIRE(mkdtemp(outside) != NULL, "mkdtemp");
+    snprintf(target, sizeof target, "%s/step-00000007", outside);
+    REQUIRE(mkdir(target, 0755) == 0, "mkdir %s", target);
+    struct storage *other;
+    REQUIRE(storage_open(outside, &other, err) == 0, "%s", err);
+    REQUIRE(storage_put(other, "step-00000007/shard-00000-of-00001", "committed", 9, err) == 0 &&
+                storage_put(other, "step-00000007/MANIFEST.json", "{}", 2, err) == 0,
+            "%s", err);
+    storage_close(other);
+    snapshot(outside, before, sizeof before);
+    snprintf(link, sizeof link, "%s/step-00000007", root);
+    REQUIRE(symlink(target, link) == 0, "symlink %s", link);
+
+    every_operation_refuses("step-00000007/shard-00000-of-00001", link, "a symbolic link");
+    every_operation_refuses("step-00000007/MANIFEST.json", link, "a symbolic link");
+    every_operation_refuses("step-00000007/new/deeper", link, "a symbolic link");
+    int n = 0;
+    CHECK(refused_naming(storage_list(st, "step-", count_keys, &n, err), err, link,
+                         "a symbolic link"), "listing step-");
+    CHECK(refused_naming(storage_list(st, "", count_keys, &n, err), err, link,
+                         "a symbolic link"), "listing the whole store");
+    CHECK(storage_list(st, "a/", count_keys, &n, err) == 0, "a listing elsewhere: %s", err);
+
+    snapshot(outside, after, sizeof after);
+    CHECK(strcmp(before, after) == 0, "the link's target changed:\n%s\nnow:\n%s", before, after);
+    struct stat sb;
+    CHECK(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode), "the link itself was replaced");
+    unlink(link);
+}
+
+static void a_symlinked_leaf_is_refused_and_its_target_untouched(void)
+{
+    char link[600], target[600], dangling[600], before[8192], after[8192];
+    snprintf(target, sizeof target, "%s/step-00000007/MANIFEST.json", outside);
+    snprintf(link, sizeof link, "%s/leaf/MANIFEST.json", root);
+    snprintf(dangling, sizeof dangling, "%s/leaf/dangling", root);
+    snprintf(after, sizeof after, "%s/leaf", root);
+    REQUIRE(mkdir(after, 0755) == 0, "mkdir %s", after);
+    REQUIRE(symlink(target, link) == 0 && symlink("/nonexistent/x", dangling) == 0, "symlink");
+    snapshot(outside, before, sizeof before);
+
+    every_operation_refuses("leaf/MANIFEST.json", link, "a symbolic link");
+    every_operation_refuses("leaf/dangling", dangling, "a symbolic link");
+
+    snapshot(outside, after, sizeof after);
+    CHECK(strcmp(before, after) == 0, "the link's target changed:\n%s\nnow:\n%s", before, after);
+    struct stat sb;
+    CHECK(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode), "the link itself was replaced");
+    CHECK(access("/nonexistent/x", F_OK) != 0, "a dangling link's target was created");
+}
+
+static void a_fifo_leaf_is_refused_without_blocking(void)
+{
+    char fifo[600];
+    snprintf(fifo, sizeof fifo, "%s/ff", root);
+    REQUIRE(mkdir(fifo, 0755) == 0, "mkdir %s", fifo);
+    snprintf(fifo, sizeof fifo, "%s/ff/obj", root);
+    REQUIRE(mkfifo(fifo, 0644) == 0, "mkfifo %s", fifo);
+    alarm(20); /* a read that blocks on the FIFO ends the test here */
+    every_operation_refuses("ff/obj", fifo, "a FIFO");
+    every_operation_refuses("ff/obj/deeper", fifo, "a FIFO"); /* where a directory belongs */
+    alarm(0);
+    struct stat sb;
+    CHECK(lstat(fifo, &sb) == 0 && S_ISFIFO(sb.st_mode), "the FIFO was replaced or removed");
+}
+
+static void a_fifo_under_a_listed_prefix_fails_the_listing(void)
+{
+    char err[STORAGE_ERR_LEN], fifo[600];
+    REQUIRE(storage_put(st, "lst/a", "1", 1, err) == 0, "%s", err);
+    snprintf(fifo, sizeof fifo, "%s/lst/p", root);
+    REQUIRE(mkfifo(fifo, 0644) == 0, "mkfifo %s", fifo);
+    int n = 0;
+    alarm(20);
+    CHECK(refused_naming(storage_list(st, "lst/", count_keys, &n, err), err, fifo, "a FIFO"),
+          "listing lst/");
+    CHECK(refused_naming(storage_list(st, "ls", count_keys, &n, err), err, fifo, "a FIFO"),
+          "listing ls");
+    n = 0;
+    CHECK(storage_list(st, "lst/a", count_keys, &n, err) == 0 && n == 1,
+          "a prefix the FIFO does not match: %d keys, %s", n, err);
+    alarm(0);
+}
+
+static void a_root_that_is_a_symlink_is_the_users_choice(void)
+{
+    char err[STORAGE_ERR_LEN], link[600], real[600], buf[4];
+    struct storage *s;
+    snprintf(real, sizeof real, "%s/real-root", outside);
+    snprintf(link, sizeof link, "%s/linked-root", outside);
+    REQUIRE(mkdir(real, 0755) == 0 && symlink(real, link) == 0, "setup");
+    REQUIRE(storage_open(link, &s, err) == 0, "%s", err);
+    CHECK(storage_put(s, "step-1/x", "abc", 3, err) == 0, "put through the root link: %s", err);
+    CHECK(storage_get_range(s, "step-1/x", 0, 3, buf, err) == 0 && memcmp(buf, "abc", 3) == 0,
+          "read back: %s", err);
+    storage_close(s);
+    snprintf(real, sizeof real, "%s/real-root/step-1/x", outside);
+    CHECK(access(real, F_OK) == 0, "the object is not under the link's target");
+}
+
+static void a_root_created_by_the_first_write(void)
+{
+    char err[STORAGE_ERR_LEN], path[600];
+    struct storage *s;
+    uint64_t size;
+    int n = 0;
+    snprintf(path, sizeof path, "%s/new/root", outside);
+    REQUIRE(storage_open(path, &s, err) == 0, "%s", err);
+    CHECK(storage_stat(s, "x/y", &size, err) == STORAGE_NOT_FOUND, "stat without a root: %s",
+          err);
+    CHECK(storage_list(s, "", count_keys, &n, err) == 0 && n == 0, "list without a root: %s",
+          err);
+    CHECK(access(path, F_OK) != 0, "a read created the root");
+    CHECK(storage_put(s, "x/y", "z", 1, err) == 0, "first write: %s", err);
+    CHECK(storage_stat(s, "x/y", &size, err) == 0 && size == 1, "stat: %s", err);
+    storage_close(s);
 }
 
 static void fault_wrapper_injects_errors(void)
@@ -202,11 +383,17 @@ static void teardown(void)
 {
     storage_close(st);
     char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", root, outside);
     CHECK(system(cmd) == 0, "%s", cmd);
 }
 
 CHECK_MAIN(TEST(setup), TEST(object_is_invisible_until_commit), TEST(abort_leaves_nothing),
            TEST(put_if_absent_never_replaces), TEST(list_by_prefix_and_delete),
-           TEST(keys_cannot_escape_the_root), TEST(fault_wrapper_injects_errors),
+           TEST(keys_cannot_escape_the_root),
+           TEST(a_symlinked_step_directory_is_refused_and_its_target_untouched),
+           TEST(a_symlinked_leaf_is_refused_and_its_target_untouched),
+           TEST(a_fifo_leaf_is_refused_without_blocking),
+           TEST(a_fifo_under_a_listed_prefix_fails_the_listing),
+           TEST(a_root_that_is_a_symlink_is_the_users_choice),
+           TEST(a_root_created_by_the_first_write), TEST(fault_wrapper_injects_errors),
            TEST(objects_of_any_size_round_trip_with_and_without_direct_io), TEST(teardown))

@@ -1,0 +1,93 @@
+"""Files that are not regular files where a token file belongs: fsdp-train
+refuses a FIFO as --data or --val-data at once (never blocks in open()),
+and fsdp-data never replaces a device node, FIFO, directory or symbolic
+link named as --out or --val-out. Each refusal is one line on stderr naming
+the path, with a non-zero exit, and the node is left as it was."""
+
+import os
+import stat
+
+from harness import DATA, TRAIN, main, prepare_corpus, run
+
+TINY = ["--layers", "1", "--dim", "32", "--heads", "2", "--seq", "32", "--steps", "1",
+        "--global-batch", "4"]
+
+
+def one_line_naming(p, path, *needles):
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode != 0, f"exit {p.returncode}"
+    assert len(lines) == 1, f"expected one line, got:\n{p.stderr}"
+    for n in (path,) + needles:
+        assert n in lines[0], f"'{n}' not in: {lines[0]}"
+
+
+def trainer_refuses_a_fifo_as_data_without_blocking(tmp):
+    fifo = f"{tmp}/data.fifo"
+    os.mkfifo(fifo)
+    p = run([TRAIN, "--data", fifo] + TINY, check=False, timeout=60)
+    one_line_naming(p, fifo, "is a FIFO, not a regular file")
+
+
+def trainer_refuses_a_fifo_as_val_data_without_blocking(tmp):
+    train, _ = prepare_corpus(tmp)
+    fifo = f"{tmp}/val.fifo"
+    os.mkfifo(fifo)
+    p = run([TRAIN, "--data", train, "--val-data", fifo] + TINY, check=False, timeout=60)
+    one_line_naming(p, fifo, "is a FIFO, not a regular file")
+
+
+def trainer_refuses_a_directory_as_data(tmp):
+    os.mkdir(f"{tmp}/dir.bin")
+    p = run([TRAIN, "--data", f"{tmp}/dir.bin"] + TINY, check=False, timeout=60)
+    one_line_naming(p, f"{tmp}/dir.bin", "is a directory, not a regular file")
+
+
+def make_nodes(tmp):
+    """(path, type) of a FIFO, a directory, a symbolic link and, where we
+    may make one, a character device (a copy of /dev/null in tmp: the real
+    one is never put at risk)."""
+    nodes = [(f"{tmp}/out.fifo", stat.S_IFIFO), (f"{tmp}/out.dir", stat.S_IFDIR),
+             (f"{tmp}/out.link", stat.S_IFLNK)]
+    os.mkfifo(nodes[0][0])
+    os.mkdir(nodes[1][0])
+    os.symlink(f"{tmp}/link-target.bin", nodes[2][0])
+    try:
+        os.mknod(f"{tmp}/out.null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        nodes.append((f"{tmp}/out.null", stat.S_IFCHR))
+    except PermissionError:
+        pass
+    return nodes
+
+
+def prepare_never_replaces_what_is_not_a_regular_file(tmp):
+    text = f"{tmp}/in.txt"
+    with open(text, "w") as f:
+        f.write("one document\n%\nanother document\n%\na third\n")
+    good = f"{tmp}/good.bin"
+    for path, kind in make_nodes(tmp):
+        for args in (["--out", path], ["--out", good, "--val-out", path, "--val-fraction", "0.5"]):
+            p = run([DATA, "prepare"] + args + ["--doc-sep", "%", text], check=False, timeout=60)
+            one_line_naming(p, path, "not a regular file; refusing to replace it")
+            assert stat.S_IFMT(os.lstat(path).st_mode) == kind, f"{path} was replaced"
+    assert not os.path.exists(f"{tmp}/link-target.bin"), "a write went through the link"
+    assert not [n for n in os.listdir(tmp) if ".tmp." in n], "a temporary was left behind"
+
+
+def prepare_refuses_dev_null_as_out(tmp):
+    """The real /dev/null: refused before anything is written next to it."""
+    text = f"{tmp}/in.txt"
+    with open(text, "w") as f:
+        f.write("a document")
+    before = os.lstat("/dev/null")
+    p = run([DATA, "prepare", "--out", "/dev/null", text], check=False, timeout=60)
+    one_line_naming(p, "/dev/null", "is a character device")
+    after = os.lstat("/dev/null")
+    assert stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev, "/dev/null changed"
+
+
+if __name__ == "__main__":
+    main([trainer_refuses_a_fifo_as_data_without_blocking,
+          trainer_refuses_a_fifo_as_val_data_without_blocking,
+          trainer_refuses_a_directory_as_data,
+          prepare_never_replaces_what_is_not_a_regular_file,
+          prepare_refuses_dev_null_as_out])
