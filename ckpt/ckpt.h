@@ -105,7 +105,20 @@ int ckpt_manifest_check(const struct ckpt_manifest *m, char *err);
 /* ---- names --------------------------------------------------------------- */
 
 void ckpt_step_dir(uint64_t step, char *out, size_t n);
-void ckpt_shard_file(int rank, int world, char *out, size_t n);
+
+/* Every writer of a step (a launch of the trainer, one run of a tool)
+ * draws a tag, "g<generation>-<16 random hex digits>", and names each shard
+ * object it creates "shard-RRRRR-of-WWWWW.<tag>"; the manifest records the
+ * names. Two writers of the same step - a second run on the same store, a
+ * zombie of an older launch, two copies racing - therefore never share an
+ * object name: none can replace another's shard, and each can remove what
+ * it wrote and nothing else. Shards written before tags existed have no
+ * suffix (generation 0) and still load. */
+#define CKPT_TAG_LEN 48
+int ckpt_writer_tag(uint64_t generation, char *out, size_t n);
+void ckpt_shard_file(int rank, int world, const char *tag, char *out, size_t n);
+/* 0 if name is a shard object's name; its generation is 0 when untagged. */
+int ckpt_parse_shard_name(const char *name, int *rank, int *world, uint64_t *gen);
 
 /* ---- writing ------------------------------------------------------------- */
 
@@ -152,6 +165,9 @@ int ckpt_shard_write(struct storage *st, const char *key, const char *file,
 /* Writes MANIFEST.json with put-if-absent. STORAGE_EXISTS if the step was
  * already committed. */
 int ckpt_commit(struct storage *st, const struct ckpt_manifest *m, char *err);
+/* For tools writing a new step into a store (reshard, cp, import): refuses
+ * a step the store already has committed, and draws the writer's tag. */
+int ckpt_new_step_in(struct storage *st, uint64_t step, char *tag, size_t n, char *err);
 
 /* ---- reading ------------------------------------------------------------- */
 
@@ -232,11 +248,87 @@ struct ckpt_step_info {
     int objects;
 };
 
-/* All steps in the store, ascending. */
+/* All steps in the store, ascending (one listing of the store). */
 int ckpt_list_steps(struct storage *st, struct ckpt_step_info **out, int *n, char *err);
+/* The same with every object of each step (names within the step's
+ * directory, sorted). */
+struct ckpt_object {
+    char *name;
+    uint64_t size;
+};
+struct ckpt_step_objects {
+    struct ckpt_step_info info;
+    struct ckpt_object *obj;
+    int nobj;
+};
+int ckpt_list_step_objects(struct storage *st, struct ckpt_step_objects **out, int *n,
+                           char *err);
+void ckpt_step_objects_free(struct ckpt_step_objects *s, int n);
 int ckpt_load_manifest(struct storage *st, uint64_t step, struct ckpt_manifest *m, char *err);
-/* Removes a step: the manifest first (durably), then everything else. */
-int ckpt_delete_step(struct storage *st, uint64_t step, char *err);
+/* *committed = 1 if the step's manifest exists. */
+int ckpt_step_committed(struct storage *st, uint64_t step, int *committed, char *err);
+/* A fresh writer tag; generation 0 (a tool): the store's current one. */
+int ckpt_new_writer_tag(struct storage *st, uint64_t generation, char *tag, size_t n, char *err);
+
+/* ---- deleting: the one place that decides (cleanup.c) --------------------- */
+
+/* A committed step is deleted only by retention (the trainer's --keep after
+ * one of its own commits, or `fsdp-ckpt prune --keep K`, K >= 1), never
+ * because a read failed, a load was refused or a commit met an existing
+ * manifest. An object that no manifest references (an incomplete step, a
+ * losing writer's shards, a temporary) is garbage only when its writer can
+ * no longer commit it: its tag names a generation older than the store's
+ * current one (such writers are fenced). A writer removes its own objects
+ * of a step it failed to commit with ckpt_discard_own. Names ckpt does not
+ * know are never deleted. */
+struct ckpt_clean_policy {
+    uint64_t generation; /* the caller's, fence-checked first; 0: a tool, judged
+                            against the store's current generation */
+    long long keep;      /* committed steps to keep at or below upto; 0: no retention */
+    uint64_t upto;       /* retention judges steps <= upto only (newer ones stay) */
+};
+struct ckpt_clean_report {
+    int steps_removed;      /* committed steps dropped by retention */
+    int incomplete_removed; /* incomplete steps whose objects were all garbage */
+    int incomplete_left;    /* incomplete steps a live writer may still be on */
+    int objects_removed;
+    int steps_kept;         /* committed steps left */
+};
+int ckpt_clean(struct storage *st, const struct ckpt_clean_policy *p,
+               struct ckpt_clean_report *rep, char *err);
+/* Removes the shards that the writer with `tag` created for step (world of
+ * them; absent ones are fine). Never a manifest, never another tag's. */
+int ckpt_discard_own(struct storage *st, uint64_t step, int world, const char *tag, char *err);
+
+/* Commits m, whose shards carry `tag` (ckpt_commit's put-if-absent), and
+ * settles every answer that could leave the caller unsure:
+ *   CKPT_COMMITTED      our manifest is in place and every shard it names
+ *                       exists (returns 0; every other outcome returns -1);
+ *   CKPT_NOT_COMMITTED  no manifest of ours stands (none landed, or ours was
+ *                       withdrawn because a shard it names had been removed):
+ *                       our shards of the step are removed;
+ *   CKPT_OTHER          another writer's manifest holds the step (res->other,
+ *                       free with ckpt_commit_result_free); ours are removed;
+ *   CKPT_OTHER_UNREADABLE  the step is committed but its manifest does not
+ *                       load; ours are removed;
+ *   CKPT_UNKNOWN        it cannot be told (the store failed while we looked):
+ *                       nothing is removed.
+ * A put that failed or met EXISTS may still have been ours (an answer lost
+ * after the server acted): the manifest is read back and compared. */
+enum ckpt_commit_outcome {
+    CKPT_UNKNOWN,
+    CKPT_COMMITTED,
+    CKPT_NOT_COMMITTED,
+    CKPT_OTHER,
+    CKPT_OTHER_UNREADABLE,
+};
+struct ckpt_commit_result {
+    enum ckpt_commit_outcome outcome;
+    struct ckpt_manifest other;
+};
+int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const char *tag,
+                     struct ckpt_commit_result *res, char *err);
+void ckpt_commit_result_free(struct ckpt_commit_result *res);
 
 void ckpt_hex(const unsigned char sha[32], char out[65]);
 

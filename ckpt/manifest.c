@@ -7,11 +7,13 @@
  */
 #include "ckpt.h"
 
+#include <ctype.h>
 #include <inttypes.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 static const char *kinds[CKPT_NKINDS] = {"param", "exp_avg", "exp_avg_sq"};
 static const char *codecs[] = {"none", "zstd", "zstd+shuffle4"};
@@ -24,9 +26,67 @@ void ckpt_step_dir(uint64_t step, char *out, size_t n)
     snprintf(out, n, "step-%08" PRIu64, step);
 }
 
-void ckpt_shard_file(int rank, int world, char *out, size_t n)
+void ckpt_shard_file(int rank, int world, const char *tag, char *out, size_t n)
 {
-    snprintf(out, n, "shard-%05d-of-%05d", rank, world);
+    snprintf(out, n, "shard-%05d-of-%05d%s%s", rank, world, tag && *tag ? "." : "",
+             tag ? tag : "");
+}
+
+int ckpt_writer_tag(uint64_t generation, char *out, size_t n)
+{
+    uint64_t nonce;
+    if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
+        return -1;
+    snprintf(out, n, "g%" PRIu64 "-%016" PRIx64, generation, nonce);
+    return 0;
+}
+
+/* "g<digits>-<16 hex>", digits without a leading zero unless "0", < 2^63. */
+static int parse_tag(const char *s, uint64_t *gen)
+{
+    if (s[0] != 'g' || !isdigit((unsigned char)s[1]) || (s[1] == '0' && s[2] != '-'))
+        return -1;
+    uint64_t g = 0;
+    const char *p = s + 1;
+    for (; isdigit((unsigned char)*p); p++) {
+        if (g > (UINT64_MAX >> 1) / 10)
+            return -1;
+        g = g * 10 + (uint64_t)(*p - '0');
+    }
+    if (*p++ != '-' || strlen(p) != 16)
+        return -1;
+    for (int i = 0; i < 16; i++)
+        if (!strchr("0123456789abcdef", p[i]))
+            return -1;
+    *gen = g;
+    return 0;
+}
+
+/* n decimal digits at s, exactly */
+static int digits(const char *s, int n, int *out)
+{
+    int v = 0;
+    for (int i = 0; i < n; i++) {
+        if (!isdigit((unsigned char)s[i]))
+            return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = v;
+    return 0;
+}
+
+int ckpt_parse_shard_name(const char *name, int *rank, int *world, uint64_t *gen)
+{
+    int r, w; /* "shard-RRRRR-of-WWWWW[.TAG]" */
+    if (strncmp(name, "shard-", 6) != 0 || digits(name + 6, 5, &r) ||
+        strncmp(name + 11, "-of-", 4) != 0 || digits(name + 15, 5, &w) || w < 1 || r >= w)
+        return -1;
+    *rank = r;
+    *world = w;
+    *gen = 0; /* untagged: written before tags existed */
+    if (name[20] == 0)
+        return 0;
+    return name[20] == '.' ? parse_tag(name + 21, gen) : -1;
 }
 
 void ckpt_hex(const unsigned char sha[32], char out[65])
@@ -244,27 +304,31 @@ int ckpt_shard_from_json(json_t *j, struct ckpt_shard *s, char *err)
     for (size_t i = 0; i < ns; i++) {
         json_t *x = json_array_get(secs, i);
         struct ckpt_section *d = &s->sections[i];
-        d->kind = lookup(json_string_value(json_object_get(x, "kind")), kinds, CKPT_NKINDS);
-        if (d->kind < 0 || get_u64(x, "unit", LIMIT_UNITS, &v, err) ||
+        /* kind is kept in a local: d points into s->sections, freed below */
+        int kind = lookup(json_string_value(json_object_get(x, "kind")), kinds, CKPT_NKINDS);
+        d->kind = kind;
+        if (kind < 0 || get_u64(x, "unit", LIMIT_UNITS, &v, err) ||
             get_u64(x, "lo", LIMIT_NUMEL, &d->lo, err) ||
             get_u64(x, "n", LIMIT_NUMEL, &d->n, err) ||
             get_u64(x, "raw_offset", UINT64_MAX >> 1, &d->raw_off, err)) {
             ckpt_shard_free(s);
-            return d->kind < 0 ? bad(err, "a section has an unknown kind") : -1;
+            return kind < 0 ? bad(err, "a section has an unknown kind") : -1;
         }
         d->unit = (int)v;
     }
     for (size_t i = 0; i < nc; i++) {
         json_t *x = json_array_get(chunks, i);
         struct ckpt_chunk *c = &s->chunks[i];
-        c->codec = lookup(json_string_value(json_object_get(x, "codec")), codecs, 3);
-        if (c->codec < 0 || get_u64(x, "raw_offset", UINT64_MAX >> 1, &c->raw_off, err) ||
+        /* codec is kept in a local: c points into s->chunks, freed below */
+        int codec = lookup(json_string_value(json_object_get(x, "codec")), codecs, 3);
+        c->codec = codec;
+        if (codec < 0 || get_u64(x, "raw_offset", UINT64_MAX >> 1, &c->raw_off, err) ||
             get_u64(x, "raw_length", CKPT_MAX_CHUNK_BYTES, &c->raw_len, err) ||
             get_u64(x, "stored_offset", UINT64_MAX >> 1, &c->stored_off, err) ||
             get_u64(x, "stored_length", 2ULL * CKPT_MAX_CHUNK_BYTES, &c->stored_len, err) ||
             get_str(x, "sha256", hex, sizeof hex, err) || unhex(hex, c->sha256)) {
             ckpt_shard_free(s);
-            return c->codec < 0 ? bad(err, "a chunk has an unknown codec")
+            return codec < 0 ? bad(err, "a chunk has an unknown codec")
                                 : bad(err, "a chunk entry is malformed");
         }
     }
@@ -350,10 +414,12 @@ int ckpt_manifest_check(const struct ckpt_manifest *m, char *err)
     }
     for (int r = 0; r < m->nshards; r++) {
         const struct ckpt_shard *s = &m->shards[r];
-        char want[64];
-        ckpt_shard_file(r, m->world, want, sizeof want);
-        if (s->rank != r || strcmp(s->file, want) != 0) {
-            snprintf(msg, sizeof msg, "shard %d is named '%s', expected '%s'", r, s->file, want);
+        int name_rank, name_world;
+        uint64_t gen;
+        if (s->rank != r || ckpt_parse_shard_name(s->file, &name_rank, &name_world, &gen) ||
+            name_rank != r || name_world != m->world) {
+            snprintf(msg, sizeof msg, "shard %d is named '%.64s', expected shard-%05d-of-%05d[.TAG]",
+                     r, s->file, r, m->world);
             return bad(err, msg);
         }
         if (s->nsections != m->nunits * CKPT_NKINDS)

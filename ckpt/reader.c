@@ -146,6 +146,10 @@ int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, c
         problems++;
     }
     EVP_MD_CTX *md = EVP_MD_CTX_new();
+    if (!md) {
+        bad(arg, "out of memory for a digest context");
+        return problems + 1;
+    }
     EVP_DigestInit_ex(md, EVP_sha256(), NULL);
     for (int c = 0; c < s->nchunks; c++) {
         if (fetch_verified(r, shard, c, err) ||

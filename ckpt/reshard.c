@@ -7,8 +7,10 @@
  * through the planner in pieces of PIECE elements and streamed into a
  * shard writer, so memory is the reader's chunk cache, one chunk for the
  * writer and one piece - never the model. The new manifest is committed
- * only after every new shard is durable; on any failure the new step is
- * removed from the destination and nothing there is committed.
+ * only after every new shard is durable; on any failure this writer's own
+ * shards are removed (ckpt_discard_own) and nothing else in the destination
+ * is touched - a step the destination already holds is refused up front,
+ * and one committed there meanwhile by someone else stays as it is.
  */
 #include "ckpt.h"
 
@@ -44,14 +46,10 @@ int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct stor
         snprintf(err, CKPT_ERR_LEN, "reshard: world size %d is out of range 1..65536", world);
         return -1;
     }
-    char dir[32], key[128], file[64];
+    char dir[32], key[128], file[64], tag[CKPT_TAG_LEN];
     ckpt_step_dir(m->step, dir, sizeof dir);
-    uint64_t size;
-    snprintf(key, sizeof key, "%s/%s", dir, CKPT_MANIFEST);
-    if (storage_stat(dst, key, &size, err) != STORAGE_NOT_FOUND) {
-        snprintf(err, CKPT_ERR_LEN, "reshard: %s/%s already exists", dst->uri, dir);
+    if (ckpt_new_step_in(dst, m->step, tag, sizeof tag, err))
         return -1;
-    }
     struct ckpt_manifest out = {0};
     out.version = CKPT_FORMAT_VERSION;
     out.step = m->step;
@@ -78,7 +76,7 @@ int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct stor
             for (int k = 0; k < CKPT_NKINDS; k++)
                 secs[u * CKPT_NKINDS + k] = (struct ckpt_section){u, k, nr * per, per, 0};
         }
-        ckpt_shard_file(nr, world, file, sizeof file);
+        ckpt_shard_file(nr, world, tag, file, sizeof file);
         snprintf(key, sizeof key, "%s/%s", dir, file);
         struct ckpt_shard_writer *w;
         if ((rc = ckpt_writer_begin(dst, key, file, o, codec, nr, secs, m->nunits * CKPT_NKINDS,
@@ -100,11 +98,13 @@ int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct stor
             break;
         out.nshards = nr + 1;
     }
-    if (!rc)
-        rc = ckpt_commit(dst, &out, err);
-    if (rc) {
+    if (!rc) { /* settles the outcome, removing this writer's shards unless committed */
+        struct ckpt_commit_result res;
+        rc = ckpt_commit_step(dst, &out, tag, &res, err);
+        ckpt_commit_result_free(&res);
+    } else {
         char sub[CKPT_ERR_LEN];
-        ckpt_delete_step(dst, m->step, sub); /* nothing half-made stays behind */
+        ckpt_discard_own(dst, m->step, world, tag, sub); /* nothing half-made stays behind */
     }
     if (reader)
         ckpt_reader_free(&r);
@@ -121,23 +121,28 @@ int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct stor
 int ckpt_copy_step(struct storage *src, const struct ckpt_manifest *m, struct storage *dst,
                    char *err)
 {
-    char dir[32], key[128], mkey[96];
+    char dir[32], key[128], tag[CKPT_TAG_LEN];
     ckpt_step_dir(m->step, dir, sizeof dir);
-    snprintf(mkey, sizeof mkey, "%s/%s", dir, CKPT_MANIFEST);
-    uint64_t size;
-    if (storage_stat(dst, mkey, &size, err) != STORAGE_NOT_FOUND) {
-        snprintf(err, CKPT_ERR_LEN, "copy: %s/%s already exists", dst->uri, dir);
+    if (ckpt_new_step_in(dst, m->step, tag, sizeof tag, err))
+        return -1;
+    /* the same manifest with this writer's shard names: the stored bytes
+     * go across unchanged, each chunk verified on the way, so every digest
+     * in it stays valid */
+    struct ckpt_manifest out = *m;
+    out.shards = calloc((size_t)m->nshards + 1, sizeof *out.shards);
+    if (!out.shards) {
+        snprintf(err, CKPT_ERR_LEN, "copy: out of memory");
         return -1;
     }
+    for (int s = 0; s < m->nshards; s++) {
+        out.shards[s] = m->shards[s];
+        ckpt_shard_file(s, m->world, tag, out.shards[s].file, sizeof out.shards[s].file);
+    }
     struct ckpt_reader r;
-    if (ckpt_reader_init(&r, src, m, err))
-        return -1;
-    int rc = 0;
-    /* the stored bytes go across unchanged, each chunk verified on the way,
-     * so the manifest stays valid as it is */
+    int rc = ckpt_reader_init(&r, src, m, err), reader = rc == 0;
     for (int s = 0; !rc && s < m->nshards; s++) {
         const struct ckpt_shard *sh = &m->shards[s];
-        snprintf(key, sizeof key, "%s/%s", dir, sh->file);
+        snprintf(key, sizeof key, "%s/%s", dir, out.shards[s].file);
         struct storage_writer *w;
         if ((rc = storage_put_begin(dst, key, &w, err)))
             break;
@@ -152,12 +157,16 @@ int ckpt_copy_step(struct storage *src, const struct ckpt_manifest *m, struct st
         else
             rc = storage_writer_commit(w, err);
     }
-    if (!rc)
-        rc = ckpt_commit(dst, m, err);
-    if (rc) {
+    if (!rc) {
+        struct ckpt_commit_result res;
+        rc = ckpt_commit_step(dst, &out, tag, &res, err);
+        ckpt_commit_result_free(&res);
+    } else {
         char sub[CKPT_ERR_LEN];
-        ckpt_delete_step(dst, m->step, sub);
+        ckpt_discard_own(dst, m->step, m->world, tag, sub);
     }
-    ckpt_reader_free(&r);
+    if (reader)
+        ckpt_reader_free(&r);
+    free(out.shards); /* the shards' tables belong to m */
     return rc ? -1 : 0;
 }

@@ -1,7 +1,7 @@
 /*
- * steps.c - what steps a store holds, loading a step's manifest, and
- * removing a step without ever leaving a "committed" step whose shards are
- * gone (the manifest goes first, durably).
+ * steps.c - what steps a store holds (one listing, sorted once), loading a
+ * step's manifest, and the generations that fence older launches.
+ * Deciding what may be deleted is cleanup.c's job alone.
  */
 #include "ckpt.h"
 
@@ -11,11 +11,6 @@
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
-
-struct listing {
-    struct ckpt_step_info *v;
-    int n, cap;
-};
 
 /* "step-00000100/NAME" -> 100; -1 for keys that are not a step's object */
 static int parse_step_key(const char *key, uint64_t *step, const char **name)
@@ -29,62 +24,133 @@ static int parse_step_key(const char *key, uint64_t *step, const char **name)
         v = v * 10 + (uint64_t)(*p++ - '0');
         digits++;
     }
-    if (digits < 8 || *p != '/')
+    /* only ckpt_step_dir's own spelling: 8 digits, more only without a
+     * leading zero, so a listed key always names the directory that
+     * deletions will address */
+    if (digits < 8 || (digits > 8 && key[5] == '0') || *p != '/' || !p[1])
         return -1;
     *step = v;
     *name = p + 1;
     return 0;
 }
 
+struct flat_key {
+    uint64_t step, size;
+    char *name;
+};
+
+struct flat {
+    struct flat_key *v;
+    size_t n, cap;
+};
+
 static int on_key(void *arg, const char *key, uint64_t size)
 {
-    struct listing *l = arg;
+    struct flat *f = arg;
     uint64_t step;
     const char *name;
     if (parse_step_key(key, &step, &name))
         return 0;
-    int i;
-    for (i = 0; i < l->n && l->v[i].step != step; i++)
-        ;
-    if (i == l->n) {
-        if (l->n == l->cap) {
-            int cap = l->cap ? 2 * l->cap : 16;
-            struct ckpt_step_info *v = realloc(l->v, (size_t)cap * sizeof *v);
-            if (!v)
-                return -1;
-            l->v = v;
-            l->cap = cap;
-        }
-        l->v[l->n++] = (struct ckpt_step_info){.step = step};
+    if (f->n == f->cap) {
+        size_t cap = f->cap ? 2 * f->cap : 64;
+        void *v = realloc(f->v, cap * sizeof *f->v);
+        if (!v)
+            return -1;
+        f->v = v;
+        f->cap = cap;
     }
-    l->v[i].stored_bytes += size;
-    l->v[i].objects++;
-    if (strcmp(name, CKPT_MANIFEST) == 0)
-        l->v[i].committed = 1;
+    if (!(f->v[f->n].name = strdup(name)))
+        return -1;
+    f->v[f->n].step = step;
+    f->v[f->n].size = size;
+    f->n++;
     return 0;
 }
 
-static int by_step(const void *a, const void *b)
+static int by_step_name(const void *a, const void *b)
 {
-    uint64_t x = ((const struct ckpt_step_info *)a)->step;
-    uint64_t y = ((const struct ckpt_step_info *)b)->step;
-    return x < y ? -1 : x > y;
+    const struct flat_key *x = a, *y = b;
+    if (x->step != y->step)
+        return x->step < y->step ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+void ckpt_step_objects_free(struct ckpt_step_objects *s, int n)
+{
+    for (int i = 0; s && i < n; i++) {
+        for (int k = 0; k < s[i].nobj; k++)
+            free(s[i].obj[k].name);
+        free(s[i].obj);
+    }
+    free(s);
+}
+
+/* One listing of the whole store, sorted once: O(k log k) for k objects,
+ * whatever the number of steps. */
+int ckpt_list_step_objects(struct storage *st, struct ckpt_step_objects **out, int *nout,
+                           char *err)
+{
+    struct flat f = {0};
+    struct ckpt_step_objects *s = NULL;
+    int n = 0, rc = storage_list(st, "step-", on_key, &f, err);
+    if (rc == -1 && !*err)
+        snprintf(err, CKPT_ERR_LEN, "%s: out of memory while listing", st->uri);
+    if (!rc && f.n > 1)
+        qsort(f.v, f.n, sizeof *f.v, by_step_name);
+    size_t steps = 0;
+    for (size_t i = 0; !rc && i < f.n; i++)
+        steps += i == 0 || f.v[i].step != f.v[i - 1].step;
+    if (!rc && steps > INT32_MAX)
+        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: too many steps", st->uri);
+    if (!rc && !(s = calloc(steps ? steps : 1, sizeof *s)))
+        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: out of memory while listing", st->uri);
+    for (size_t i = 0, j; !rc && i < f.n; i = j) {
+        for (j = i; j < f.n && f.v[j].step == f.v[i].step; j++)
+            ;
+        struct ckpt_step_objects *x = &s[n++];
+        x->info.step = f.v[i].step;
+        if (!(x->obj = calloc(j - i, sizeof *x->obj))) {
+            rc = -1;
+            snprintf(err, CKPT_ERR_LEN, "%s: out of memory while listing", st->uri);
+            break;
+        }
+        for (size_t k = i; k < j; k++) {
+            x->info.committed |= strcmp(f.v[k].name, CKPT_MANIFEST) == 0;
+            x->info.stored_bytes += f.v[k].size;
+            x->info.objects++;
+            x->obj[x->nobj++] = (struct ckpt_object){f.v[k].name, f.v[k].size};
+            f.v[k].name = NULL; /* moved */
+        }
+    }
+    for (size_t i = 0; i < f.n; i++)
+        free(f.v[i].name);
+    free(f.v);
+    if (rc) {
+        ckpt_step_objects_free(s, n);
+        return -1;
+    }
+    *out = s;
+    *nout = n;
+    return 0;
 }
 
 int ckpt_list_steps(struct storage *st, struct ckpt_step_info **out, int *n, char *err)
 {
-    struct listing l = {0};
-    int rc = storage_list(st, "step-", on_key, &l, err);
-    if (rc) {
-        if (rc == -1 && !*err)
-            snprintf(err, CKPT_ERR_LEN, "%s: out of memory while listing", st->uri);
-        free(l.v);
+    struct ckpt_step_objects *s;
+    int ns;
+    if (ckpt_list_step_objects(st, &s, &ns, err))
+        return -1;
+    struct ckpt_step_info *v = calloc(ns ? (size_t)ns : 1, sizeof *v);
+    if (!v) {
+        ckpt_step_objects_free(s, ns);
+        snprintf(err, CKPT_ERR_LEN, "%s: out of memory while listing", st->uri);
         return -1;
     }
-    if (l.n > 1)
-        qsort(l.v, (size_t)l.n, sizeof *l.v, by_step);
-    *out = l.v;
-    *n = l.n;
+    for (int i = 0; i < ns; i++)
+        v[i] = s[i].info;
+    ckpt_step_objects_free(s, ns);
+    *out = v;
+    *n = ns;
     return 0;
 }
 
@@ -114,47 +180,26 @@ int ckpt_load_manifest(struct storage *st, uint64_t step, struct ckpt_manifest *
     return 0;
 }
 
-struct keys {
-    char (*v)[256];
-    int n, cap;
-};
-
-static int collect(void *arg, const char *key, uint64_t size)
+int ckpt_step_committed(struct storage *st, uint64_t step, int *committed, char *err)
 {
-    (void)size;
-    struct keys *k = arg;
-    if (k->n == k->cap) {
-        int cap = k->cap ? 2 * k->cap : 16;
-        void *v = realloc(k->v, (size_t)cap * sizeof *k->v);
-        if (!v)
-            return -1;
-        k->v = v;
-        k->cap = cap;
-    }
-    snprintf(k->v[k->n++], sizeof k->v[0], "%s", key);
-    return 0;
-}
-
-int ckpt_delete_step(struct storage *st, uint64_t step, char *err)
-{
-    char dir[40], key[96];
+    char key[96], dir[32];
     ckpt_step_dir(step, dir, sizeof dir);
     snprintf(key, sizeof key, "%s/%s", dir, CKPT_MANIFEST);
-    if (storage_delete(st, key, err))
+    uint64_t size;
+    int rc = storage_stat(st, key, &size, err);
+    *committed = rc == 0;
+    return rc == 0 || rc == STORAGE_NOT_FOUND ? 0 : -1;
+}
+
+int ckpt_new_writer_tag(struct storage *st, uint64_t generation, char *tag, size_t n, char *err)
+{
+    if (!generation && ckpt_fence_current(st, &generation, err))
         return -1;
-    strcat(dir, "/");
-    struct keys k = {0};
-    int rc = storage_list(st, dir, collect, &k, err);
-    const char **v = calloc((size_t)k.n + 1, sizeof *v);
-    if (!rc && !v)
-        rc = -1;
-    for (int i = 0; !rc && i < k.n; i++)
-        v[i] = k.v[i];
-    if (!rc)
-        rc = storage_delete_many(st, v, k.n, err);
-    free(v);
-    free(k.v);
-    return rc;
+    if (ckpt_writer_tag(generation, tag, n)) {
+        snprintf(err, CKPT_ERR_LEN, "getrandom failed: cannot name this writer's objects");
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- fencing -------------------------------------------------------------- */
@@ -163,22 +208,48 @@ int ckpt_delete_step(struct storage *st, uint64_t step, char *err)
  * put-if-absent, so two launchers can never claim the same generation. */
 #define GEN_PREFIX "generations/"
 
+struct gen_scan {
+    uint64_t max;
+    char *err; /* the first key that is not a generation claim */
+    const char *uri;
+};
+
+/* Exactly GEN_PREFIX + 20 decimal digits, below 2^63. A store's
+ * temporaries (a claim being written: "....tmp.PID.N") are not claims.
+ * Anything else is refused: a junk name that parsed loosely (a saturated
+ * strtoull, a wrap of cur + 1 to 0) would silently turn fencing off. */
 static int on_gen(void *arg, const char *key, uint64_t size)
 {
     (void)size;
-    uint64_t *max = arg;
+    struct gen_scan *g = arg;
     const char *p = key + strlen(GEN_PREFIX);
-    char *end;
-    unsigned long long g = strtoull(p, &end, 10);
-    if (*p && !*end && g > *max)
-        *max = g;
+    if (strstr(p, ".tmp."))
+        return 0;
+    uint64_t v = 0;
+    int n = 0;
+    for (; p[n] >= '0' && p[n] <= '9' && n < 20; n++)
+        v = v * 10 + (uint64_t)(p[n] - '0');
+    /* a leading 0 keeps the value below 10^19: the sum above did not wrap */
+    int ok = n == 20 && p[n] == 0 && p[0] == '0' && v < (UINT64_C(1) << 63);
+    if (!ok) {
+        snprintf(g->err, CKPT_ERR_LEN,
+                 "%s/%s is not a generation claim (want %s followed by 20 digits below 2^63): "
+                 "remove it to use this checkpoint store",
+                 g->uri, key, GEN_PREFIX);
+        return -1;
+    }
+    if (v > g->max)
+        g->max = v;
     return 0;
 }
 
 int ckpt_fence_current(struct storage *st, uint64_t *gen, char *err)
 {
-    *gen = 0;
-    return storage_list(st, GEN_PREFIX, on_gen, gen, err) ? -1 : 0;
+    struct gen_scan g = {0, err, st->uri};
+    *err = 0;
+    int rc = storage_list(st, GEN_PREFIX, on_gen, &g, err);
+    *gen = g.max;
+    return rc ? -1 : 0;
 }
 
 /* "host pid nonce": what makes a claim's body this launcher's own, so that
@@ -205,6 +276,11 @@ int ckpt_fence_claim(struct storage *st, uint64_t *gen, char *err)
         uint64_t cur;
         if (ckpt_fence_current(st, &cur, err))
             return -1;
+        if (cur + 1 >= (UINT64_C(1) << 63)) {
+            snprintf(err, CKPT_ERR_LEN, "%s: generations are exhausted (2^63 - 1 claimed)",
+                     st->uri);
+            return -1;
+        }
         char key[64], body[160];
         snprintf(key, sizeof key, GEN_PREFIX "%020llu", (unsigned long long)(cur + 1));
         int n = snprintf(body, sizeof body, "%llu %s\n", (unsigned long long)(cur + 1), claimant);

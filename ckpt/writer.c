@@ -213,3 +213,17 @@ int ckpt_commit(struct storage *st, const struct ckpt_manifest *m, char *err)
     free(doc);
     return rc;
 }
+
+int ckpt_new_step_in(struct storage *st, uint64_t step, char *tag, size_t n, char *err)
+{
+    int committed;
+    if (ckpt_step_committed(st, step, &committed, err))
+        return -1;
+    if (committed) {
+        snprintf(err, CKPT_ERR_LEN,
+                 "%s already holds a committed step %llu: left as it is (write elsewhere, or "
+                 "remove it first)", st->uri, (unsigned long long)step);
+        return -1;
+    }
+    return ckpt_new_writer_tag(st, 0, tag, n, err);
+}

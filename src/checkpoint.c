@@ -9,14 +9,23 @@
  *      rank 0 - which is also the barrier: rank 0 continues only once all
  *      shards are durable;
  *   3. rank 0 writes MANIFEST.json with put-if-absent. Until that moment
- *      the step is incomplete and never loaded;
- *   4. rank 0 applies retention: keeps the newest K committed steps and
- *      removes incomplete steps older than the newest committed one (no
- *      writer of this run is on them any more).
+ *      the step is incomplete and never loaded. If the step is already
+ *      committed (by an earlier run whose step this one could not load, or
+ *      any other writer), that commit stays as it is: this launch's shards
+ *      of the step are removed and training goes on;
+ *   4. rank 0 applies retention (ckpt_clean: the newest K committed steps
+ *      up to this one stay; garbage of fenced generations goes).
+ * Shard objects carry this launch's writer tag (ckpt.h), so no other
+ * writer's object is ever replaced, and a failed save removes exactly the
+ * shards this launch wrote. Every launch has a generation: fsdp-super's
+ * (FSDP_GENERATION), or, unsupervised, one rank 0 claims at start - a
+ * second run started on the same store fences this one.
  * Resume: newest committed step first; a step that fails to load on any
- * rank (missing object, bad digest, bad manifest) is reported with the
- * failing rank's message and the next older one is tried. A checkpoint of a
- * different model is refused outright.
+ * rank (missing object, bad digest, bad manifest, a read error) is reported
+ * with the failing rank's message and skipped - it stays in the store for
+ * `fsdp-ckpt verify` - and the next older one is tried. A checkpoint of a
+ * different model is refused outright. Nothing is deleted because a read
+ * failed.
  *
  * Test hook: FSDP_TEST_STOP_AT=POINT:N makes the process stop itself
  * (SIGSTOP) at POINT during its N-th save: shard-chunk (after the first
@@ -118,6 +127,27 @@ static json_t *model_json(const struct model_config *c)
                      c->vocab_pad);
 }
 
+/* Rank 0, at start: the launch's generation (claimed here when no
+ * supervisor gave one), its writer tag, and proof that the store takes a
+ * write and a delete - a read-only mount or a file in the way is found now,
+ * not after the first --ckpt-every steps of training. */
+static int claim_and_probe(struct ckptr *c, char *err)
+{
+    char sub[ERR_LEN];
+    if (!c->generation && ckpt_fence_claim(c->st, &c->generation, sub))
+        return fsdp_err(err, "checkpoint store %s: cannot claim a generation: %s", c->st->uri,
+                        sub);
+    if (ckpt_fence_check(c->st, c->generation, sub))
+        return fsdp_err(err, "%s", sub);
+    if (ckpt_new_writer_tag(c->st, c->generation, c->tag, sizeof c->tag, sub))
+        return fsdp_err(err, "%s", sub);
+    char key[96];
+    snprintf(key, sizeof key, "probe-%s", c->tag);
+    if (storage_put(c->st, key, "probe\n", 6, sub) || storage_delete(c->st, key, sub))
+        return fsdp_err(err, "checkpoint store %s is not writable: %s", c->st->uri, sub);
+    return 0;
+}
+
 int ckptr_open(struct ckptr *c, const struct ckptr_opts *o, struct fsdp_engine *e,
                struct fsdp_comm *comm, const struct model_layout *m, char *err)
 {
@@ -134,7 +164,11 @@ int ckptr_open(struct ckptr *c, const struct ckptr_opts *o, struct fsdp_engine *
         rc = fsdp_err(err, "checkpoint: out of memory for the codec");
     if (!rc && !(c->model_json = model_json(&m->cfg)))
         rc = fsdp_err(err, "checkpoint: out of memory");
-    if (agree(comm, rc, err)) {
+    if (!rc && comm->rank == 0)
+        rc = claim_and_probe(c, err);
+    if (agree(comm, rc, err) ||
+        comm->bcast_bytes(comm, &c->generation, sizeof c->generation, 0, err) ||
+        comm->bcast_bytes(comm, c->tag, sizeof c->tag, 0, err)) {
         ckptr_close(c);
         return -1;
     }
@@ -174,9 +208,9 @@ static int write_own_shard(struct ckptr *c, uint64_t step, float *const bases[CK
             src[u * CKPT_NKINDS + k] = (struct ckpt_src){
                 u, k, e->units[u].shard_lo, e->units[u].shard_n,
                 bases[k] + e->units[u].shard_off};
-    char dir[32], file[64], key[128];
+    char dir[32], file[CKPT_TAG_LEN + 32], key[128];
     ckpt_step_dir(step, dir, sizeof dir);
-    ckpt_shard_file(c->comm->rank, c->world, file, sizeof file);
+    ckpt_shard_file(c->comm->rank, c->world, c->tag, file, sizeof file);
     snprintf(key, sizeof key, "%s/%s", dir, file);
     struct ckpt_shard shard;
     int rc = ckpt_shard_write(c->st, key, file, &c->o.write, c->codec, src, nsrc, c->comm->rank,
@@ -221,9 +255,30 @@ static int fill_units(struct ckpt_manifest *man, const struct model_layout *m, i
     return 0;
 }
 
-/* Rank 0: the manifest from every rank's chunk table, then the commit. */
+/* Is the step another launch already committed a point of this same run's
+ * trajectory (an earlier launch's step this run skipped at resume)? Then
+ * it stands for ours. Anything else - a newer launch, another model, other
+ * data or seed - is not ours to sit beside. */
+static int same_run(const struct ckptr *c, const struct ckpt_manifest *other, json_t *trainer)
+{
+    if (other->generation >= c->generation || !json_equal(other->model, c->model_json))
+        return 0;
+    static const char *const keys[] = {"step", "data_cursor", "seed", "global_batch"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        json_t *a = json_object_get(other->trainer, keys[i]), *b = json_object_get(trainer, keys[i]);
+        if (!a || !b || !json_equal(a, b))
+            return 0;
+    }
+    return 1;
+}
+
+/* Rank 0: the manifest from every rank's chunk table, then the commit.
+ * Returns 0 when committed, 1 when the step stays as an earlier launch
+ * committed it (this launch's copy removed), -1 on failure. *attempted says
+ * whether the commit was tried: from then on ckpt_commit_step alone decides
+ * what of this launch's shards goes. */
 static int commit(struct ckptr *c, uint64_t step, json_t *trainer, const char *all,
-                  const size_t *lens, char *err)
+                  const size_t *lens, int *attempted, char *err)
 {
     struct ckpt_manifest man = {0};
     man.version = CKPT_FORMAT_VERSION;
@@ -253,40 +308,57 @@ static int commit(struct ckptr *c, uint64_t step, json_t *trainer, const char *a
         rc = ckpt_fence_check(c->st, c->generation, err);
     }
     if (!rc) {
-        rc = ckpt_commit(c->st, &man, err);
-        if (rc == STORAGE_EXISTS)
-            rc = fsdp_err(err, "checkpoint step %llu is already committed in %s",
-                          (unsigned long long)step, c->st->uri);
+        *attempted = 1;
+        struct ckpt_commit_result res;
+        rc = ckpt_commit_step(c->st, &man, c->tag, &res, err);
+        if (rc && res.outcome == CKPT_OTHER_UNREADABLE) {
+            fprintf(stderr, "fsdp-train: checkpoint step %llu is already committed in %s but "
+                    "does not load (kept for fsdp-ckpt verify; not overwritten): this run's copy "
+                    "is discarded\n", (unsigned long long)step, c->st->uri);
+            rc = 1;
+        } else if (rc && res.outcome == CKPT_OTHER && same_run(c, &res.other, trainer)) {
+            fprintf(stderr, "fsdp-train: checkpoint step %llu is already committed in %s by an "
+                    "earlier launch of this run (generation %llu; not overwritten): this run's "
+                    "copy is discarded\n", (unsigned long long)step, c->st->uri,
+                    (unsigned long long)res.other.generation);
+            rc = 1;
+        } else if (rc && res.outcome == CKPT_OTHER) {
+            fsdp_err(err, "checkpoint step %llu in %s was committed by another run (generation "
+                     "%llu, other model, data or seed): stopping rather than training beside it",
+                     (unsigned long long)step, c->st->uri,
+                     (unsigned long long)res.other.generation);
+            rc = -1;
+        }
+        ckpt_commit_result_free(&res);
     }
     ckpt_manifest_free(&man);
-    return rc ? -1 : 0;
+    return rc < 0 ? -1 : rc;
 }
 
-/* Rank 0, after a commit: keep the newest K committed steps, drop
- * incomplete steps below the newest committed one. */
-static int retain(struct ckptr *c, uint64_t *newest_committed, char *err)
+/* Rank 0, after committing step upto: retention and garbage (cleanup.c
+ * decides). */
+static int retain(struct ckptr *c, uint64_t upto, char *err)
 {
-    struct ckpt_step_info *steps;
-    int n;
-    if (ckpt_fence_check(c->st, c->generation, err) || ckpt_list_steps(c->st, &steps, &n, err))
-        return -1;
-    int rc = 0, kept = 0;
-    uint64_t newest = 0;
-    for (int i = n - 1; i >= 0; i--)
-        if (steps[i].committed && steps[i].step > newest)
-            newest = steps[i].step;
-    for (int i = n - 1; !rc && i >= 0; i--) {
-        int drop = steps[i].committed ? ++kept > c->o.keep : steps[i].step < newest;
-        if (drop)
-            rc = ckpt_delete_step(c->st, steps[i].step, err);
-    }
-    *newest_committed = newest;
-    free(steps);
-    return rc;
+    struct ckpt_clean_policy p = {.generation = c->generation, .keep = c->o.keep, .upto = upto};
+    struct ckpt_clean_report rep;
+    char sub[ERR_LEN];
+    if (ckpt_clean(c->st, &p, &rep, sub))
+        return fsdp_err(err, "%s", sub);
+    return 0;
 }
 
-static void async_retain(struct ckptr *c);
+static void async_retain(struct ckptr *c, uint64_t upto);
 static void async_quiesce(struct ckptr *c);
+
+/* Rank 0: removes the shards this launch wrote for a step it did not
+ * commit. Best effort and silent: the store may be what failed (its error
+ * is the one line the user sees); what stays is garbage of this generation,
+ * which the next launch's start-up cleanup removes. */
+static void discard_own(struct ckptr *c, uint64_t step)
+{
+    char sub[ERR_LEN];
+    (void)ckpt_discard_own(c->st, step, c->world, c->tag, sub);
+}
 
 /* Collective, after every rank wrote (or failed to write) its shard: the
  * agreement, the chunk tables to rank 0, the commit, retention. Takes mine. */
@@ -295,6 +367,8 @@ static int finish_save(struct ckptr *c, uint64_t step, json_t *trainer, char *mi
 {
     if (agree(c->comm, rc, err)) {
         free(mine);
+        if (c->comm->rank == 0)
+            discard_own(c, step);
         return -1;
     }
     char *all = NULL;
@@ -303,16 +377,22 @@ static int finish_save(struct ckptr *c, uint64_t step, json_t *trainer, char *mi
     rc = c->comm->gather_bytes(c->comm, send, mine ? strlen(mine) : 0, 0, &all, lens, err);
     free(mine);
     if (!rc && c->comm->rank == 0) {
-        rc = commit(c, step, trainer, all, lens, err);
-        if (!rc) {
+        int attempted = 0;
+        rc = commit(c, step, trainer, all, lens, &attempted, err);
+        c->skipped = rc == 1;
+        if (rc == 0) {
             c->newest_committed = step;
             hb_event("checkpoint_committed step=%llu", (unsigned long long)step);
             stop_here("after-commit");
             if (c->async)
-                async_retain(c); /* rank 0's writer thread deletes old steps */
+                async_retain(c, step); /* rank 0's writer thread deletes old steps */
             else
-                rc = retain(c, &c->newest_committed, err);
+                rc = retain(c, step, err); /* a failure here leaves the commit as it is */
+        } else if (rc < 0 && !attempted) { /* never committed: our shards are garbage */
+            discard_own(c, step);
         }
+        if (rc == 1)
+            rc = 0;
     }
     free(all);
     return agree(c->comm, rc, err);
@@ -357,6 +437,7 @@ struct ckptr_async {
     pthread_cond_t cv;
     int state, quit, job;
     int retain, retain_failed; /* rank 0: retention to apply; it failed */
+    uint64_t retain_upto;      /* the step just committed */
     uint64_t step;
     json_t *trainer;
     float *staging[CKPT_NKINDS];
@@ -384,10 +465,10 @@ static void *async_main(void *arg)
         while (!a->job && !a->retain && !a->quit)
             pthread_cond_wait(&a->cv, &a->mu);
         if (a->retain) {
+            uint64_t upto = a->retain_upto;
             pthread_mutex_unlock(&a->mu);
-            uint64_t newest;
             char err[ERR_LEN] = "";
-            int rc = retain(c, &newest, err);
+            int rc = retain(c, upto, err);
             pthread_mutex_lock(&a->mu);
             if (rc && !a->retain_failed) {
                 a->retain_failed = 1;
@@ -419,11 +500,12 @@ static void *async_main(void *arg)
     return NULL;
 }
 
-static void async_retain(struct ckptr *c)
+static void async_retain(struct ckptr *c, uint64_t upto)
 {
     struct ckptr_async *a = c->async;
     pthread_mutex_lock(&a->mu);
     a->retain = 1;
+    a->retain_upto = upto;
     pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->mu);
 }
@@ -595,7 +677,12 @@ int ckptr_verify_loaded(struct ckptr *c, const struct ckpt_manifest *man, char *
         free(want.v);
         return -1;
     }
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    EVP_MD_CTX *md = EVP_MD_CTX_new(); /* agreed on: the loop below is collective */
+    if (agree(c->comm, md ? 0 : fsdp_err(err, "verify-load: out of memory"), err)) {
+        EVP_MD_CTX_free(md);
+        free(want.v);
+        return -1;
+    }
     for (int u = 0; !rc && u < c->m->nunits; u++) {
         struct fsdp_unit *U = &e->units[u];
         float *full = e->shard == FSDP_SHARD_NONE ? NULL : U->full;
@@ -648,22 +735,21 @@ int ckptr_verify_loaded(struct ckptr *c, const struct ckpt_manifest *man, char *
 
 /* ---- resume ------------------------------------------------------------------------ */
 
-/* Rank 0, at start-up, when no writer of this run exists yet: removes every
- * step newer than `upto` (they are about to be written again; a damaged
- * committed one loses its manifest first) and every incomplete step, then
- * applies retention. */
-static int clean_for_start(struct ckptr *c, uint64_t upto, char *err)
+/* Rank 0, at start-up: garbage of fenced generations goes (incomplete
+ * steps, losing writers' shards, temporaries); no committed step is
+ * touched - retention runs after this launch's own commits. */
+static int clean_for_start(struct ckptr *c, char *err)
 {
-    struct ckpt_step_info *steps;
-    int n;
-    if (ckpt_fence_check(c->st, c->generation, err) || ckpt_list_steps(c->st, &steps, &n, err))
-        return -1;
-    int rc = 0;
-    for (int i = n - 1; !rc && i >= 0; i--)
-        if (steps[i].step > upto || !steps[i].committed)
-            rc = ckpt_delete_step(c->st, steps[i].step, err);
-    free(steps);
-    return rc ? rc : retain(c, &c->newest_committed, err);
+    struct ckpt_clean_policy p = {.generation = c->generation, .keep = 0};
+    struct ckpt_clean_report rep;
+    char sub[ERR_LEN];
+    if (ckpt_clean(c->st, &p, &rep, sub))
+        return fsdp_err(err, "%s", sub);
+    if (rep.incomplete_removed)
+        fprintf(stderr, "fsdp-train: removed %d incomplete checkpoint%s left by earlier runs in "
+                "%s\n", rep.incomplete_removed, rep.incomplete_removed == 1 ? "" : "s",
+                c->st->uri);
+    return 0;
 }
 
 static int check_model(struct ckptr *c, const struct ckpt_manifest *man, char *err)
@@ -759,13 +845,14 @@ int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *loaded, char *err)
     n = (int)count;
     uint64_t *cand = calloc((size_t)n + 1, sizeof *cand);
     int ncand = 0;
-    uint64_t newest_any = 0;
-    for (int i = 0; comm->rank == 0 && i < n; i++) {
+    for (int i = 0; cand && comm->rank == 0 && i < n; i++)
         if (steps[i].committed)
             cand[ncand++] = steps[i].step;
-        newest_any = steps[i].step;
-    }
     free(steps);
+    if (agree(comm, cand ? 0 : fsdp_err(err, "checkpoint: out of memory"), err)) {
+        free(cand);
+        return -1;
+    }
     if (comm->bcast_bytes(comm, &ncand, sizeof ncand, 0, err) ||
         comm->bcast_bytes(comm, cand, (size_t)n * sizeof *cand, 0, err)) {
         free(cand);
@@ -779,12 +866,9 @@ int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *loaded, char *err)
                             "use --resume auto, or another --ckpt", c->st->uri,
                             (unsigned long long)newest);
         /* a fresh run owns the location: clear what a crashed run left */
-        if (comm->rank == 0 && newest_any > 0)
-            fprintf(stderr, "fsdp-train: removing incomplete checkpoints in %s\n", c->st->uri);
-        rc = comm->rank == 0 ? clean_for_start(c, 0, err) : 0;
+        rc = comm->rank == 0 ? clean_for_start(c, err) : 0;
         return agree(comm, rc, err);
     }
-    int chosen = -1;
     for (int i = ncand - 1; i >= 0; i--) {
         struct ckpt_manifest man = {0};
         uint64_t bytes_read = 0;
@@ -823,18 +907,19 @@ int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *loaded, char *err)
             *loaded = cand[i];
             c->newest_committed = cand[i];
             ckpt_manifest_free(&man);
-            chosen = i;
             break;
         }
         ckpt_manifest_free(&man);
         if (comm->rank == 0)
-            fprintf(stderr, "fsdp-train: checkpoint step %llu is unusable: %s; %s\n",
+            fprintf(stderr, "fsdp-train: checkpoint step %llu is unusable: %s; %s (step %llu "
+                    "stays in the store: fsdp-ckpt verify %s@%llu)\n",
                     (unsigned long long)cand[i], err,
                     i > 0 ? "falling back to the previous committed step"
-                          : "no older committed step: starting from scratch");
+                          : "no older committed step: starting from scratch",
+                    (unsigned long long)cand[i], c->st->uri, (unsigned long long)cand[i]);
     }
     free(cand);
-    rc = comm->rank == 0 ? clean_for_start(c, chosen >= 0 ? *loaded : 0, err) : 0;
+    rc = comm->rank == 0 ? clean_for_start(c, err) : 0;
     if (agree(comm, rc, err)) {
         json_decref(*trainer);
         *trainer = NULL;

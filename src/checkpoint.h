@@ -35,7 +35,9 @@ struct ckptr {
     int world;   /* ranks whose shards form a checkpoint (1 for NO_SHARD) */
     int saves;   /* checkpoints written by this process */
     uint64_t newest_committed; /* 0 if none */
-    uint64_t generation;       /* of this launch (fsdp-super), 0 unsupervised */
+    int skipped; /* rank 0: the last save met a step already committed, kept it */
+    uint64_t generation;       /* of this launch: fsdp-super's, or claimed at open */
+    char tag[CKPT_TAG_LEN];    /* this launch's writer tag, in every shard name */
     struct ckptr_async *async; /* --ckpt-async */
 };
 
@@ -52,8 +54,8 @@ int ckptr_save(struct ckptr *c, uint64_t step, json_t *trainer, char *err);
 
 /* With --resume auto, loads the newest committed step that verifies into
  * the engine; *trainer receives its trainer state (new reference) or NULL
- * when starting fresh. Steps newer than the one loaded, and incomplete
- * steps, are removed. */
+ * when starting fresh. Steps that fail to load are reported and skipped,
+ * never removed; garbage of older generations is (ckpt_clean). */
 int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *step, char *err);
 
 /* Asynchronous saves (--ckpt-async). start/finish are collective;

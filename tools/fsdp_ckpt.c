@@ -25,6 +25,7 @@
 #include "safetensors.h"
 #include "storage.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -350,9 +351,11 @@ static int cmd_cp(const char *src_arg, const char *dst_uri)
     struct ckpt_step_info *steps = NULL;
     int n = 0, rc = 0, copied = 0;
     if (has_step) {
-        steps = calloc(1, sizeof *steps);
-        steps[0] = (struct ckpt_step_info){.step = step, .committed = 1};
-        n = 1;
+        if (!(steps = calloc(1, sizeof *steps)))
+            rc = (snprintf(err, sizeof err, "out of memory"), -1);
+        else
+            steps[0] = (struct ckpt_step_info){.step = step, .committed = 1};
+        n = steps ? 1 : 0;
     } else {
         rc = ckpt_list_steps(st, &steps, &n, err);
     }
@@ -444,28 +447,20 @@ static int cmd_prune(const char *uri, long long keep)
     struct storage *st;
     if (open_store(uri, &st, err))
         return die(err);
-    struct ckpt_step_info *steps;
-    int n;
-    if (ckpt_list_steps(st, &steps, &n, err)) {
-        storage_close(st);
-        return die(err);
+    /* not fenced (generation 0): a tool does not take the store from a
+     * running job; garbage is judged against the store's generation */
+    struct ckpt_clean_policy p = {.generation = 0, .keep = keep, .upto = UINT64_MAX};
+    struct ckpt_clean_report rep;
+    int rc = ckpt_clean(st, &p, &rep, err);
+    if (!rc) {
+        printf("%s: removed %d committed step%s and %d incomplete; kept %d committed\n",
+               st->uri, rep.steps_removed, rep.steps_removed == 1 ? "" : "s",
+               rep.incomplete_removed, rep.steps_kept);
+        if (rep.incomplete_left)
+            printf("%s: left %d incomplete step%s: their writers may still be running (a newer "
+                   "launch of the job removes them)\n", st->uri, rep.incomplete_left,
+                   rep.incomplete_left == 1 ? "" : "s");
     }
-    uint64_t newest = 0;
-    for (int i = 0; i < n; i++)
-        if (steps[i].committed)
-            newest = steps[i].step;
-    int rc = 0, kept = 0, removed = 0;
-    for (int i = n - 1; !rc && i >= 0; i--) {
-        /* incomplete steps above the newest committed one may be being
-         * written right now: they are left alone */
-        int drop = steps[i].committed ? ++kept > keep : steps[i].step < newest;
-        if (drop && !(rc = ckpt_delete_step(st, steps[i].step, err)))
-            removed++;
-    }
-    if (!rc)
-        printf("%s: removed %d step%s, kept %d committed\n", st->uri, removed,
-               removed == 1 ? "" : "s", kept < keep ? kept : (int)keep);
-    free(steps);
     storage_close(st);
     return rc ? die(err) : 0;
 }
@@ -555,9 +550,11 @@ int main(int argc, char **argv)
         return cmd_diff(argv[2], argv[3]);
     if (argc == 5 && strcmp(cmd, "prune") == 0 && strcmp(argv[3], "--keep") == 0) {
         char *end;
+        errno = 0;
         long long k = strtoll(argv[4], &end, 10);
-        if (*end || k < 0)
-            return bad_usage("--keep needs a non-negative integer");
+        if (!*argv[4] || *end || errno || k < 1)
+            return bad_usage("prune --keep needs an integer >= 1 (--keep 0 would delete every "
+                             "committed step)");
         return cmd_prune(argv[2], k);
     }
     fprintf(stderr, "fsdp-ckpt: %s%s%s (see fsdp-ckpt --help)\n",

@@ -172,6 +172,11 @@ static int read_header(const char *path, int fd, uint64_t fsize, const struct mo
     const uint64_t data = 8 + n, dsize = fsize - data;
     size_t cap = json_object_size(h), ne = 0;
     struct entry *e = calloc(cap ? cap : 1, sizeof *e);
+    if (!e) {
+        json_decref(h);
+        snprintf(err, CKPT_ERR_LEN, "%s: out of memory for %zu header entries", path, cap);
+        return -1;
+    }
     int problems = 0, ignored = 0;
     const char *key;
     json_t *v;
@@ -273,6 +278,12 @@ static int read_header(const char *path, int fd, uint64_t fsize, const struct mo
     return 0;
 }
 
+int st_read_header(const char *path, int fd, uint64_t fsize, const struct model_layout *m,
+                   const char *model_name, uint64_t *offsets, char *err)
+{
+    return read_header(path, fd, fsize, m, model_name, offsets, err);
+}
+
 /* Elements [x, x + n) of a unit's parameters from the file (zeros past
  * the unit's tensors). */
 static int read_params(int fd, const struct model_layout *m, const uint64_t *offsets, int unit,
@@ -298,7 +309,12 @@ static int read_params(int fd, const struct model_layout *m, const uint64_t *off
 int st_import(const char *path, const struct model_layout *m, const char *model_name,
               struct storage *dst, int world, const struct ckpt_write_opts *o, char *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    char tag[CKPT_TAG_LEN];
+    if (ckpt_new_step_in(dst, 0, tag, sizeof tag, err))
+        return -1;
+    /* O_NONBLOCK: a FIFO must not hang the open; anything but a regular
+     * file is refused below */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         snprintf(err, CKPT_ERR_LEN, "%s: cannot open: %s", path, strerror(errno));
         return -1;
@@ -308,6 +324,8 @@ int st_import(const char *path, const struct model_layout *m, const char *model_
     int rc = fstat(fd, &sb) || !offsets ? -1 : 0;
     if (rc)
         snprintf(err, CKPT_ERR_LEN, "%s: cannot stat", path);
+    else if (!S_ISREG(sb.st_mode))
+        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: not a regular file", path);
     if (!rc)
         rc = read_header(path, fd, (uint64_t)sb.st_size, m, model_name, offsets, err);
     struct ckpt_manifest out = {0};
@@ -359,7 +377,7 @@ int st_import(const char *path, const struct model_layout *m, const char *model_
                 secs[u * CKPT_NKINDS + k] = (struct ckpt_section){u, k, r * per, per, 0};
         }
         char file[64], key[128];
-        ckpt_shard_file(r, world, file, sizeof file);
+        ckpt_shard_file(r, world, tag, file, sizeof file);
         snprintf(key, sizeof key, "step-%08d/%s", 0, file);
         struct ckpt_shard_writer *w;
         if ((rc = ckpt_writer_begin(dst, key, file, o, codec, r, secs, m->nunits * CKPT_NKINDS,
@@ -386,11 +404,13 @@ int st_import(const char *path, const struct model_layout *m, const char *model_
             break;
         out.nshards = r + 1;
     }
-    if (!rc && (rc = ckpt_commit(dst, &out, err)) == STORAGE_EXISTS)
-        snprintf(err, CKPT_ERR_LEN, "import: %s already holds a step 0", dst->uri);
-    if (rc && out.nshards) {
+    if (!rc) { /* settles the outcome; a step 0 someone else committed meanwhile stays */
+        struct ckpt_commit_result res;
+        rc = ckpt_commit_step(dst, &out, tag, &res, err);
+        ckpt_commit_result_free(&res);
+    } else { /* this writer's own shards, nothing else */
         char sub[CKPT_ERR_LEN];
-        ckpt_delete_step(dst, 0, sub);
+        ckpt_discard_own(dst, 0, world, tag, sub);
     }
     out.nshards = out.shards ? world : 0;
     ckpt_manifest_free(&out);

@@ -24,4 +24,11 @@ int st_export(struct ckpt_reader *r, const char *path, int all, char *err);
 int st_import(const char *path, const struct model_layout *m, const char *model_name,
               struct storage *dst, int world, const struct ckpt_write_opts *o, char *err);
 
+/* import's header check on its own (tests, tests/fuzz): fd holds a
+ * safetensors file of fsize bytes (path names it in messages); fills
+ * offsets[m->ntensors] with each model tensor's absolute file offset. Every
+ * problem is printed to stderr as its own line; -1 with err if any. */
+int st_read_header(const char *path, int fd, uint64_t fsize, const struct model_layout *m,
+                   const char *model_name, uint64_t *offsets, char *err);
+
 #endif

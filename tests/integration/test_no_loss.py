@@ -1,0 +1,241 @@
+"""Nothing committed is ever lost: each case below destroyed or hid a
+committed checkpoint before the deletion rules moved into ckpt/cleanup.c
+(and shard objects got per-writer names). Every case ends by checking that
+each checkpoint committed before it still verifies, byte for byte where
+that is the point."""
+
+import glob
+import hashlib
+import os
+import signal
+import subprocess
+
+from harness import (CKPT, TRAIN, committed_steps, digest, job_pids, launch, main, mpirun,
+                     prepare_corpus, read_log, run, wait_stopped_or_exit)
+
+MODEL = ["--layers", "2", "--dim", "64", "--heads", "2", "--seq", "64"]
+
+
+def args(data, ck, steps, every=3, extra=()):
+    return [TRAIN, "--data", data] + MODEL + ["--global-batch", "4", "--steps", str(steps),
+                                              "--ckpt", ck, "--ckpt-every", str(every),
+                                              "--log-every", "1000"] + list(extra)
+
+
+def files_of(path):
+    """{relative path: sha256} of every file under path."""
+    out = {}
+    for f in glob.glob(f"{path}/**", recursive=True):
+        if os.path.isfile(f) and not os.path.islink(f):
+            out[os.path.relpath(f, path)] = hashlib.sha256(open(f, "rb").read()).hexdigest()
+    return out
+
+
+def verifies(uri):
+    return run([CKPT, "verify", uri], check=False).returncode == 0
+
+
+def a_second_run_on_the_same_store_never_destroys_a_commit(tmp):
+    """Run A (seed 1) has its step-3 shards durable and is about to commit;
+    run B (seed 2) starts on the same store, writes its own step 3 and stops
+    before committing too; then A goes on. Before: B's start removed A's
+    shards, B's same-named shards took their place, and A committed a
+    manifest describing bytes it never wrote - A exited 0 with a step that
+    no longer verified. Now B fences A (a newer generation), A refuses to
+    commit, names why and exits non-zero, and B commits its own step."""
+    data, _ = prepare_corpus(tmp)
+    ck, ref = f"{tmp}/ck", f"{tmp}/ref"
+    mpirun(1, args(data, ref, 3, extra=["--seed", "2"]))  # as launched below: same threads
+    a = launch(1, args(data, ck, 3, extra=["--seed", "1"]), {"FSDP_TEST_STOP_AT": "before-commit:1"})
+    assert wait_stopped_or_exit(a), "run A did not reach its commit"
+    b = launch(1, args(data, ck, 3, extra=["--seed", "2"]), {"FSDP_TEST_STOP_AT": "before-commit:1"})
+    assert wait_stopped_or_exit(b), "run B did not reach its commit"
+    for p in (a, b):  # A first: the order in which the old code lost data
+        for pid, _ in job_pids(p.pid):
+            os.kill(pid, signal.SIGCONT)
+        p.wait(timeout=120)
+    a_err, b_err = a.stderr.read(), b.stderr.read()
+    print(f"  run A: exit {a.returncode}: "
+          f"{[l for l in a_err.splitlines() if 'fenced' in l][:1]}")
+    assert a.returncode != 0 and "fenced" in a_err, a_err[-2000:]
+    assert b.returncode == 0, b_err[-2000:]
+    assert committed_steps(ck) == [3] and verifies(ck)
+    assert digest(ck) == digest(ref), "step 3 is not run B's"
+
+
+def a_failed_retention_never_touches_the_step_just_committed(tmp):
+    """Retention fails half-way (a delete of an old step's shard): before,
+    the trainer then removed its own shards of the step it had just
+    committed, leaving a manifest without shards - no usable checkpoint."""
+    data, _ = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    # deletes: 1 the start-up probe, 2 step 2's manifest, 3 step 2's shard
+    p = run(args(data, f"fault:delete=EIO@3;{ck}", 4, every=2, extra=["--keep", "1"]),
+            check=False)
+    line = [l for l in p.stderr.splitlines() if "removing older checkpoints" in l]
+    assert p.returncode != 0 and line and "step 4 is committed" in line[0], p.stderr[-2000:]
+    assert verifies(f"{ck}@4"), "the step just committed does not verify"
+
+
+def a_step_another_run_committed_stops_this_one(tmp):
+    """Run A is about to commit step 3 when another run's step 3 lands (a
+    cp): before, A called it "already committed by an earlier run", went on
+    and exited 0 - its next resume would have continued another run's
+    weights. Now A stops, says so, and the other run's step is untouched."""
+    data, _ = prepare_corpus(tmp)
+    ck, other = f"{tmp}/ck", f"{tmp}/other"
+    run(args(data, other, 3, extra=["--seed", "9"]))
+    a = launch(1, args(data, ck, 6), {"FSDP_TEST_STOP_AT": "before-commit:1"})
+    assert wait_stopped_or_exit(a), "run A did not reach its commit"
+    run([CKPT, "cp", f"{other}@3", ck])
+    for pid, _ in job_pids(a.pid):
+        os.kill(pid, signal.SIGCONT)
+    a.wait(timeout=120)
+    err = a.stderr.read()
+    line = [l for l in err.splitlines() if "committed by another run" in l]
+    print(f"  {line[:1]}")
+    assert a.returncode != 0 and line, err[-2000:]
+    assert digest(f"{ck}@3") == digest(f"{other}@3") and verifies(f"{ck}@3")
+    assert committed_steps(ck) == [3], committed_steps(ck)
+
+
+def a_symlinked_step_is_refused_and_its_target_untouched(tmp):
+    """A store whose step directory is a symlink into another run's store:
+    before, listing skipped it (lstat) but the writes followed it and
+    replaced the other run's committed shard. Now the store refuses it at
+    start, naming the path, and trains nothing."""
+    data, _ = prepare_corpus(tmp)
+    other, ck = f"{tmp}/other", f"{tmp}/ck"
+    run(args(data, other, 3, extra=["--seed", "5"]))
+    before = files_of(other)
+    os.makedirs(ck)
+    os.symlink(f"{other}/step-00000003", f"{ck}/step-00000003")
+    log = f"{tmp}/log.jsonl"
+    p = run(args(data, ck, 3, extra=["--log", log]), check=False)
+    err = [l for l in p.stderr.splitlines() if l.startswith("fsdp-train:") and "step-00000003"
+           in l]
+    print(f"  {err[:1]}")
+    assert p.returncode != 0 and err and "symbolic link" in err[0], p.stderr[-2000:]
+    assert not os.path.exists(log) or not read_log(log), "it trained before refusing"
+    assert files_of(other) == before and verifies(other), "the other run's step changed"
+
+
+def a_read_error_at_resume_never_deletes_the_newer_step(tmp):
+    """A transient read error while loading the newest step: before, resume
+    fell back and then deleted the intact newer step without a word. Now the
+    step is skipped, reported, and stays - byte for byte."""
+    data, _ = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    run(args(data, ck, 6))
+    assert committed_steps(ck) == [3, 6]
+    before = {k: v for k, v in files_of(ck).items() if k.startswith("step-00000006")}
+    # the second get of the resume is step 6's first shard chunk
+    p = run(args(data, f"fault:get=ETIMEDOUT@2;{ck}", 4), check=False)
+    assert p.returncode == 0, p.stderr[-2000:]
+    line = [l for l in p.stderr.splitlines() if "checkpoint step 6 is unusable" in l]
+    assert line and "timed out" in line[0].lower() and "stays in the store" in line[0], p.stderr
+    assert "resumed from checkpoint step 3" in p.stderr, p.stderr
+    assert committed_steps(ck) == [3, 4, 6], committed_steps(ck)
+    after = {k: v for k, v in files_of(ck).items() if k.startswith("step-00000006")}
+    assert after == before and verifies(f"{ck}@6")
+
+
+def import_into_a_store_holding_step_0_leaves_it(tmp):
+    """Importing into a store that already holds step 0: before, the failed
+    conditional commit was followed by deleting step 0. Now it is refused up
+    front and nothing in the store changes."""
+    data, _ = prepare_corpus(tmp)
+    ck, st, dst = f"{tmp}/ck", f"{tmp}/w.safetensors", f"{tmp}/dst"
+    run([TRAIN, "--data", data, "--model", "tiny", "--global-batch", "4", "--steps", "2",
+         "--ckpt", ck, "--ckpt-every", "2", "--log-every", "1000"])
+    run([CKPT, "export", ck, st])
+    run([CKPT, "import", st, dst, "--model", "tiny", "--world-size", "2"])
+    before = files_of(dst)
+    p = run([CKPT, "import", st, dst, "--model", "tiny", "--world-size", "3"], check=False)
+    lines = p.stderr.strip().splitlines()
+    print(f"  {lines}")
+    assert p.returncode == 1 and len(lines) == 1 and "already holds a committed step 0" in \
+        lines[0], p.stderr
+    assert files_of(dst) == before and verifies(dst)
+
+
+def reshard_and_cp_into_a_store_holding_the_step_leave_it(tmp):
+    data, _ = prepare_corpus(tmp)
+    ck, dst = f"{tmp}/ck", f"{tmp}/dst"
+    run(args(data, ck, 3))
+    run([CKPT, "reshard", ck, dst, "--world-size", "2"])
+    before = files_of(dst)
+    for cmd in ([CKPT, "reshard", ck, dst, "--world-size", "3"], [CKPT, "cp", ck, dst]):
+        p = run(cmd, check=False)
+        assert p.returncode == 1 and "already holds a committed step 3" in p.stderr, p.stderr
+        assert files_of(dst) == before and verifies(dst), cmd[1]
+    # cp writes shards under its own names: the copy verifies and digests equal
+    cp = f"{tmp}/cp"
+    run([CKPT, "cp", ck, cp])
+    assert verifies(cp) and digest(cp) == digest(ck)
+    assert {os.path.basename(f) for f in glob.glob(f"{cp}/step-00000003/shard-*")}.isdisjoint(
+        os.path.basename(f) for f in glob.glob(f"{ck}/step-00000003/shard-*"))
+
+
+def prune_keep_0_is_refused(tmp):
+    data, _ = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    run(args(data, ck, 6))
+    before = files_of(ck)
+    p = run([CKPT, "prune", ck, "--keep", "0"], check=False)
+    assert p.returncode == 2 and "--keep 0" in p.stderr, p.stderr
+    assert files_of(ck) == before
+    p = run([CKPT, "prune", ck, "--keep", "1"])
+    assert committed_steps(ck) == [6] and verifies(ck), p.stdout
+
+
+def prune_leaves_a_live_writers_step(tmp):
+    """prune removes what retention drops and the garbage of fenced
+    generations; an incomplete step of the store's current generation may
+    have a writer on it right now and stays."""
+    data, _ = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    run(args(data, ck, 6))  # generation 1
+    live = f"{ck}/step-00000009/shard-00000-of-00001.g1-00000000000000aa"
+    old = f"{ck}/step-00000012/shard-00000-of-00001"  # from before tags
+    for f in (live, old):
+        os.makedirs(os.path.dirname(f), exist_ok=True)
+        open(f, "w").write("in flight")
+    p = run([CKPT, "prune", ck, "--keep", "1"])
+    print("  " + p.stdout.strip().replace("\n", "\n  "))
+    assert os.path.exists(live) and not os.path.exists(os.path.dirname(old)), p.stdout
+    assert committed_steps(ck) == [6] and verifies(ck)
+
+
+def an_unwritable_store_is_found_before_training(tmp):
+    """A read-only --ckpt was found only at the first save, after the
+    training time was spent. Now the store is probed at start."""
+    data, _ = prepare_corpus(tmp)
+    mnt = f"{tmp}/ro"
+    os.makedirs(mnt)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", mnt],
+                      capture_output=True).returncode != 0:
+        print("  skipped: cannot mount a tmpfs here (needs root)")
+        return
+    try:
+        log = f"{tmp}/log.jsonl"
+        p = run(args(data, f"{mnt}/ck", 50, every=50, extra=["--log", log]), check=False)
+        lines = [l for l in p.stderr.splitlines() if "not writable" in l or "generation" in l]
+        print(f"  {lines[:1]}")
+        assert p.returncode == 1 and lines and "Read-only file system" in lines[0], p.stderr
+        assert not os.path.exists(log) or not read_log(log), "it trained before failing"
+    finally:
+        subprocess.run(["umount", mnt])
+
+
+if __name__ == "__main__":
+    main([a_second_run_on_the_same_store_never_destroys_a_commit,
+          a_failed_retention_never_touches_the_step_just_committed,
+          a_step_another_run_committed_stops_this_one,
+          a_symlinked_step_is_refused_and_its_target_untouched,
+          a_read_error_at_resume_never_deletes_the_newer_step,
+          import_into_a_store_holding_step_0_leaves_it,
+          reshard_and_cp_into_a_store_holding_the_step_leave_it,
+          prune_keep_0_is_refused,
+          prune_leaves_a_live_writers_step,
+          an_unwritable_store_is_found_before_training])
