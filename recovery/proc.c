@@ -7,15 +7,20 @@
  * session id names the whole job. The supervisor is a child subreaper
  * (prctl), so ranks orphaned by a dying mpirun are re-parented to it and
  * reaped here instead of lingering as zombies.
+ *
+ * Also the supervisor's private work directory (made with mkdtemp), removed
+ * at the end by a walk of its own rather than a shell.
  */
 #include "super.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -122,4 +127,19 @@ int job_teardown(struct job *j, double grace)
     }
     reap_children(j);
     return left;
+}
+
+/* ---- the work directory ------------------------------------------------------ */
+
+static int remove_one(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    return type == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+int remove_tree(const char *path)
+{
+    /* depth first, never following a link out of the tree, one file system */
+    return nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
 }

@@ -4,12 +4,14 @@
  *
  *   fsdp-super [--np N] [--min-np M] [--hosts FILE] [--max-restarts K]
  *              [--heartbeat-timeout SEC] [--preempt-url URL] [--events FILE]
- *              [--chaos SPEC] -- fsdp-train ARGS...
+ *              [--capacity-timeout SEC] [--chaos SPEC] -- fsdp-train ARGS...
  *
  * Each launch claims a new generation in the checkpoint store (fencing,
- * ckpt.h), writes a hostfile from the `host slots` lines of --hosts (read
- * again before every launch), and starts `mpirun` in a session of its own
- * with FSDP_SUPER_ADDR (this process's UDP heartbeat port) and
+ * ckpt.h; a store where no generation can be claimed is not launched on
+ * at all), writes a hostfile from the `host slots` lines of --hosts (read
+ * again before every launch; fewer than --min-np slots for longer than
+ * --capacity-timeout ends the run), and starts `mpirun` in a session of
+ * its own with FSDP_SUPER_ADDR (this process's UDP heartbeat port) and
  * FSDP_GENERATION. The job has failed when mpirun exits non-zero, a rank's
  * process disappears, a rank's heartbeats stop (a stopped process) or its
  * progress counter stops moving (a rank stuck in a collective) for longer
@@ -25,6 +27,13 @@
  * seconds. The ranks get SIGUSR1, agree on the next step boundary, write an
  * emergency checkpoint and exit; fsdp-super then exits 0 (signal) or
  * relaunches on the capacity the host file still offers (notice).
+ *
+ * The pieces of main: wait_capacity (the host file), launch, watch (one
+ * launch until it ends: heartbeats, preemption, chaos, failure checks),
+ * and end_launch (the restart policy: finished, relaunch or give up).
+ * Datagrams are parsed by src/hbmsg.c; events are JSON built by jansson
+ * (events.c). Open MPI's own lines go to the event log; when there is
+ * none, the last few are printed after a failed launch.
  */
 #include "super.h"
 
@@ -52,6 +61,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#define WORKDIR_LEN 512
+
 static volatile sig_atomic_t got_signal;
 static void on_signal(int sig) { got_signal = sig; }
 
@@ -66,23 +77,12 @@ static void say(const char *fmt, ...)
     va_end(ap);
 }
 
-static int capacity(const struct super_opts *o, struct host *h, int *nh)
-{
-    if (!o->hosts) {
-        snprintf(h[0].name, sizeof h[0].name, "localhost");
-        h[0].slots = o->np;
-        *nh = 1;
-        return o->np;
-    }
-    return super_read_hosts(o->hosts, h, 64, nh);
-}
-
 /* ---- state ------------------------------------------------------------------ */
 
 struct super {
     struct super_opts o;
-    int sock, port;
-    char workdir[256];
+    int sock, port, ev_on;
+    char workdir[WORKDIR_LEN];
     uint64_t generation;
     struct job job;
     struct chaos chaos;
@@ -90,79 +90,214 @@ struct super {
     double start, downtime, fail_at;
     int launches, restarts_in_a_row, prev_np;
     int by_cause[8];
-    uint64_t steps_lost, last_committed, max_step_seen, final_step;
+    uint64_t steps_lost, last_committed, max_step_seen, final_step, dropped;
     double step_time_sum;
     uint64_t step_count;
-    char notice_seen[128];
+    int notice_seen;
+    char notice_time[128];
+    char hosts_err[SUPER_ERR_LEN]; /* the host file's last complaint, said once */
 };
 
 enum cause { C_EXIT, C_DIED, C_HUNG, C_PREEMPT, C_CHAOS, C_STARTUP, C_NCAUSE };
-static const char *cause_names[] = {"exit", "rank-died", "heartbeat-lost", "preemption",
-                                    "chaos-restart", "startup-timeout"};
+static const char *cause_names[] = {"exit",       "rank-died",     "heartbeat-lost",
+                                    "preemption", "chaos-restart", "startup-timeout"};
 
-static uint64_t next_generation(struct super *s)
+/* How one launch ended. */
+struct outcome {
+    int cause; /* enum cause, -1 for none */
+    int done;  /* mpirun exited 0 */
+    int preempting;
+    char why[512];
+};
+
+/* ---- capacity --------------------------------------------------------------------- */
+
+/* The slots on offer; -1 (said once per distinct complaint) when the host
+ * file cannot be read or parsed. */
+static int capacity(struct super *s, struct host *h, int *nh)
 {
-    char err[STORAGE_ERR_LEN];
-    if (s->o.ckpt) {
-        struct storage *st;
-        uint64_t g;
-        if (storage_open(s->o.ckpt, &st, err) == 0) {
-            int rc = ckpt_fence_claim(st, &g, err);
-            storage_close(st);
-            if (rc == 0)
-                return g;
-        }
-        say("cannot record a generation in %s (%s); fencing is off for this launch",
-            s->o.ckpt, err);
+    if (!s->o.hosts) {
+        snprintf(h[0].name, sizeof h[0].name, "localhost");
+        h[0].slots = s->o.np;
+        *nh = 1;
+        return s->o.np;
     }
-    return s->generation + 1;
+    char err[SUPER_ERR_LEN];
+    int total;
+    if (super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, nh, &total, err, sizeof err) == 0) {
+        s->hosts_err[0] = 0;
+        return total;
+    }
+    if (strcmp(err, s->hosts_err) != 0) {
+        say("%s; counting no capacity until it is fixed", err);
+        ev_emit("hosts_error", "{s:o}", "error", ev_text(err));
+        snprintf(s->hosts_err, sizeof s->hosts_err, "%s", err);
+    }
+    *nh = 0;
+    return -1;
 }
 
-static int launch(struct super *s, int np, const struct host *hosts, int nh)
+static void nap(double sec)
 {
-    s->generation = next_generation(s);
-    char hostfile[320], addr[64], gen[32];
-    snprintf(hostfile, sizeof hostfile, "%s/hostfile-%llu", s->workdir,
-             (unsigned long long)s->generation);
-    FILE *f = fopen(hostfile, "w");
-    if (!f) {
-        say("cannot write %s: %s", hostfile, strerror(errno));
+    struct pollfd p = {.fd = -1};
+    poll(&p, 0, (int)(sec * 1000));
+}
+
+/* Waits until the host file offers at least --min-np slots; returns the
+ * world size to launch, -1 if a signal arrived meanwhile, -2 after
+ * --capacity-timeout. */
+static int wait_capacity(struct super *s, struct host *h, int *nh)
+{
+    int said = 0;
+    double until = super_now() + s->o.capacity_timeout;
+    for (;;) {
+        int cap = capacity(s, h, nh);
+        int np = s->o.np && s->o.np < cap ? s->o.np : cap;
+        if (np >= s->o.min_np)
+            return np;
+        cap = cap < 0 ? 0 : cap;
+        if (!said) {
+            say("waiting for capacity: %s offers %d slot%s, at least %d needed", s->o.hosts, cap,
+                cap == 1 ? "" : "s", s->o.min_np);
+            ev_emit("waiting_for_capacity", "{s:i, s:i}", "slots", cap, "min_np", s->o.min_np);
+            said = 1;
+        }
+        if (got_signal)
+            return -1;
+        if (super_now() >= until) {
+            say("no capacity: %s offered %d of the %d slots needed for %.0f s "
+                "(--capacity-timeout); giving up",
+                s->o.hosts, cap, s->o.min_np, s->o.capacity_timeout);
+            ev_emit("capacity_timeout", "{s:i, s:i, s:f}", "slots", cap, "min_np", s->o.min_np,
+                    "waited_s", s->o.capacity_timeout);
+            return -2;
+        }
+        nap(0.2);
+    }
+}
+
+/* ---- launch ------------------------------------------------------------------------- */
+
+/* A new generation claimed in the checkpoint store; -1 when none can be:
+ * launching without fencing would let an older generation's stray rank
+ * commit over this one's checkpoints. Without --ckpt there is nothing to
+ * fence and generations just count. */
+static int claim_generation(struct super *s)
+{
+    if (!s->o.ckpt) {
+        s->generation++;
+        return 0;
+    }
+    char err[STORAGE_ERR_LEN] = "";
+    struct storage *st;
+    uint64_t g = 0;
+    int rc = storage_open(s->o.ckpt, &st, err);
+    if (rc == 0) {
+        rc = ckpt_fence_claim(st, &g, err);
+        storage_close(st);
+    }
+    if (rc == 0 && (g == 0 || g > HBMSG_MAX_GENERATION || g <= s->generation)) {
+        snprintf(err, sizeof err, "the store answered generation %llu after %llu",
+                 (unsigned long long)g, (unsigned long long)s->generation);
+        rc = -1;
+    }
+    if (rc) {
+        say("cannot claim a generation in %s (%s); refusing to launch without fencing", s->o.ckpt,
+            err);
+        ev_emit("fence_error", "{s:o}", "error", ev_text(err));
         return -1;
     }
-    for (int i = 0; i < nh; i++)
-        fprintf(f, "%s slots=%d\n", hosts[i].name, hosts[i].slots);
-    fclose(f);
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", s->port);
-    snprintf(gen, sizeof gen, "%llu", (unsigned long long)s->generation);
-    char npstr[16];
-    snprintf(npstr, sizeof npstr, "%d", np);
+    s->generation = g;
+    return 0;
+}
 
-    const char *extra_env = chaos_launch_env(&s->chaos);
-    const char *ckpt_override = chaos_launch_ckpt(&s->chaos, s->o.ckpt);
+static char **launch_argv(struct super *s, const char *hostfile, const char *npstr)
+{
+    const struct chaos *c = &s->chaos;
     char **argv = calloc((size_t)s->o.targc + 16, sizeof *argv);
+    if (!argv)
+        return NULL;
     int a = 0;
     argv[a++] = (char *)s->o.mpirun;
     argv[a++] = "--hostfile";
-    argv[a++] = hostfile;
+    argv[a++] = (char *)hostfile;
     argv[a++] = "-np";
-    argv[a++] = npstr;
+    argv[a++] = (char *)npstr;
     argv[a++] = "-x";
     argv[a++] = "FSDP_SUPER_ADDR";
     argv[a++] = "-x";
     argv[a++] = "FSDP_GENERATION";
-    if (extra_env) {
+    if (c->hold[0]) {
+        argv[a++] = "-x";
+        argv[a++] = "FSDP_TEST_HOLD_AT";
+    }
+    if (c->stop[0]) {
         argv[a++] = "-x";
         argv[a++] = "FSDP_TEST_STOP_AT";
     }
     for (int k = 0; k < s->o.targc; k++) {
         int is_ckpt_value = k > 0 && strcmp(s->o.targv[k - 1], "--ckpt") == 0;
-        argv[a++] = is_ckpt_value && ckpt_override ? (char *)ckpt_override : s->o.targv[k];
+        argv[a++] = is_ckpt_value && c->ckpt[0] ? (char *)c->ckpt : s->o.targv[k];
     }
     argv[a] = NULL;
+    return argv;
+}
 
+/* In the child: the launch's environment, stderr into the pipe, mpirun. */
+static void exec_mpirun(struct super *s, char **argv, int errfd)
+{
+    char addr[64], gen[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", s->port);
+    snprintf(gen, sizeof gen, "%llu", (unsigned long long)s->generation);
+    setsid();
+    dup2(errfd, 2);
+    setenv("FSDP_SUPER_ADDR", addr, 1);
+    setenv("FSDP_GENERATION", gen, 1);
+    /* the test hooks are the supervisor's to set, never inherited */
+    if (s->chaos.hold[0])
+        setenv("FSDP_TEST_HOLD_AT", s->chaos.hold, 1);
+    else
+        unsetenv("FSDP_TEST_HOLD_AT");
+    if (s->chaos.stop[0])
+        setenv("FSDP_TEST_STOP_AT", s->chaos.stop, 1);
+    else
+        unsetenv("FSDP_TEST_STOP_AT");
+    if (getuid() == 0) { /* Open MPI refuses root without both */
+        setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+        setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+    }
+    execvp(argv[0], argv);
+    fprintf(stderr, "fsdp-super: cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+}
+
+static int write_hostfile(const char *path, const struct host *hosts, int nh)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    for (int i = 0; i < nh; i++)
+        fprintf(f, "%s slots=%d\n", hosts[i].name, hosts[i].slots);
+    return fclose(f);
+}
+
+static int launch(struct super *s, int np, const struct host *hosts, int nh)
+{
+    if (claim_generation(s))
+        return -1;
+    char hostfile[WORKDIR_LEN + 32], npstr[16];
+    snprintf(hostfile, sizeof hostfile, "%s/hostfile-%llu", s->workdir,
+             (unsigned long long)s->generation);
+    if (write_hostfile(hostfile, hosts, nh)) {
+        say("cannot write %s: %s", hostfile, strerror(errno));
+        return -1;
+    }
+    snprintf(npstr, sizeof npstr, "%d", np);
+    chaos_launching(&s->chaos, np);
+    char **argv = launch_argv(s, hostfile, npstr);
     int errpipe[2];
-    if (pipe2(errpipe, O_CLOEXEC)) {
-        say("pipe: %s", strerror(errno));
+    if (!argv || pipe2(errpipe, O_CLOEXEC)) {
+        say("cannot start mpirun: %s", argv ? strerror(errno) : "out of memory");
         free(argv);
         return -1;
     }
@@ -173,39 +308,24 @@ static int launch(struct super *s, int np, const struct host *hosts, int nh)
     s->job.np = np;
     s->job.launched = super_now();
     pid_t pid = fork();
-    if (pid < 0) {
-        say("fork: %s", strerror(errno));
-        free(argv);
-        return -1;
-    }
-    if (pid == 0) {
-        setsid();
-        dup2(errpipe[1], 2);
-        setenv("FSDP_SUPER_ADDR", addr, 1);
-        setenv("FSDP_GENERATION", gen, 1);
-        if (extra_env)
-            setenv("FSDP_TEST_STOP_AT", extra_env, 1);
-        else
-            unsetenv("FSDP_TEST_STOP_AT");
-        if (getuid() == 0) { /* Open MPI refuses root without both */
-            setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
-            setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-        }
-        execvp(argv[0], argv);
-        fprintf(stderr, "fsdp-super: cannot run %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
+    if (pid == 0)
+        exec_mpirun(s, argv, errpipe[1]);
     free(argv);
     close(errpipe[1]);
+    if (pid < 0) {
+        say("fork: %s", strerror(errno));
+        close(errpipe[0]);
+        return -1;
+    }
     s->job.mpirun = pid;
     s->launches++;
-    say("launch %d: generation %llu, %d rank%s%s", s->launches,
-        (unsigned long long)s->generation, np, np > 1 ? "s" : "",
-        s->prev_np && s->prev_np != np ? " (resized)" : "");
-    ev_emit("launch", "\"launch\":%d,\"generation\":%llu,\"np\":%d,\"pid\":%d", s->launches,
-            (unsigned long long)s->generation, np, (int)pid);
-    if (s->prev_np && s->prev_np != np)
-        ev_emit("resize", "\"from\":%d,\"to\":%d", s->prev_np, np);
+    int resized = s->prev_np && s->prev_np != np;
+    say("launch %d: generation %llu, %d rank%s%s", s->launches, (unsigned long long)s->generation,
+        np, np > 1 ? "s" : "", resized ? " (resized)" : "");
+    ev_emit("launch", "{s:i, s:I, s:i, s:i}", "launch", s->launches, "generation",
+            (json_int_t)s->generation, "np", np, "pid", (int)pid);
+    if (resized)
+        ev_emit("resize", "{s:i, s:i}", "from", s->prev_np, "to", np);
     s->prev_np = np;
     return 0;
 }
@@ -233,15 +353,13 @@ static void on_line(struct super *s, char *l)
         if (dashes)
             j->in_box = !j->in_box;
         j->hidden++;
-        json_t *t = json_string(l);
-        char *txt = t ? json_dumps(t, JSON_ENCODE_ANY) : NULL;
-        if (txt)
-            ev_emit("mpirun_output", "\"generation\":%llu,\"line\":%s",
-                    (unsigned long long)j->generation, txt);
-        free(txt);
-        json_decref(t);
+        if (!dashes && l[0])
+            line_tail_add(&j->hidden_tail, l);
+        ev_emit("mpirun_output", "{s:I, s:o}", "generation", (json_int_t)j->generation, "line",
+                ev_text(l));
         return;
     }
+    line_tail_add(&j->rank_tail, l);
     fprintf(stderr, "%s\n", l);
 }
 
@@ -282,75 +400,103 @@ static void drain_stderr(struct super *s)
     }
 }
 
+/* After a failed launch without an event log: what Open MPI said. */
+static void show_hidden_tail(struct super *s)
+{
+    const struct job *j = &s->job;
+    if (!j->hidden)
+        return;
+    if (s->ev_on) {
+        say("(%d lines of Open MPI's own output for generation %llu are in the event log)",
+            j->hidden, (unsigned long long)j->generation);
+        return;
+    }
+    int n = j->hidden_tail.count, from = n > SUPER_TAIL_LINES ? n - SUPER_TAIL_LINES : 0;
+    say("Open MPI said (last %d of %d lines; --events FILE keeps all):", n - from, j->hidden);
+    const char *l;
+    for (int i = from; (l = line_tail_get(&j->hidden_tail, i)); i++)
+        fprintf(stderr, "  %s\n", l);
+}
+
 /* ---- heartbeats ------------------------------------------------------------------- */
 
-static void on_event_text(struct super *s, int rank, const char *text)
+static int ev_int(const struct hbmsg *m, const char *key, int *out)
 {
-    unsigned long long step;
+    uint64_t v;
+    if (hbmsg_event_u64(m, key, &v) || v > (1 << 20))
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static void on_event(struct super *s, const struct hbmsg *m)
+{
+    uint64_t step;
     int from, to;
-    char digest[16];
-    if (sscanf(text, "checkpoint_committed step=%llu", &step) == 1) {
+    const char *digest = hbmsg_event_str(m, "digest");
+    if (hbmsg_event_u64(m, "step", &step))
+        return;
+    if (strcmp(m->name, "checkpoint_committed") == 0) {
         s->last_committed = step;
-        ev_emit("checkpoint_committed", "\"step\":%llu,\"generation\":%llu", step,
-                (unsigned long long)s->job.generation);
-    } else if (sscanf(text, "resumed step=%llu world=%d", &step, &to) == 2) {
+        ev_emit("checkpoint_committed", "{s:I, s:I}", "step", (json_int_t)step, "generation",
+                (json_int_t)s->job.generation);
+    } else if (strcmp(m->name, "resumed") == 0 && ev_int(m, "world", &to) == 0) {
         s->job.resumed_from = step;
         s->job.resumed_known = 1;
-        ev_emit("resumed", "\"step\":%llu,\"np\":%d", step, to);
-    } else if (sscanf(text, "reshard step=%llu from=%d to=%d", &step, &from, &to) == 3) {
-        ev_emit("reshard", "\"step\":%llu,\"from\":%d,\"to\":%d", step, from, to);
-    } else if (sscanf(text, "load_verified step=%llu from=%d to=%d digest=%15s", &step, &from,
-                      &to, digest) == 4) {
-        ev_emit("load_verified", "\"step\":%llu,\"from\":%d,\"to\":%d,\"digest\":\"%s\"", step,
-                from, to, digest);
-    } else if (sscanf(text, "emergency_checkpoint step=%llu", &step) == 1) {
-        ev_emit("emergency_checkpoint", "\"step\":%llu", step);
-    } else {
-        (void)rank;
+        ev_emit("resumed", "{s:I, s:i}", "step", (json_int_t)step, "np", to);
+    } else if (strcmp(m->name, "reshard") == 0 && ev_int(m, "from", &from) == 0 &&
+               ev_int(m, "to", &to) == 0) {
+        ev_emit("reshard", "{s:I, s:i, s:i}", "step", (json_int_t)step, "from", from, "to", to);
+    } else if (strcmp(m->name, "load_verified") == 0 && ev_int(m, "from", &from) == 0 &&
+               ev_int(m, "to", &to) == 0 && digest) {
+        ev_emit("load_verified", "{s:I, s:i, s:i, s:s}", "step", (json_int_t)step, "from", from,
+                "to", to, "digest", digest);
+    } else if (strcmp(m->name, "emergency_checkpoint") == 0) {
+        ev_emit("emergency_checkpoint", "{s:I}", "step", (json_int_t)step);
     }
+}
+
+static void on_beat(struct super *s, const struct hbmsg *m)
+{
+    struct rank_state *r = &s->job.ranks[m->rank];
+    double now = super_now();
+    if (!r->seen || r->progress != m->progress || r->step != m->step) {
+        if (m->rank == 0 && r->seen && m->step > r->step && m->phase == HB_TRAIN && r->step > 0) {
+            s->step_time_sum += now - r->last_change;
+            s->step_count += m->step - r->step;
+        }
+        r->last_change = now;
+    }
+    if (m->phase == HB_TRAIN && s->job.first_train == 0)
+        s->job.first_train = now;
+    r->seen = 1;
+    r->pid = m->pid;
+    r->step = m->step;
+    r->progress = m->progress;
+    r->phase = m->phase;
+    r->last_seen = now;
+    if (m->step > s->max_step_seen)
+        s->max_step_seen = m->step;
 }
 
 static void drain_socket(struct super *s)
 {
-    char buf[600];
+    char buf[HBMSG_MAX_LEN + 1];
     for (;;) {
-        ssize_t n = recv(s->sock, buf, sizeof buf - 1, MSG_DONTWAIT);
-        if (n <= 0)
+        ssize_t n = recv(s->sock, buf, sizeof buf, MSG_DONTWAIT);
+        if (n < 0)
             return;
-        buf[n] = 0;
-        unsigned long long gen, step, progress;
-        int rank, pid, off = 0;
-        char phase[16];
-        if (sscanf(buf, "fsdp-ev %llu %d %n", &gen, &rank, &off) == 2 && off > 0) {
-            if (gen == s->job.generation)
-                on_event_text(s, rank, buf + off);
+        struct hbmsg m;
+        if (hbmsg_parse(buf, (size_t)n, &m)) {
+            s->dropped++; /* garbage, or too long to be ours */
             continue;
         }
-        if (sscanf(buf, "fsdp-hb %llu %d %d %llu %15s %llu", &gen, &rank, &pid, &step, phase,
-                   &progress) != 6)
-            continue;
-        if (gen != s->job.generation || rank < 0 || rank >= s->job.np)
-            continue; /* a zombie of an older launch, or garbage */
-        struct rank_state *r = &s->job.ranks[rank];
-        double now = super_now();
-        if (!r->seen || r->progress != progress || r->step != step) {
-            if (rank == 0 && r->seen && step > r->step && strcmp(phase, "train") == 0 &&
-                r->step > 0) {
-                s->step_time_sum += now - r->last_change;
-                s->step_count += step - r->step;
-            }
-            r->last_change = now;
-        }
-        if (strcmp(phase, "train") == 0 && s->job.first_train == 0)
-            s->job.first_train = now;
-        r->seen = 1;
-        r->pid = pid;
-        r->step = step;
-        r->progress = progress;
-        snprintf(r->phase, sizeof r->phase, "%s", phase);
-        r->last_seen = now;
-        if (step > s->max_step_seen)
-            s->max_step_seen = step;
+        if (m.generation != s->job.generation || m.rank >= s->job.np)
+            continue; /* a zombie of an older launch */
+        if (m.kind == HBMSG_EVENT)
+            on_event(s, &m);
+        else
+            on_beat(s, &m);
     }
 }
 
@@ -364,6 +510,65 @@ static const char *signame(int sig)
     return buf;
 }
 
+static int mpirun_ended(struct super *s, char *why, size_t n, int *done)
+{
+    struct job *j = &s->job;
+    if (!j->exited) {
+        int st;
+        if (waitpid(j->mpirun, &st, WNOHANG) == j->mpirun) {
+            j->exited = 1;
+            j->status = st;
+        }
+    }
+    if (!j->exited)
+        return -1;
+    int code = WIFEXITED(j->status) ? WEXITSTATUS(j->status) : -1;
+    if (code == 0) {
+        *done = 1;
+        return -1;
+    }
+    if (WIFSIGNALED(j->status))
+        snprintf(why, n, "mpirun died by %s", signame(WTERMSIG(j->status)));
+    else
+        snprintf(why, n, "mpirun exited with code %d", code);
+    ev_emit("exit", "{s:i, s:i}", "code", code, "signal",
+            WIFSIGNALED(j->status) ? WTERMSIG(j->status) : 0);
+    return C_EXIT;
+}
+
+/* One pass over the ranks: 0 a dead rank, 1 a silent one, 2 a stalled one. */
+static int rank_failed(struct super *s, int pass, int r, double now, char *why, size_t n)
+{
+    struct rank_state *rs = &s->job.ranks[r];
+    if (!rs->seen || rs->phase == HB_DONE || rs->phase == HB_PREEMPTED)
+        return -1;
+    char st = proc_state(rs->pid);
+    if (pass == 0 && (st == 0 || st == 'Z')) {
+        snprintf(why, n, "rank %d (pid %d) ended at step %llu (exited or was killed)", r,
+                 (int)rs->pid, (unsigned long long)rs->step);
+        ev_emit("rank_died", "{s:i, s:i, s:I}", "rank", r, "pid", (int)rs->pid, "step",
+                (json_int_t)rs->step);
+        return C_DIED;
+    }
+    if (pass == 1 && now - rs->last_seen > s->o.hb_timeout) {
+        char state[2] = {st ? st : '?', 0};
+        snprintf(why, n, "rank %d (pid %d): no heartbeat for %.1f s%s", r, (int)rs->pid,
+                 now - rs->last_seen, st == 'T' ? " (process stopped)" : "");
+        ev_emit("heartbeat_lost", "{s:i, s:i, s:f, s:s}", "rank", r, "pid", (int)rs->pid,
+                "silent_s", now - rs->last_seen, "state", state);
+        return C_HUNG;
+    }
+    if (pass == 2 && now - rs->last_change > s->o.hb_timeout) {
+        const char *phase = hbmsg_phase_name(rs->phase);
+        snprintf(why, n, "rank %d (pid %d): no progress for %.1f s in phase %s (hung)", r,
+                 (int)rs->pid, now - rs->last_change, phase);
+        ev_emit("heartbeat_lost", "{s:i, s:i, s:f, s:s}", "rank", r, "pid", (int)rs->pid,
+                "stalled_s", now - rs->last_change, "phase", phase);
+        return C_HUNG;
+    }
+    return -1;
+}
+
 /* Returns a cause, or -1 while the job is healthy; sets *done when the job
  * ended cleanly. */
 static int check_job(struct super *s, char *why, size_t n, int *done)
@@ -371,70 +576,21 @@ static int check_job(struct super *s, char *why, size_t n, int *done)
     struct job *j = &s->job;
     double now = super_now();
     *done = 0;
-    if (!j->exited) {
-        int st;
-        pid_t w = waitpid(j->mpirun, &st, WNOHANG);
-        if (w == j->mpirun) {
-            j->exited = 1;
-            j->status = st;
-        }
-    }
-    if (j->exited) {
-        int code = WIFEXITED(j->status) ? WEXITSTATUS(j->status) : -1;
-        if (code == 0) {
-            *done = 1;
-            return -1;
-        }
-        if (WIFSIGNALED(j->status))
-            snprintf(why, n, "mpirun died by %s", signame(WTERMSIG(j->status)));
-        else
-            snprintf(why, n, "mpirun exited with code %d", code);
-        ev_emit("exit", "\"code\":%d,\"signal\":%d", code,
-                WIFSIGNALED(j->status) ? WTERMSIG(j->status) : 0);
-        return C_EXIT;
-    }
+    int cause = mpirun_ended(s, why, n, done);
+    if (cause >= 0 || *done)
+        return cause;
     /* three passes, so the culprit is named: a dead rank, then a silent one
      * (stopped, frozen), then one whose progress stalled (stuck waiting in a
      * collective, usually for the silent or dead one) */
-    for (int pass = 0; pass < 3; pass++) {
-        for (int r = 0; r < j->np; r++) {
-            struct rank_state *rs = &j->ranks[r];
-            if (!rs->seen)
-                continue;
-            int finished = strcmp(rs->phase, "done") == 0 || strcmp(rs->phase, "preempted") == 0;
-            char st = proc_state(rs->pid);
-            if (pass == 0 && (st == 0 || st == 'Z') && !finished) {
-                snprintf(why, n, "rank %d (pid %d) ended at step %llu (exited or was killed)", r,
-                         (int)rs->pid, (unsigned long long)rs->step);
-                ev_emit("rank_died", "\"rank\":%d,\"pid\":%d,\"step\":%llu", r, (int)rs->pid,
-                        (unsigned long long)rs->step);
-                return C_DIED;
-            }
-            if (finished)
-                continue;
-            if (pass == 1 && now - rs->last_seen > s->o.hb_timeout) {
-                snprintf(why, n, "rank %d (pid %d): no heartbeat for %.1f s%s", r, (int)rs->pid,
-                         now - rs->last_seen, st == 'T' ? " (process stopped)" : "");
-                ev_emit("heartbeat_lost",
-                        "\"rank\":%d,\"pid\":%d,\"silent_s\":%.1f,\"state\":\"%c\"", r,
-                        (int)rs->pid, now - rs->last_seen, st ? st : '?');
-                return C_HUNG;
-            }
-            if (pass == 2 && now - rs->last_change > s->o.hb_timeout) {
-                snprintf(why, n, "rank %d (pid %d): no progress for %.1f s in phase %s (hung)", r,
-                         (int)rs->pid, now - rs->last_change, rs->phase);
-                ev_emit("heartbeat_lost",
-                        "\"rank\":%d,\"pid\":%d,\"stalled_s\":%.1f,\"phase\":\"%s\"", r,
-                        (int)rs->pid, now - rs->last_change, rs->phase);
-                return C_HUNG;
-            }
-        }
-    }
+    for (int pass = 0; pass < 3; pass++)
+        for (int r = 0; r < j->np; r++)
+            if ((cause = rank_failed(s, pass, r, now, why, n)) >= 0)
+                return cause;
     for (int r = 0; r < j->np; r++) {
         if (!j->ranks[r].seen && now - j->launched > s->o.startup_timeout) {
             snprintf(why, n, "rank %d sent no heartbeat in %.0f s since launch", r,
                      now - j->launched);
-            ev_emit("heartbeat_lost", "\"rank\":%d,\"startup\":true", r);
+            ev_emit("heartbeat_lost", "{s:i, s:b}", "rank", r, "startup", 1);
             return C_STARTUP;
         }
     }
@@ -448,13 +604,83 @@ static void signal_ranks(struct super *s, int sig)
             kill(s->job.ranks[r].pid, sig);
 }
 
-/* ---- the loop ------------------------------------------------------------------------ */
+/* ---- watching one launch ------------------------------------------------------------ */
 
-static void nap(double sec)
+/* 1 when a preemption starts now: a signal to fsdp-super or a new notice. */
+static int preemption_due(struct super *s, double now, double *next_poll)
 {
-    struct pollfd p = {.fd = -1};
-    poll(&p, 0, (int)(sec * 1000));
+    if (got_signal) {
+        say("%s: preemption: asking the ranks for an emergency checkpoint",
+            got_signal == SIGINT ? "SIGINT" : "SIGTERM");
+        ev_emit("preemption_notice", "{s:s}", "source", "signal");
+        return 1;
+    }
+    if (!s->o.preempt_url || now < *next_poll)
+        return 0;
+    char when[128];
+    *next_poll = now + s->o.preempt_poll;
+    if (!super_poll_notice(s->o.preempt_url, when, sizeof when) ||
+        (s->notice_seen && strcmp(when, s->notice_time) == 0))
+        return 0; /* none, or the one already acted on */
+    s->notice_seen = 1;
+    snprintf(s->notice_time, sizeof s->notice_time, "%s", when);
+    say("preemption notice from %s (time %s): emergency checkpoint", s->o.preempt_url,
+        when[0] ? when : "not given");
+    ev_emit("preemption_notice", "{s:s, s:o}", "source", "url", "time", ev_text(when));
+    return 1;
 }
+
+static void account_progress(struct super *s, double now)
+{
+    if (s->fail_at && s->job.first_train) { /* back to training after a failure */
+        s->downtime += s->job.first_train - s->fail_at;
+        s->fail_at = 0;
+    }
+    if (s->job.first_train && now - s->job.first_train > s->o.healthy_after)
+        s->restarts_in_a_row = 0;
+}
+
+/* Watches the launch until it ends. */
+static void watch(struct super *s, struct outcome *out, int *preempt_from_signal)
+{
+    double next_poll = 0, deadline = 0;
+    *out = (struct outcome){.cause = -1};
+    while (out->cause < 0 && !out->done) {
+        struct pollfd p[2] = {{.fd = s->sock, .events = POLLIN},
+                              {.fd = s->job.err_fd, .events = POLLIN}};
+        poll(p, s->job.err_fd >= 0 ? 2 : 1, 50);
+        drain_socket(s);
+        drain_stderr(s);
+        reap_children(&s->job);
+        double now = super_now();
+        account_progress(s, now);
+        int from_signal = got_signal != 0;
+        int action = CHAOS_NONE;
+        if (!out->preempting && preemption_due(s, now, &next_poll)) {
+            action = CHAOS_PREEMPT;
+            *preempt_from_signal |= from_signal;
+        } else if (!out->preempting) {
+            action = chaos_tick(&s->chaos, &s->job);
+        }
+        if (action == CHAOS_PREEMPT) {
+            signal_ranks(s, SIGUSR1);
+            out->preempting = 1;
+            deadline = now + s->o.preempt_deadline;
+        } else if (action == CHAOS_KILL_NOW) {
+            snprintf(out->why, sizeof out->why,
+                     "chaos: the job is killed during a checkpoint commit");
+            out->cause = C_CHAOS;
+            break;
+        }
+        out->cause = check_job(s, out->why, sizeof out->why, &out->done);
+        if (out->preempting && now > deadline && out->cause < 0 && !out->done) {
+            snprintf(out->why, sizeof out->why, "no emergency checkpoint before the deadline");
+            out->cause = C_PREEMPT;
+        }
+    }
+}
+
+/* ---- the restart policy ------------------------------------------------------------- */
 
 static void account_failure(struct super *s)
 {
@@ -475,6 +701,7 @@ static void summary(struct super *s, const char *end)
     int restarts = 0;
     for (int c = 0; c < C_NCAUSE; c++)
         restarts += s->by_cause[c];
+    chaos_report(&s->chaos);
     fprintf(stderr, "\nfsdp-super summary (%s)\n", end);
     fprintf(stderr, "  launches        %d\n", s->launches);
     fprintf(stderr, "  restarts        %d", restarts);
@@ -487,19 +714,119 @@ static void summary(struct super *s, const char *end)
     fprintf(stderr, "%s\n", restarts ? ")" : "");
     fprintf(stderr, "  steps lost      %llu (computed again after a restart)\n",
             (unsigned long long)s->steps_lost);
-    fprintf(stderr, "  downtime        %.1f s (failure detected to training again)\n",
-            s->downtime);
+    fprintf(stderr, "  downtime        %.1f s (failure detected to training again)\n", s->downtime);
     fprintf(stderr, "  final step      %llu, newest committed checkpoint step %llu\n",
             (unsigned long long)s->final_step, (unsigned long long)s->last_committed);
     fprintf(stderr, "  wall time       %.1f s\n", wall);
     fprintf(stderr, "  goodput         %.0f%% (productive step time %.1f s / wall time)\n",
             wall > 0 ? 100.0 * productive / wall : 0, productive);
-    ev_emit("summary",
-            "\"end\":\"%s\",\"launches\":%d,\"restarts\":%d,\"steps_lost\":%llu,"
-            "\"downtime_s\":%.2f,\"wall_s\":%.2f,\"goodput\":%.4f,\"final_step\":%llu",
-            end, s->launches, restarts, (unsigned long long)s->steps_lost, s->downtime, wall,
-            wall > 0 ? productive / wall : 0, (unsigned long long)s->final_step);
+    ev_emit("summary", "{s:s, s:i, s:i, s:I, s:f, s:f, s:f, s:I, s:I}", "end", end, "launches",
+            s->launches, "restarts", restarts, "steps_lost", (json_int_t)s->steps_lost,
+            "downtime_s", s->downtime, "wall_s", wall, "goodput", wall > 0 ? productive / wall : 0,
+            "final_step", (json_int_t)s->final_step, "dropped_datagrams", (json_int_t)s->dropped);
 }
+
+static uint64_t reached_step(const struct job *j)
+{
+    uint64_t reached = 0;
+    for (int r = 0; r < j->np; r++)
+        if (j->ranks[r].step > reached)
+            reached = j->ranks[r].step;
+    return reached;
+}
+
+/* A rank died but mpirun has not noticed yet: it will, and end the job
+ * with its own explanation (and the ranks' last lines) if given the
+ * chance; wait for that, at most the grace period, reading its output. */
+static void let_mpirun_finish(struct super *s)
+{
+    double until = super_now() + s->o.grace;
+    while (!s->job.exited && s->job.err_fd >= 0 && super_now() < until) {
+        struct pollfd p = {.fd = s->job.err_fd, .events = POLLIN};
+        poll(&p, 1, 50);
+        drain_stderr(s);
+        reap_children(&s->job);
+    }
+}
+
+static int teardown(struct super *s, int cause)
+{
+    if (cause == C_DIED)
+        let_mpirun_finish(s);
+    int left = job_teardown(&s->job, s->o.grace);
+    drain_stderr(s);
+    if (s->job.err_fd >= 0) {
+        close(s->job.err_fd);
+        s->job.err_fd = -1;
+    }
+    ev_emit("teardown", "{s:I, s:i}", "generation", (json_int_t)s->generation, "left", left);
+    if (left)
+        say("warning: %d processes of generation %llu survived SIGKILL", left,
+            (unsigned long long)s->generation);
+    return left;
+}
+
+enum { NEXT_LAUNCH, STOP_OK, STOP_FAILED };
+
+/* After a launch: finished, relaunch, or give up. */
+static int end_launch(struct super *s, struct outcome *out, int preempt_from_signal)
+{
+    uint64_t reached = reached_step(&s->job);
+    teardown(s, out->cause);
+    if (out->done && !out->preempting) {
+        int all_done = 1;
+        for (int r = 0; r < s->job.np; r++)
+            all_done &= s->job.ranks[r].phase == HB_DONE;
+        if (all_done || s->job.np == 0) {
+            s->final_step = reached;
+            chaos_launch_ended(&s->chaos, "finished", &s->job);
+            say("training finished at step %llu", (unsigned long long)reached);
+            ev_emit("finished", "{s:I}", "step", (json_int_t)reached);
+            summary(s, "finished");
+            return STOP_OK;
+        }
+        snprintf(out->why, sizeof out->why, "the ranks stopped early (preempted by someone else?)");
+        out->cause = C_PREEMPT;
+    }
+    if (out->preempting && (out->done || out->cause == C_PREEMPT)) {
+        s->final_step = reached;
+        if (preempt_from_signal) {
+            say("stopped after the emergency checkpoint (step %llu); resumable",
+                (unsigned long long)s->last_committed);
+            summary(s, "preempted");
+            return STOP_OK;
+        }
+        s->by_cause[C_PREEMPT]++;
+        ev_emit("restart", "{s:s, s:I}", "cause", "preemption", "step",
+                (json_int_t)s->last_committed);
+        chaos_launch_ended(&s->chaos, "preemption", &s->job);
+        s->fail_at = super_now();
+        return NEXT_LAUNCH; /* relaunch on what the host file still offers */
+    }
+    /* a failure */
+    say("generation %llu failed: %s; stopped every process of the job",
+        (unsigned long long)s->generation, out->why);
+    show_hidden_tail(s);
+    account_failure(s);
+    s->by_cause[out->cause]++;
+    if (++s->restarts_in_a_row > s->o.max_restarts) {
+        chaos_launch_ended(&s->chaos, cause_names[out->cause], &s->job);
+        say("giving up after %d restarts in a row", s->o.max_restarts);
+        ev_emit("give_up", "{s:i}", "restarts", s->o.max_restarts);
+        s->final_step = reached;
+        summary(s, "gave up");
+        return STOP_FAILED;
+    }
+    double wait = s->o.backoff * pow(2, s->restarts_in_a_row - 1);
+    wait = wait > 30 ? 30 : wait;
+    ev_emit("restart", "{s:s, s:o, s:f}", "cause", cause_names[out->cause], "why",
+            ev_text(out->why), "backoff_s", wait);
+    chaos_launch_ended(&s->chaos, cause_names[out->cause], &s->job);
+    nap(wait);
+    return NEXT_LAUNCH;
+}
+
+/* ---- set-up ------------------------------------------------------------------------- */
 
 static int open_socket(struct super *s)
 {
@@ -516,33 +843,42 @@ static int open_socket(struct super *s)
     return 0;
 }
 
-/* Waits until the host file offers at least --min-np slots; returns the
- * world size to launch (-1 if a signal arrived meanwhile). */
-static int wait_capacity(struct super *s, struct host *h, int *nh)
+/* Everything that can be refused before the first launch, with one line:
+ * 2 for a SPEC that cannot be used (like any bad option), 1 otherwise. */
+static int set_up(struct super *s)
 {
-    int said = 0;
-    for (;;) {
-        int cap = capacity(&s->o, h, nh);
-        int np = s->o.np && s->o.np < cap ? s->o.np : cap;
-        if (np >= s->o.min_np)
-            return np;
-        if (!said) {
-            say("waiting for capacity: %s offers %d slot%s, at least %d needed", s->o.hosts, cap,
-                cap == 1 ? "" : "s", s->o.min_np);
-            ev_emit("waiting_for_capacity", "\"slots\":%d,\"min_np\":%d", cap, s->o.min_np);
-            said = 1;
-        }
-        if (got_signal)
-            return -1;
-        nap(0.5);
+    char err[SUPER_ERR_LEN];
+    struct host h[SUPER_MAX_HOSTS];
+    int nh, total;
+    if (s->o.hosts &&
+        super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, &nh, &total, err, sizeof err)) {
+        say("%s", err);
+        return 1;
     }
+    if (chaos_init(&s->chaos, s->o.chaos, &s->o, err, sizeof err)) {
+        say("%s", err);
+        return 2;
+    }
+    if (open_socket(s)) {
+        say("cannot open a heartbeat socket on 127.0.0.1: %s", strerror(errno));
+        return 1;
+    }
+    const char *tmp = getenv("TMPDIR");
+    snprintf(s->workdir, sizeof s->workdir, "%s/fsdp-super-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(s->workdir)) {
+        say("cannot make a work directory %s: %s", s->workdir, strerror(errno));
+        s->workdir[0] = 0;
+        return 1;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
     static struct super s;
-    if (super_parse(&s.o, argc, argv))
-        return 2;
+    int rc = super_parse(&s.o, argc, argv);
+    if (rc)
+        return rc > 0 ? 0 : 2;
     prctl(PR_SET_CHILD_SUBREAPER, 1);
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
@@ -550,176 +886,44 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     curl_global_init(CURL_GLOBAL_DEFAULT);
-    if (open_socket(&s)) {
-        say("cannot open a heartbeat socket on 127.0.0.1: %s", strerror(errno));
-        return 1;
-    }
-    snprintf(s.workdir, sizeof s.workdir, "/tmp/fsdp-super-%d", (int)getpid());
-    mkdir(s.workdir, 0700);
-    ev_open(s.o.events);
-    if (chaos_init(&s.chaos, s.o.chaos, &s.o)) 
-        return 2;
+    s.ev_on = ev_open(s.o.events);
+    if ((rc = set_up(&s)) != 0)
+        goto out;
     s.start = super_now();
-    ev_emit("start", "\"heartbeat_port\":%d,\"np\":%d,\"min_np\":%d", s.port, s.o.np,
+    ev_emit("start", "{s:i, s:i, s:i}", "heartbeat_port", s.port, "np", s.o.np, "min_np",
             s.o.min_np);
-    int rc = 0, preempting = 0, preempt_from_signal = 0;
-    double next_poll = 0, preempt_deadline = 0;
-    struct host hosts[64];
+    int preempt_from_signal = 0;
+    struct host hosts[SUPER_MAX_HOSTS];
     int nh;
     for (;;) {
         if (got_signal) { /* a preemption or a failure raced with the signal */
             summary(&s, "stopped by a signal");
             break;
         }
-        preempting = 0; /* a notice applies to the launch it came to */
         int np = wait_capacity(&s, hosts, &nh);
         if (np < 0) {
-            summary(&s, "stopped by a signal while waiting for capacity");
+            if (np == -1)
+                summary(&s, "stopped by a signal while waiting for capacity");
+            rc = np == -1 ? 0 : 1;
             break;
         }
         if (launch(&s, np, hosts, nh)) {
             rc = 1;
             break;
         }
-        chaos_launched(&s.chaos);
-        char why[512];
-        int cause = -1, done = 0, chaos_kill = 0;
-        while (cause < 0 && !done) {
-            struct pollfd p[2] = {{.fd = s.sock, .events = POLLIN},
-                                  {.fd = s.job.err_fd, .events = POLLIN}};
-            poll(p, s.job.err_fd >= 0 ? 2 : 1, 50);
-            drain_socket(&s);
-            drain_stderr(&s);
-            reap_children(&s.job);
-            double now = super_now();
-            if (s.fail_at && s.job.first_train) { /* back to training after a failure */
-                s.downtime += s.job.first_train - s.fail_at;
-                s.fail_at = 0;
-            }
-            if (s.job.first_train && now - s.job.first_train > s.o.healthy_after)
-                s.restarts_in_a_row = 0;
-            if (got_signal && !preempting) {
-                say("%s: preemption: asking the ranks for an emergency checkpoint",
-                    got_signal == SIGINT ? "SIGINT" : "SIGTERM");
-                ev_emit("preemption_notice", "\"source\":\"signal\"");
-                signal_ranks(&s, SIGUSR1);
-                preempting = preempt_from_signal = 1;
-                preempt_deadline = now + s.o.preempt_deadline;
-            }
-            if (s.o.preempt_url && !preempting && now >= next_poll) {
-                char when[128];
-                next_poll = now + s.o.preempt_poll;
-                if (super_poll_notice(s.o.preempt_url, when, sizeof when) &&
-                    strcmp(when, s.notice_seen) != 0) {
-                    snprintf(s.notice_seen, sizeof s.notice_seen, "%s", when);
-                    say("preemption notice from %s (time %s): emergency checkpoint",
-                        s.o.preempt_url, when);
-                    ev_emit("preemption_notice", "\"source\":\"url\",\"time\":\"%s\"", when);
-                    signal_ranks(&s, SIGUSR1);
-                    preempting = 1;
-                    preempt_deadline = now + s.o.preempt_deadline;
-                }
-            }
-            if (!preempting) {
-                int action = chaos_tick(&s.chaos, &s.job, now);
-                if (action == CHAOS_PREEMPT) {
-                    signal_ranks(&s, SIGUSR1);
-                    preempting = 1;
-                    preempt_deadline = now + s.o.preempt_deadline;
-                } else if (action == CHAOS_KILL_NOW) {
-                    chaos_kill = 1;
-                }
-            }
-            if (chaos_kill) {
-                snprintf(why, sizeof why, "chaos: the job is killed during a checkpoint commit");
-                cause = C_CHAOS;
-                break;
-            }
-            cause = check_job(&s, why, sizeof why, &done);
-            if (preempting && now > preempt_deadline && cause < 0 && !done) {
-                snprintf(why, sizeof why, "no emergency checkpoint before the deadline");
-                cause = C_PREEMPT;
-            }
-        }
-        uint64_t reached = 0;
-        for (int r = 0; r < s.job.np; r++)
-            if (s.job.ranks[r].step > reached)
-                reached = s.job.ranks[r].step;
-        int left = job_teardown(&s.job, s.o.grace);
-        drain_stderr(&s);
-        if (s.job.err_fd >= 0) {
-            close(s.job.err_fd);
-            s.job.err_fd = -1;
-        }
-        if (s.job.hidden)
-            say("(%d lines of Open MPI's own output for generation %llu are in the event log)",
-                s.job.hidden, (unsigned long long)s.generation);
-        ev_emit("teardown", "\"generation\":%llu,\"left\":%d", (unsigned long long)s.generation,
-                left);
-        if (left)
-            say("warning: %d processes of generation %llu survived SIGKILL", left,
-                (unsigned long long)s.generation);
-        if (done && !preempting) {
-            int all_done = 1;
-            for (int r = 0; r < s.job.np; r++)
-                all_done &= strcmp(s.job.ranks[r].phase, "done") == 0;
-            if (all_done || s.job.np == 0) {
-                s.final_step = reached;
-                say("training finished at step %llu", (unsigned long long)reached);
-                ev_emit("finished", "\"step\":%llu", (unsigned long long)reached);
-                summary(&s, "finished");
-                break;
-            }
-            snprintf(why, sizeof why, "the ranks stopped early (preempted by someone else?)");
-            cause = C_PREEMPT;
-        }
-        if (preempting && (done || cause == C_PREEMPT)) {
-            preempting = 0;
-            s.final_step = reached;
-            if (preempt_from_signal) {
-                say("stopped after the emergency checkpoint (step %llu); resumable",
-                    (unsigned long long)s.last_committed);
-                summary(&s, "preempted");
-                break;
-            }
-            s.by_cause[C_PREEMPT]++;
-            ev_emit("restart", "\"cause\":\"preemption\",\"step\":%llu",
-                    (unsigned long long)s.last_committed);
-            s.fail_at = super_now();
-            continue; /* relaunch on what the host file still offers */
-        }
-        /* a failure */
-        say("generation %llu failed: %s; stopped every process of the job",
-            (unsigned long long)s.generation, why);
-        account_failure(&s);
-        s.by_cause[cause]++;
-        if (++s.restarts_in_a_row > s.o.max_restarts) {
-            say("giving up after %d restarts in a row", s.o.max_restarts);
-            ev_emit("give_up", "\"restarts\":%d", s.o.max_restarts);
-            s.final_step = reached;
-            summary(&s, "gave up");
-            rc = 1;
-            break;
-        }
-        double wait = s.o.backoff * pow(2, s.restarts_in_a_row - 1);
-        wait = wait > 30 ? 30 : wait;
-        json_t *w = json_string(why);
-        char *wj = json_dumps(w, JSON_ENCODE_ANY);
-        ev_emit("restart", "\"cause\":\"%s\",\"why\":%s,\"backoff_s\":%.2f",
-                cause_names[cause], wj ? wj : "\"\"", wait);
-        free(wj);
-        json_decref(w);
-        nap(wait);
-        if (got_signal) {
-            summary(&s, "stopped by a signal");
+        struct outcome o;
+        watch(&s, &o, &preempt_from_signal);
+        int next = end_launch(&s, &o, preempt_from_signal);
+        if (next != NEXT_LAUNCH) {
+            rc = next == STOP_FAILED;
             break;
         }
     }
+out:
     ev_close();
     chaos_free(&s.chaos);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", s.workdir);
-    if (system(cmd) != 0)
-        say("could not remove %s", s.workdir);
+    if (s.workdir[0] && remove_tree(s.workdir))
+        say("could not remove %s: %s", s.workdir, strerror(errno));
+    curl_global_cleanup();
     return rc;
 }

@@ -335,7 +335,7 @@ static int save(struct trainer *t, long long step, char *err)
         return fsdp_err(err, "checkpoint of step %lld failed: %s", step, msg);
     }
     t->ckpt_s += fsdp_now() - t0;
-    if (t->comm.rank == 0)
+    if (t->comm.rank == 0 && !t->ck.skipped)
         fprintf(stderr, "fsdp-train: checkpoint step %lld committed in %.2f s\n", step,
                 fsdp_now() - t0);
     return 0;
@@ -360,7 +360,7 @@ static int finish_async(struct trainer *t, const char *why, char *err)
                         (unsigned long long)t->ck.newest_committed);
     }
     t->ckpt_s += fsdp_now() - t0;
-    if (t->comm.rank == 0) {
+    if (t->comm.rank == 0 && !t->ck.skipped) {
         if (why)
             fprintf(stderr, "fsdp-train: %s: waited %.2f s for checkpoint step %llu\n", why,
                     fsdp_now() - t0, (unsigned long long)step);
@@ -448,6 +448,7 @@ static int train(struct trainer *t, char *err)
         log_step(t, step, loss, lr, norm, dt, val, samples);
         json_decref(samples);
         hb_set((uint64_t)step + 1, HB_TRAIN);
+        testhook_hold((uint64_t)step + 1);
         int due = (o->ckpt.every && (step + 1) % o->ckpt.every == 0) || last;
         if (t->async_pending && red[2] == t->comm.world && finish_async(t, NULL, err))
             return -1;
@@ -598,7 +599,12 @@ int main(int argc, char **argv)
         fsdp_comm_local_init(&t.comm);
     }
     double t0 = fsdp_now();
-    hb_start(t.comm.rank);
+    if (hb_start(t.comm.rank, err)) { /* the same environment on every rank */
+        if (t.comm.rank == 0)
+            fprintf(stderr, "fsdp-train: %s\n", err);
+        t.comm.finalize(&t.comm);
+        return 2;
+    }
     rc = setup(&t, err);
     /* Set-up errors (a bad file, a bad batch size) are usually the same on
      * every rank: agree on them and exit cleanly, rank 0 speaking for all. */

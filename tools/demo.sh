@@ -23,7 +23,7 @@ files=$(ls /usr/share/games/fortunes/* | grep -v -e '\.dat$' -e '\.u8$')
     --val-out data/fortunes-val.bin $files
 
 ./build/recovery/fsdp-super --np 2 --heartbeat-timeout 10 --restart-backoff 0.5 \
-    --events data/demo-events.jsonl --chaos "seed=1,kill=1,interval=12-15" -- \
+    --events data/demo-events.jsonl --chaos "seed=1,kill=1" -- \
     ./build/src/fsdp-train --model tiny \
     --data data/fortunes-train.bin --val-data data/fortunes-val.bin \
     --global-batch 8 --steps 800 --val-every 100 --log-every 50 \

@@ -5,7 +5,15 @@ most the step in progress; a rank of an older generation cannot commit;
 chaos runs (kills, stops, preemptions, storage faults, kills during a
 commit, host file changes) finish with the fault-free digest, or - when the
 world size changes - with every reshard verified and the sample stream
-intact."""
+intact, and every planned fault lands with its effect (the restart it must
+cause). Faults are placed on training steps, not seconds, so the chaos runs
+do not depend on the machine's speed; CHAOS_SEED picks the seed. Timing
+bounds here are generous on purpose: precise timing belongs in benchmarks.
+
+The supervisor's refusals are here too: a host file that is missing,
+malformed or offers no capacity, a store where no generation can be
+claimed, hostile bytes from the network, and Open MPI's explanation of a
+failed launch when there is no event log."""
 
 import glob
 import http.server
@@ -56,6 +64,59 @@ def events_of(path):
 def last_fault_s(evs):
     """Seconds from the first event to the last injected fault."""
     return max(e["t"] for e in evs if e["event"] == "chaos") - evs[0]["t"]
+
+
+# What each fault must cause: the cause of the restart that ends its launch
+# (for storage and commit: of the launch they arm). hosts: see below.
+EFFECT = {"kill": ("rank-died", "exit"), "stop": ("heartbeat-lost",),
+          "preempt": ("preemption",), "storage": ("rank-died", "exit"), "commit": ("chaos-restart",)}
+
+
+def plan_text(plan):
+    return ", ".join(f"{f['kind']}@{f['step']}" for f in plan)
+
+
+def chaos_seed(default):
+    return int(os.environ.get("CHAOS_SEED", default))
+
+
+def assert_every_fault_landed(evs, steps):
+    """Every planned fault fired at or after its step and caused what it
+    must, as the restart events (read on their own) confirm."""
+    plans = [e for e in evs if e["event"] == "chaos_plan"]
+    assert plans, "no chaos plan in the event log"
+    plan = plans[0]["faults"]
+    at = [f["step"] for f in plan]
+    assert at == sorted(set(at)), f"fault steps do not strictly increase: {at}"
+    assert all(steps * 0.05 <= a <= steps * 0.9 for a in at), at
+    fired, landed, restart = {}, {}, None
+    for e in evs:
+        if e["event"] == "restart":
+            restart = e
+        elif e["event"] == "chaos":
+            fired[e["fault"]] = e
+        elif e["event"] == "chaos_landed":
+            landed[e["fault"]] = (e, restart)
+    for i, f in enumerate(plan):
+        what = f"fault {i} ({f['kind']} at step {f['step']})"
+        assert i in fired, f"{what} never fired"
+        assert fired[i]["kind"] == f["kind"] and fired[i]["at_step"] >= f["step"], fired[i]
+        assert i in landed, f"{what} fired but its effect was never seen"
+        e, r = landed[i]
+        if f["kind"] == "hosts":
+            shrink = fired[i]["to"] < fired[i]["from"]
+            want = ("rank-died", "exit") if shrink else ("preemption",)
+            assert e["np"] == fired[i]["to"], f"{what}: relaunched on {e['np']} ranks, " \
+                f"not {fired[i]['to']}"
+        else:
+            want = EFFECT[f["kind"]]
+        assert e["cause"] in want and e["ok"], f"{what} caused {e['cause']}, not {want}: {e}"
+        assert r and r["cause"] == e["cause"], f"{what}: the restart says {r}"
+        if f["kind"] == "storage":
+            assert "injected" in e.get("error", ""), e
+    summary = [e for e in evs if e["event"] == "chaos_summary"]
+    assert summary and summary[-1]["landed_ok"] == len(plan), summary
+    return plan
 
 
 def wait_event(path, pred, limit=120):
@@ -115,7 +176,7 @@ def hung_rank_is_detected_and_no_process_survives(tmp):
     data, _ = prepare_corpus(tmp)
     ev = f"{tmp}/ev.jsonl"
     timeout = 3.0
-    steps = 1000
+    steps = int(os.environ.get("HUNG_STEPS", "1000"))  # the ThreadSanitizer run trains fewer
     p = start_super(["--np", "2", "--heartbeat-timeout", str(timeout)],
                     trainer(data, f"{tmp}/ck", steps), ev)
     launch = wait_event(ev, lambda e: e["event"] == "checkpoint_committed")
@@ -127,7 +188,7 @@ def hung_rank_is_detected_and_no_process_survives(tmp):
     lost = wait_event(ev, lambda e: e["event"] == "heartbeat_lost")
     detected = lost["t"] - stopped_at
     print(f"  SIGSTOP of pid {victim}: detected after {detected:.1f} s (timeout {timeout} s)")
-    assert lost["pid"] == victim and detected <= timeout + 3, lost
+    assert lost["pid"] == victim and detected <= timeout + 15, lost
     wait_event(ev, lambda e: e["event"] == "teardown" and e["generation"] == first["generation"])
     assert session_pids(sid) == [], f"left behind: {session_pids(sid)}"
     assert not os.path.exists(f"/proc/{victim}"), "the stopped rank survived"
@@ -135,12 +196,14 @@ def hung_rank_is_detected_and_no_process_survives(tmp):
     second = wait_event(ev, lambda e: e["event"] == "launch" and e["launch"] == 2)
     wait_event(ev, lambda e: e["event"] == "resumed" and e["t"] > second["t"])
     os.kill(wait_ranks(second["pid"], 2)[0], signal.SIGKILL)
-    wait_event(ev, lambda e: e["event"] == "rank_died")
+    # the supervisor or mpirun may notice first: a dead rank or mpirun's exit
+    wait_event(ev, lambda e: e["event"] in ("rank_died", "exit"))
     wait_event(ev, lambda e: e["event"] == "teardown" and e["generation"] == second["generation"])
     assert session_pids(second["pid"]) == []
     out, err = finish(p)
     assert p.returncode == 0, err[-2000:]
-    assert "restarts        2 (rank-died 1, heartbeat-lost 1)" in err, err[-1500:]
+    assert ("restarts        2 (rank-died 1, heartbeat-lost 1)" in err or
+            "restarts        2 (exit 1, heartbeat-lost 1)" in err), err[-1500:]
     assert committed_steps(f"{tmp}/ck")[-1] == steps
     del launch
 
@@ -198,7 +261,7 @@ def preemption_notice_costs_at_most_the_step_in_progress(tmp):
                      "--preempt-poll", "0.5"],
                     trainer(data, f"{tmp}/ck", 800, ["--log", log]), ev)
     wait_event(ev, lambda e: e["event"] == "checkpoint_committed" and e["step"] >= 10)
-    deadline = time.gmtime(time.time() + 10)
+    deadline = time.gmtime(time.time() + 30)
     Notice.body = {"action": "terminate", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", deadline)}
     posted = time.time()
     emergency = wait_event(ev, lambda e: e["event"] == "emergency_checkpoint")
@@ -210,7 +273,7 @@ def preemption_notice_costs_at_most_the_step_in_progress(tmp):
     steps_gen1 = [s["step"] for s in lines if s["generation"] == first_gen]
     print(f"  notice -> emergency checkpoint at step {emergency['step']} in {took:.1f} s; "
           f"last step computed {steps_gen1[-1]}; relaunch resumed at {resumed['step']}")
-    assert took < 10, "the emergency checkpoint missed the 10 s deadline"
+    assert took < 30, "the emergency checkpoint missed the notice's 30 s deadline"
     assert steps_gen1[-1] == emergency["step"] == resumed["step"], "a step was lost"
     Notice.body = None
     out, err = finish(p)
@@ -249,23 +312,23 @@ def chaos_at_a_fixed_world_size_keeps_the_digest(tmp):
     ref = f"{tmp}/ref"
     mpirun(2, trainer(data, ref, steps))
     ev = f"{tmp}/ev.jsonl"
-    spec = os.environ.get("CHAOS_SPEC",
-                          "seed=5,kill=1,stop=1,preempt=1,storage=1,commit=1,interval=0.5-1.5")
+    spec = os.environ.get("CHAOS_SPEC", f"seed={chaos_seed(5)},kill=1,stop=1,preempt=1,"
+                          "storage=1,commit=1")
     p = start_super(["--np", "2", "--heartbeat-timeout", "3", "--max-restarts", "1000",
                      "--healthy-after", "1",
                      "--chaos", spec], trainer(data, f"{tmp}/ck", steps), ev)
     out, err = finish(p, limit=3000)
     assert p.returncode == 0, err[-3000:]
-    chaos = [e["kind"] for e in events_of(ev) if e["event"] == "chaos" and not e.get("armed")]
-    kinds = {k: chaos.count(k) for k in set(chaos)}
-    print(f"  faults injected: {kinds}; the last {last_fault_s(events_of(ev)):.1f} s "
-          "after the start")
+    evs = events_of(ev)
+    plan = assert_every_fault_landed(evs, steps)
+    kinds = [f["kind"] for f in plan]
+    print(f"  {spec}: {len(plan)} faults landed as planned ({plan_text(plan)}); the last "
+          f"{last_fault_s(evs):.1f} s after the start")
     print("  " + "\n  ".join(l for l in err.splitlines()[-9:]))
     assert digest(f"{tmp}/ck") == digest(ref), "the chaos run's final state differs"
-    want = dict(x.split("=") for x in spec.split(",") if x.split("=")[0] in
-                ("kill", "stop", "preempt", "storage", "commit"))
+    want = dict(x.split("=") for x in spec.split(",") if x.split("=")[0] in EFFECT)
     for k, n in want.items():
-        assert kinds.get(k, 0) >= int(n), f"{k}: {kinds.get(k, 0)} of {n} injected"
+        assert kinds.count(k) == int(n), f"{k}: {kinds.count(k)} of {n} planned"
 
 
 def chaos_with_host_changes_verifies_every_reshard(tmp):
@@ -280,14 +343,14 @@ def chaos_with_host_changes_verifies_every_reshard(tmp):
     p = start_super(["--np", "3", "--min-np", "1", "--hosts", hosts, "--heartbeat-timeout", "3",
                      "--healthy-after", "1",
                      "--max-restarts", "1000", "--chaos",
-                     os.environ.get("CHAOS_HOSTS_SPEC", "seed=2,hosts=3,kill=1,interval=1-2")],
+                     os.environ.get("CHAOS_HOSTS_SPEC", f"seed={chaos_seed(2)},hosts=3,kill=1")],
                     trainer(data, f"{tmp}/ck", steps,
                             ["--log", log, "--log-samples", "on", "--verify-load", "on"]), ev)
     out, err = finish(p, limit=3000)
     assert p.returncode == 0, err[-3000:]
     evs = events_of(ev)
-    chaos = [e["kind"] for e in evs if e["event"] == "chaos" and not e.get("armed")]
-    print(f"  faults injected: { {k: chaos.count(k) for k in sorted(set(chaos))} }; "
+    plan = assert_every_fault_landed(evs, steps)
+    print(f"  {len(plan)} faults landed as planned ({plan_text(plan)}); "
           f"the last {last_fault_s(evs):.1f} s after the start")
     print("  " + "\n  ".join(l for l in err.splitlines()[-9:]))
     resizes = [e for e in evs if e["event"] == "resize"]
@@ -305,8 +368,166 @@ def chaos_with_host_changes_verifies_every_reshard(tmp):
     assert got == want, "the sample stream has repeats or gaps"
 
 
+# ---- refusals and hostile input ------------------------------------------------------
+
+def run_super(args, targs, env=None, limit=120):
+    """fsdp-super to the end; returns (returncode, stderr, seconds)."""
+    t0 = time.monotonic()
+    p = subprocess.run([SUPER] + args + ["--"] + targs, env=dict(ENV, **(env or {})),
+                       capture_output=True, text=True, errors="replace", timeout=limit)
+    return p.returncode, p.stderr, time.monotonic() - t0
+
+
+def one_line(err):
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1, f"want one line, got:\n{err}"
+    return lines[0]
+
+
+def a_bad_host_file_is_refused_at_once_with_its_line(tmp):
+    data, _ = prepare_corpus(tmp)
+    targs = trainer(data, f"{tmp}/ck", 10)
+    cases = {
+        "missing": (None, "cannot read the host file"),
+        "junk slots": ("localhost 2\nnode1 two\n", ":2: slots must be a whole number"),
+        "int overflow": ("a 2147483647\nb 2147483647\n", ":1: slots must be a whole number"),
+        "above the bound": ("a 4097\n", ":1: slots must be"),
+        "negative": ("a -1\n", ":1: slots must be"),
+        "three fields": ("localhost 2 3\n", ":1: expected"),
+        "bad name": ("local;host 2\n", ":1: a host name is"),
+        "NUL byte": ("localhost 2\nx\0y 1\n", ":2: a NUL byte"),
+        "too many hosts": ("".join(f"h{i} 1\n" for i in range(65)), ":65: more than 64 hosts"),
+    }
+    for name, (text, want) in cases.items():
+        hosts = f"{tmp}/hosts-{name.replace(' ', '-')}"
+        if text is not None:
+            open(hosts, "w").write(text)
+        rc, err, took = run_super(["--hosts", hosts, "--capacity-timeout", "600"], targs)
+        line = one_line(err)
+        assert rc == 1 and hosts in line and want in line, f"{name}: rc {rc}: {line}"
+        assert took < 30, f"{name}: took {took:.0f} s"
+    print(f"  {len(cases)} bad host files refused at once, each naming its file and line")
+
+
+def no_capacity_ends_after_the_capacity_timeout(tmp):
+    data, _ = prepare_corpus(tmp)
+    hosts = f"{tmp}/hosts"
+    open(hosts, "w").write("localhost 0  # nothing yet\n")
+    rc, err, took = run_super(["--hosts", hosts, "--capacity-timeout", "1"],
+                              trainer(data, f"{tmp}/ck", 10))
+    assert rc == 1 and "no capacity" in err and "--capacity-timeout" in err, err
+    assert "launch 1:" not in err, err
+    print(f"  0 slots: gave up after {took:.1f} s (--capacity-timeout 1)")
+
+
+def a_store_without_a_claimable_generation_is_not_launched_on(tmp):
+    data, _ = prepare_corpus(tmp)
+    open(f"{tmp}/file", "w").write("not a directory\n")
+    junk = f"{tmp}/junk"
+    os.makedirs(f"{junk}/generations")
+    open(f"{junk}/generations/99999999999999999999999", "w").write("1\n")
+    top = f"{tmp}/top"
+    os.makedirs(f"{top}/generations")
+    open(f"{top}/generations/09223372036854775807", "w").write("1\n")  # 2^63 - 1: no next
+    for ck in (f"{tmp}/file/ck", junk, top):
+        ev = f"{tmp}/ev-{os.path.basename(ck)}.jsonl"
+        rc, err, _ = run_super(["--np", "1", "--events", ev], trainer(data, ck, 5))
+        line = one_line(err)
+        assert rc == 1 and "refusing to launch without fencing" in line and ck in line, line
+        assert not [e for e in events_of(ev) if e["event"] == "launch"], "it launched"
+        print(f"  {ck[len(tmp) + 1:]}: {line[:150]}")
+
+
+def a_malformed_generation_stops_the_trainer_at_start(tmp):
+    data, _ = prepare_corpus(tmp)
+    args = trainer(data, f"{tmp}/ck", 2)
+    for bad in ["", "abc", "12abc", "0", "-1", "+5", " 5", "5 ", "0x10", "9223372036854775808",
+                "18446744073709551616", "99999999999999999999999"]:
+        p = run(args, check=False, env={"FSDP_GENERATION": bad})
+        line = one_line(p.stderr)
+        assert p.returncode != 0 and "FSDP_GENERATION" in line, f"{bad!r}: {p.stderr}"
+    assert not os.path.exists(f"{tmp}/ck/step-00000002"), "a refused trainer trained"
+    p = run(args, env={"FSDP_GENERATION": "9223372036854775807"})  # the largest is fine
+    print(f"  12 malformed generations refused; 2^63-1 accepted")
+
+
+def open_mpi_explains_a_failed_launch_without_an_event_log(tmp):
+    rc, err, _ = run_super(["--np", "1", "--max-restarts", "0"],
+                           [f"{tmp}/no-such-trainer", "--steps", "5"])
+    assert rc == 1 and "Open MPI said" in err and "no-such-trainer" in err, err
+    said = err.split("Open MPI said", 1)[1].splitlines()[1:6]
+    print("  " + "\n  ".join(said))
+
+
+def the_work_directory_is_private_and_removed(tmp):
+    data, _ = prepare_corpus(tmp)
+    tmpdir = f"{tmp}/tmpdir"
+    os.makedirs(tmpdir)
+    ev = f"{tmp}/ev.jsonl"
+    p = subprocess.Popen([SUPER, "--np", "1", "--events", ev, "--"] + trainer(data, f"{tmp}/ck", 400),
+                         env=dict(ENV, TMPDIR=tmpdir), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, errors="replace")
+    wait_event(ev, lambda e: e["event"] == "launch")
+    inside = os.listdir(tmpdir)
+    assert len(inside) == 1 and inside[0].startswith("fsdp-super-"), inside
+    assert inside[0] != f"fsdp-super-{p.pid}", "a predictable name"
+    assert os.stat(f"{tmpdir}/{inside[0]}").st_mode & 0o077 == 0, "not private"
+    out, err = finish(p)
+    assert p.returncode == 0, err[-2000:]
+    assert os.listdir(tmpdir) == [], os.listdir(tmpdir)
+
+
+def hostile_network_bytes_cannot_break_the_event_log(tmp):
+    import socket
+    data, _ = prepare_corpus(tmp)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Notice)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/latest/meta-data/spot/instance-action"
+    ev = f"{tmp}/ev.jsonl"
+    hostile_time = 'x","evil":1,"y":"\\'
+    Notice.body = None
+    p = start_super(["--np", "2", "--heartbeat-timeout", "10", "--preempt-url", url,
+                     "--preempt-poll", "0.3"], trainer(data, f"{tmp}/ck", 600), ev)
+    launch = wait_event(ev, lambda e: e["event"] == "launch")
+    port = [e for e in events_of(ev) if e["event"] == "start"][0]["heartbeat_port"]
+    wait_event(ev, lambda e: e["event"] == "checkpoint_committed")
+    gen = launch["generation"]
+    pid = wait_ranks(launch["pid"], 2)[0]
+    hostile = [f'fsdp-hb {gen} 0 {pid} 5 tr"ain 7', f"fsdp-hb {gen} 0 {pid} 5 train 7 extra",
+               f"fsdp-hb {gen} 0 {pid} 99999999999999999999999 train 7",
+               f"fsdp-hb {gen} -1 {pid} 5 train 7", f"fsdp-hb {gen} 0 {pid} 5 train\n 7",
+               f'fsdp-ev {gen} 0 load_verified step=1 from=1 to=2 digest=a"b',
+               f"fsdp-ev {gen} 0 resumed step=\xff\xfe world=2",
+               f"fsdp-ev {gen} 0 checkpoint_committed step=1\0 x", "x" * 4000, ""]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for d in hostile:
+        sock.sendto(d.encode("latin-1"), ("127.0.0.1", port))
+    Notice.body = {"action": "terminate", "time": hostile_time}
+    notice = wait_event(ev, lambda e: e["event"] == "preemption_notice" and e["source"] == "url")
+    wait_event(ev, lambda e: e["event"] == "restart")
+    Notice.body = None
+    out, err = finish(p)
+    srv.shutdown()
+    assert p.returncode == 0, err[-2000:]
+    lines = open(ev).read().splitlines()
+    for l in lines:
+        json.loads(l)  # every line is one JSON object
+    assert notice["time"] == hostile_time and "evil" not in notice, notice
+    summary = [e for e in events_of(ev) if e["event"] == "summary"][-1]
+    assert summary["dropped_datagrams"] >= len(hostile) - 1, summary  # "" may not arrive
+    print(f"  {len(lines)} event lines, all JSON; {summary['dropped_datagrams']} datagrams "
+          "dropped; the notice's time kept as text")
+
+
 if __name__ == "__main__":
-    main([older_generation_cannot_commit,
+    main([a_bad_host_file_is_refused_at_once_with_its_line,
+          no_capacity_ends_after_the_capacity_timeout,
+          a_store_without_a_claimable_generation_is_not_launched_on,
+          a_malformed_generation_stops_the_trainer_at_start,
+          open_mpi_explains_a_failed_launch_without_an_event_log,
+          the_work_directory_is_private_and_removed,
+          hostile_network_bytes_cannot_break_the_event_log,
+          older_generation_cannot_commit,
           hung_rank_is_detected_and_no_process_survives,
           a_dead_mpirun_is_noticed_and_its_ranks_do_not_linger,
           preemption_notice_costs_at_most_the_step_in_progress,

@@ -1,0 +1,37 @@
+/*
+ * testhook.h - hooks the test suites use to put a rank at a known point,
+ * so that tests never depend on how fast a machine is. Each hook is inert
+ * unless its environment variable is set, and only fsdp-super's --chaos
+ * (a test option) or a test sets it; a production launch never does, and
+ * fsdp-super clears them in every launch's environment unless it means
+ * them.
+ *
+ *   FSDP_TEST_HOLD_AT=STEP   testhook_hold: a rank that has finished a step
+ *                            >= STEP (once per process) announces phase
+ *                            "hold" in a heartbeat at once and waits there,
+ *                            heartbeats flowing, until a signal decides:
+ *                            SIGKILL and SIGSTOP do what they do, SIGUSR1
+ *                            (preemption) lets it go on into the usual
+ *                            emergency-checkpoint agreement. fsdp-super sets
+ *                            it a few steps past its next fault's step, so
+ *                            even a run that could finish between two
+ *                            heartbeats waits for that fault. Every chaos
+ *                            fault ends the launch, so a hold is never
+ *                            released otherwise; a hold the supervisor forgot
+ *                            looks like a hang (no progress) and is treated
+ *                            as one.
+ *
+ *   FSDP_TEST_STOP_AT=POINT:N  (src/checkpoint.c) SIGSTOP of the process at
+ *                            a point of its N-th save: shard-chunk,
+ *                            before-commit, after-commit.
+ */
+#ifndef FSDP_TESTHOOK_H
+#define FSDP_TESTHOOK_H
+
+#include <stdint.h>
+
+/* Called by the training loop once step `done` (1-based) has finished and
+ * the heartbeat says so. Returns at once unless FSDP_TEST_HOLD_AT is set. */
+void testhook_hold(uint64_t done);
+
+#endif
