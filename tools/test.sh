@@ -1,9 +1,10 @@
 #!/bin/sh
 # The whole test suite, from a fresh Debian 12 machine: installs what is
-# missing, builds the default (release, -Werror) and the sanitizer
-# (ASan + UBSan) configurations, runs every suite on the first and the unit
-# tests plus the single-process integration tests on the second, and ends
-# with one line: "N passed, M failed".
+# missing, builds the default (release, -Werror), the sanitizer (ASan +
+# UBSan) and the ThreadSanitizer configurations, runs every suite on the
+# first, the unit tests, the bad-input suite and the single-process
+# integration tests on the second, the tests whose code runs threads of our
+# own on the third, and ends with one line: "N passed, M failed".
 #
 #   tools/test.sh                  everything
 #   tools/test.sh --suite unit     only some suites of the default build
@@ -24,9 +25,13 @@ configure() { # DIR ARGS...
 
 build_failed=0
 configure build || build_failed=$((build_failed + 1))
-rm -f build/meson-logs/*.json build-asan/meson-logs/*.json
+rm -f build/meson-logs/*.json build-asan/meson-logs/*.json build-tsan/meson-logs/*.json
 if [ -f build/build.ninja ]; then
-    meson test -C build --print-errorlogs "$@"
+    if [ $# -eq 0 ]; then
+        meson test -C build --print-errorlogs --no-suite tsan
+    else
+        meson test -C build --print-errorlogs "$@"
+    fi
 fi
 if [ $# -eq 0 ]; then
     configure build-asan -Db_sanitize=address,undefined -Dbuildtype=debugoptimized ||
@@ -39,13 +44,24 @@ if [ $# -eq 0 ]; then
         --suite unit
     FSDP_QUICK=1 ASAN_OPTIONS=detect_leaks=0 meson test -C build-asan --print-errorlogs \
         --logbase programs \
-        cli token-files checkpoint reshard s3-signing-and-storage
+        cli token-files checkpoint reshard no-loss bad-inputs bad-files s3-signing-and-storage
+    # ThreadSanitizer: our threads (async checkpoint writers, the O_DIRECT
+    # I/O thread, the heartbeat thread) with Open MPI's own reports
+    # suppressed (tests/sanitizers/tsan.supp) and one OpenMP thread per rank
+    # (GCC's libgomp is not instrumented, so its barriers look like races).
+    configure build-tsan -Db_sanitize=thread -Dbuildtype=debugoptimized ||
+        build_failed=$((build_failed + 1))
+    OMP_NUM_THREADS=1 \
+    TSAN_OPTIONS="halt_on_error=1:exitcode=66:suppressions=$PWD/tests/sanitizers/tsan.supp" \
+        meson test -C build-tsan --print-errorlogs --logbase tsan \
+        storage super-parsers tsan-async-checkpoint tsan-heartbeat
 fi
 
 /usr/bin/python3 - "$build_failed" <<'PY'
 import glob, json, sys
 passed, failed = 0, int(sys.argv[1])
-for log in sorted(glob.glob("build/meson-logs/*.json") + glob.glob("build-asan/meson-logs/*.json")):
+for log in sorted(glob.glob("build/meson-logs/*.json") + glob.glob("build-asan/meson-logs/*.json")
+                  + glob.glob("build-tsan/meson-logs/*.json")):
     for line in open(log):
         r = json.loads(line)
         if r["result"] in ("OK", "EXPECTEDFAIL", "SKIP"):

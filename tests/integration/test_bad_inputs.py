@@ -1,0 +1,263 @@
+"""Bad input, as a careless user or an attacker would give it, to every
+program: fsdp-train, fsdp-data, every fsdp-ckpt subcommand, fsdp-super and
+the S3 backend. Each case must end with exactly one error line on stderr
+that names the problem, a non-zero exit, and every checkpoint committed
+before it byte for byte as it was (and still verifying). Secrets given in
+the environment never appear in any output."""
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+
+from harness import BUILD, CKPT, DATA, TRAIN, main, prepare_corpus, run
+
+SUPER = os.path.join(BUILD, "recovery", "fsdp-super")
+MODEL = ["--layers", "2", "--dim", "64", "--heads", "2", "--seq", "64"]
+SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+S3_ENV = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": SECRET,
+          "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "FSDP_S3_MAX_ATTEMPTS": "1",
+          "AWS_REGION": "us-east-1"}
+# informational lines a failing fsdp-train may print before its error
+INFO = ("fsdp-train: model ", "fsdp-train: per rank:", "fsdp-train: global batch ")
+
+
+def train(data, ck=None, steps=3, extra=()):
+    a = [TRAIN, "--data", data] + MODEL + ["--global-batch", "4", "--steps", str(steps),
+                                           "--log-every", "1000"]
+    if ck:
+        a += ["--ckpt", ck, "--ckpt-every", "3"]
+    return a + list(extra)
+
+
+def snapshot(stores):
+    out = {}
+    for s in stores:
+        for f in sorted(glob.glob(f"{s}/step-*/**", recursive=True)):
+            if os.path.isfile(f) and not os.path.islink(f):
+                out[f] = hashlib.sha256(open(f, "rb").read()).hexdigest()
+    return out
+
+
+def error_lines(stderr):
+    return [l for l in stderr.strip().splitlines() if l and not l.startswith(INFO)]
+
+
+class Fixture:
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.data, self.val = prepare_corpus(tmp)
+        self.ck = f"{tmp}/ck"  # two committed steps, generation 1
+        run(train(self.data, self.ck, steps=6))
+        self.other = f"{tmp}/other"  # another model's checkpoint
+        run([TRAIN, "--data", self.data, "--layers", "1", "--dim", "32", "--heads", "2",
+             "--seq", "32", "--global-batch", "4", "--steps", "3", "--ckpt", self.other,
+             "--ckpt-every", "3"])
+        self.st = f"{tmp}/w.safetensors"
+        run([CKPT, "export", self.ck, self.st])
+        self.stores = [self.ck, self.other]
+
+    def copy(self, name):
+        dst = f"{self.tmp}/{name}"
+        shutil.copytree(self.ck, dst, symlinks=True)
+        self.stores.append(dst)
+        return dst
+
+    def path(self, name):
+        return f"{self.tmp}/{name}"
+
+
+def cases(f):
+    """(name, argv, needles, env, exit codes, setup) for every case."""
+    t, d = f.tmp, f.data
+    fifo = f.path("fifo")
+    os.mkfifo(fifo)
+    dev = f.path("null-device")  # a device node of our own, never /dev/null
+    try:
+        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        dev = None
+    trunc = f.path("trunc.bin")
+    open(trunc, "wb").write(open(d, "rb").read()[:700])
+    bad_magic = f.path("magic.bin")
+    raw = bytearray(open(d, "rb").read())
+    raw[0:4] = (12345).to_bytes(4, "little")
+    open(bad_magic, "wb").write(bytes(raw))
+    notafile = f.path("regular-file")
+    open(notafile, "w").write("I am not a directory\n")
+    st_trunc = f.path("trunc.safetensors")
+    open(st_trunc, "wb").write(open(f.st, "rb").read()[:64])
+    st_junk = f.path("junk.safetensors")
+    open(st_junk, "wb").write((16).to_bytes(8, "little") + b"{not json at all" + bytes(64))
+    st_hdr = f.path("hdr.safetensors")
+    open(st_hdr, "wb").write((10 ** 12).to_bytes(8, "little") + b"{}")
+    junk_gen = f.copy("junkgen")
+    os.makedirs(f"{junk_gen}/generations", exist_ok=True)
+    open(f"{junk_gen}/generations/99999999999999999999999", "w").write("x")
+    linked = f.copy("linked")
+    os.symlink(f"{f.ck}/step-00000006", f"{linked}/step-00000009")
+    hosts_big = f.path("hosts-big")
+    open(hosts_big, "w").write("a 2147483647\nb 2147483647\n")
+    hosts_bad = f.path("hosts-bad")
+    open(hosts_bad, "w").write("localhost many\n")
+    flipped = f.copy("flipped")
+    shard = sorted(glob.glob(f"{flipped}/step-00000006/shard-*"))[0]
+    with open(shard, "r+b") as fh:
+        fh.seek(os.path.getsize(shard) // 2)
+        b = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([b[0] ^ 1]))
+    f.stores.remove(flipped)  # damaged on purpose; compared byte for byte below
+    dmg = f.copy("damaged")
+    man = f"{dmg}/step-00000006/MANIFEST.json"
+    text = open(man).read()
+    assert '"world_size": 1,' in text
+    open(man, "w").write(text.replace('"world_size": 1,', '"world_size": 7,'))
+    f.stores.remove(dmg)
+    dst_ckpt = f.copy("holds-step-6")
+    big_json = f.path("huge-manifest")
+    os.makedirs(f"{big_json}/step-00000003")
+    with open(f"{big_json}/step-00000003/MANIFEST.json", "w") as fh:
+        fh.write("[" * 100000)
+    sup = [SUPER, "--np", "1", "--events", f.path("ev.jsonl")]
+    return [
+        # ---- fsdp-train
+        ("train: data missing", train(f.path("nope.bin")), ["nope.bin", "No such file"]),
+        ("train: data is a FIFO", train(fifo), [fifo, "FIFO"]),
+        ("train: data is a directory", train(t), [t, "directory"]),
+        ("train: data truncated", train(trunc), [trunc]),
+        ("train: data with a bad magic", train(bad_magic), [bad_magic, "magic"]),
+        ("train: val-data is a FIFO", train(d, extra=["--val-data", fifo]), [fifo, "FIFO"]),
+        ("train: ckpt is a regular file", train(d, notafile), [notafile, "not a directory"]),
+        ("train: ckpt of another model", train(d, f.other), ["refusing to resume"], {}, (2,)),
+        ("train: ckpt with a junk generation", train(d, junk_gen),
+         ["99999999999999999999999", "not a generation claim"]),
+        ("train: ckpt with a symlinked step", train(d, linked, steps=9),
+         ["step-00000009", "symbolic link"]),
+        ("train: malformed FSDP_GENERATION", train(d, f.copy("gen-env")),
+         ["FSDP_GENERATION"], {"FSDP_GENERATION": "12abc"}),
+        ("train: keep 0", train(d, f.path("k0"), extra=["--keep", "0"]), ["--keep"], {}, (2,)),
+        ("train: chunk size 0", train(d, f.path("c0"), extra=["--ckpt-chunk-kib", "0"]),
+         ["--ckpt-chunk-kib"], {}, (2,)),
+        ("train: zstd level 99", train(d, f.path("z"), extra=["--compress", "zstd:99"]),
+         ["--compress"], {}, (2,)),
+        ("train: s3 prefix with ..", train(d, "s3://bucket/../escape"), [".."], S3_ENV),
+        ("train: s3 endpoint down", train(d, "s3://bucket/run"), ["127.0.0.1:9"], S3_ENV),
+        # ---- fsdp-data
+        ("data: out is a device node", [DATA, "prepare", "--out", dev or f.path("x"), d],
+         [dev or "", "not a regular file"]) if dev else None,
+        ("data: out is a directory", [DATA, "prepare", "--out", t, "/etc/hostname"], [t]),
+        ("data: out is a FIFO", [DATA, "prepare", "--out", fifo, "/etc/hostname"], [fifo]),
+        ("data: input missing", [DATA, "prepare", "--out", f.path("o.bin"), f.path("nope")],
+         ["nope"]),
+        ("data: input is a directory", [DATA, "prepare", "--out", f.path("o2.bin"), t],
+         [t, "Is a directory"]),
+        ("data: val fraction 2", [DATA, "prepare", "--out", f.path("o3.bin"), "--val-out",
+                                  f.path("v3.bin"), "--val-fraction", "2", "/etc/hostname"],
+         ["--val-fraction"], {}, (2,)),
+        # ---- fsdp-ckpt, every subcommand
+        ("ckpt ls: a symlinked step", [CKPT, "ls", linked], ["step-00000009", "symbolic link"]),
+        ("ckpt inspect: missing step", [CKPT, "inspect", f"{f.ck}@42"], ["step-00000042"]),
+        ("ckpt inspect: damaged manifest", [CKPT, "inspect", dmg], ["MANIFEST.json"]),
+        ("ckpt inspect: a manifest of 100k brackets", [CKPT, "inspect", f"{big_json}@3"],
+         ["MANIFEST.json"]),
+        ("ckpt verify: a flipped byte", [CKPT, "verify", flipped], ["problem"]),
+        ("ckpt digest: damaged manifest", [CKPT, "digest", dmg], ["MANIFEST.json"]),
+        ("ckpt reshard: world size 0", [CKPT, "reshard", f.ck, f.path("r0"), "--world-size",
+                                        "0"], ["--world-size"], {}, (2,)),
+        ("ckpt reshard: into a step it holds", [CKPT, "reshard", f.ck, dst_ckpt,
+                                                "--world-size", "2"],
+         ["already holds a committed step 6"]),
+        ("ckpt export: into a directory", [CKPT, "export", f.ck, t], [t]),
+        ("ckpt export: a damaged source", [CKPT, "export", flipped, f.path("e.safetensors"),
+                                           "--all"], ["sha256 mismatch"]),
+        ("ckpt import: a FIFO", [CKPT, "import", fifo, f.path("i1"), "--model", "tiny",
+                                 "--world-size", "1"], [fifo, "not a regular file"]),
+        ("ckpt import: truncated file", [CKPT, "import", st_trunc, f.path("i2"), "--model",
+                                         "tiny", "--world-size", "1"], [st_trunc]),
+        ("ckpt import: header length 10^12", [CKPT, "import", st_hdr, f.path("i3"), "--model",
+                                              "tiny", "--world-size", "1"],
+         [st_hdr, "header length"]),
+        ("ckpt import: unknown preset", [CKPT, "import", f.st, f.path("i4"), "--model",
+                                         "huge", "--world-size", "1"], ["huge"], {}, (2,)),
+        ("ckpt import: header not JSON", [CKPT, "import", st_junk, f.path("i5"), "--model",
+                                          "tiny", "--world-size", "1"], [st_junk, "JSON"]),
+        ("ckpt cp: missing step", [CKPT, "cp", f"{f.ck}@42", f.path("cp1")], ["42"]),
+        ("ckpt cp: into a store holding it", [CKPT, "cp", f"{f.ck}@6", dst_ckpt],
+         ["already holds a committed step 6"]),
+        ("ckpt diff: one side missing", [CKPT, "diff", f.ck, f.path("nothing")],
+         ["no committed checkpoint"]),
+        ("ckpt prune: keep 0", [CKPT, "prune", f.ck, "--keep", "0"], ["--keep 0"], {}, (2,)),
+        ("ckpt prune: keep -1", [CKPT, "prune", f.ck, "--keep", "-1"], ["--keep"], {}, (2,)),
+        ("ckpt prune: a junk generation", [CKPT, "prune", junk_gen, "--keep", "1"],
+         ["not a generation claim"]),
+        ("ckpt ls: s3 prefix with ..", [CKPT, "ls", "s3://bucket/a/../../x"], [".."], S3_ENV),
+        ("ckpt ls: s3 without credentials", [CKPT, "ls", "s3://bucket/x"], ["credentials"],
+         {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_PROFILE": "",
+          "AWS_SHARED_CREDENTIALS_FILE": f.path("none"), "HOME": t}),
+        ("ckpt verify: s3 endpoint down", [CKPT, "verify", "s3://bucket/run"], ["127.0.0.1:9"],
+         S3_ENV),
+        # ---- fsdp-super
+        ("super: np 0", sup[:1] + ["--np", "0", "--"] + train(d), ["--np"], {}, (2,)),
+        ("super: no trainer", sup, ["-- fsdp-train"], {}, (2,)),
+        ("super: hosts file missing", [SUPER, "--hosts", f.path("nohosts"), "--"] + train(d),
+         ["nohosts"]),
+        ("super: hosts with 2^31 slots", [SUPER, "--hosts", hosts_big, "--"] + train(d),
+         [hosts_big]),
+        ("super: hosts line without a number", [SUPER, "--hosts", hosts_bad, "--"] + train(d),
+         [hosts_bad]),
+        ("super: chaos spec", sup + ["--chaos", "kill=x", "--"] + train(d), ["--chaos"], {},
+         (2,)),
+        ("super: junk generation in the store", sup + ["--"] + train(d, junk_gen),
+         ["not a generation claim"]),
+    ]
+
+
+def linked(f):
+    return f.path("linked")
+
+
+def every_bad_input_gives_one_line_and_keeps_every_commit(tmp):
+    f = Fixture(tmp)
+    table = [c for c in cases(f) if c]
+    before = snapshot(f.stores)
+    assert before, "the fixture committed nothing"
+    failed = []
+    for case in table:
+        name, argv, needles = case[:3]
+        env = case[3] if len(case) > 3 else {}
+        codes = case[4] if len(case) > 4 else None
+        try:
+            p = run(argv, check=False, env=env, timeout=120)
+        except subprocess.TimeoutExpired:
+            failed.append(f"{name}: hung for 120 s")
+            continue
+        lines = error_lines(p.stderr)
+        why = []
+        if p.returncode == 0 or (codes and p.returncode not in codes):
+            why.append(f"exit {p.returncode}")
+        if len(lines) != 1:
+            why.append(f"{len(lines)} lines")
+        elif not all(n in lines[0] for n in needles):
+            why.append(f"missing {[n for n in needles if n not in lines[0]]}")
+        if SECRET in p.stdout + p.stderr:
+            why.append("the secret key was printed")
+        now = snapshot(f.stores)
+        if {k: v for k, v in now.items() if k in before} != before:
+            why.append("a committed checkpoint changed")
+        print(f"  {'ok ' if not why else 'BAD'} {name}: {lines[-1] if lines else ''}"[:200])
+        if why:
+            failed.append(f"{name}: {', '.join(why)}\n    {p.stderr.strip()[-600:]}")
+    for s in f.stores:  # (a store with a symlinked step is refused, by design)
+        if s != linked(f):
+            assert run([CKPT, "verify", s], check=False).returncode == 0, f"{s} fails verify"
+    print(f"  {len(table)} cases, {len(failed)} failed")
+    assert len(table) >= 40
+    assert not failed, "\n".join(failed)
+
+
+if __name__ == "__main__":
+    main([every_bad_input_gives_one_line_and_keeps_every_commit])
