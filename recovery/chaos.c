@@ -5,6 +5,9 @@
  * commit=10,hosts=6":
  *   kill=N      SIGKILL of a random rank
  *   stop=N      SIGSTOP of a random rank (found by the heartbeat timeout)
+ *               (kill and stop are orders in the supervisor's answers that the
+ *               rank carries out on itself, and kill() too for a rank of
+ *               this host: ranks.c)
  *   preempt=N   a preemption notice: emergency checkpoint, relaunch
  *   storage=N   a preemption, and the next launch's checkpoint store fails
  *               a write (EIO)
@@ -33,13 +36,17 @@
  * arm, a hosts fault also on the world size of the next launch. One
  * "chaos_landed" event per fault says what it caused and whether that was
  * the expected effect (the chaos tests assert it for every planned fault):
- *   kill      restart cause rank-died or exit (mpirun may notice first)
+ *   kill      restart cause rank-died or exit (mpirun may notice first);
+ *             for a rank on another host also heartbeat-lost (its death is
+ *             silence, unless mpirun notices first)
  *   stop      heartbeat-lost
  *   preempt   preemption
  *   storage   preemption; then the armed launch fails: a rank exits
  *             (rank-died, or exit when mpirun notices first), its last
  *             lines naming the injected error
- *   commit    preemption; then chaos-restart (killed in the commit)
+ *   commit    preemption; then chaos-restart (killed in the commit: rank 0
+ *             stopped before it, seen in /proc here, or as a second of
+ *             silence from another host)
  *   hosts     shrink: rank-died or exit; grow: preemption; then the next
  *             launch runs on the new world size (a resize)
  * Only one fault is in flight at a time: none fires until the one before
@@ -49,7 +56,6 @@
 
 #include "util.h"
 
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -315,12 +321,13 @@ static int fire(struct chaos *c, struct job *j, uint64_t at)
     c->cur = c->next++;
     c->stage = ST_FIRED;
     int r = random_rank(c, j);
-    pid_t pid = j->ranks[r].pid;
+    struct rank_state *rs = &j->ranks[r];
+    c->victim_remote = !rs->local;
     switch (f->kind) {
     case K_KILL:
     case K_STOP:
-        fired(c, at, "rank", r, "pid", (int)pid);
-        kill(pid, f->kind == K_KILL ? SIGKILL : SIGSTOP);
+        fired(c, at, "rank", r, "pid", (int)rs->pid);
+        rank_order(rs, &j->env, f->kind == K_KILL ? HBCTL_KILL : HBCTL_STOP);
         return CHAOS_NONE;
     case K_PREEMPT:
     case K_STORAGE:
@@ -338,7 +345,7 @@ static int fire(struct chaos *c, struct job *j, uint64_t at)
             fprintf(stderr, "fsdp-super: chaos: cannot rewrite %s\n", c->o->hosts);
         fired(c, at, "from", cur, "to", next);
         if (next < cur) { /* a host went away with its rank */
-            kill(pid, SIGKILL);
+            rank_order(rs, &j->env, HBCTL_KILL);
             return CHAOS_NONE;
         }
         return CHAOS_PREEMPT; /* grow: restart to use it */
@@ -346,11 +353,22 @@ static int fire(struct chaos *c, struct job *j, uint64_t at)
     }
 }
 
+/* Rank 0 stopped itself before its commit (FSDP_TEST_STOP_AT): /proc says
+ * so on this host; from another host, a second of silence does. */
+static int stopped_to_commit(const struct job *j)
+{
+    const struct rank_state *r0 = &j->ranks[0];
+    if (!r0->seen)
+        return 0;
+    if (r0->local)
+        return j->env.state(r0->pid) == 'T';
+    return super_now() - r0->last_seen > 1.0;
+}
+
 int chaos_tick(struct chaos *c, struct job *j)
 {
     if (c->cur >= 0) {
-        if (c->stage == ST_ARMED && c->plan[c->cur].kind == K_COMMIT && j->ranks[0].seen &&
-            proc_state(j->ranks[0].pid) == 'T') {
+        if (c->stage == ST_ARMED && c->plan[c->cur].kind == K_COMMIT && stopped_to_commit(j)) {
             ev_emit("chaos_commit_kill", "{s:i, s:I}", "fault", c->cur, "reported_step",
                     (json_int_t)j->ranks[0].step);
             return CHAOS_KILL_NOW;
@@ -384,7 +402,11 @@ static void first_launch_ended(struct chaos *c, const char *cause)
     snprintf(c->cause, sizeof c->cause, "%s", cause);
     switch (k) {
     case K_KILL:
-        land(c, cause, is(cause, "rank-died", "exit"), "rank-died|exit", NULL);
+        if (c->victim_remote)
+            land(c, cause, is(cause, "rank-died", "exit") || is(cause, "heartbeat-lost", NULL),
+                 "rank-died|exit|heartbeat-lost", NULL);
+        else
+            land(c, cause, is(cause, "rank-died", "exit"), "rank-died|exit", NULL);
         return;
     case K_STOP:
         land(c, cause, is(cause, "heartbeat-lost", NULL), "heartbeat-lost", NULL);
@@ -401,7 +423,9 @@ static void first_launch_ended(struct chaos *c, const char *cause)
         return;
     default: { /* hosts */
         int shrink = c->hosts_to < c->hosts_from;
-        if (shrink ? is(cause, "rank-died", "exit") : is(cause, "preemption", NULL))
+        int died = is(cause, "rank-died", "exit") ||
+                   (c->victim_remote && is(cause, "heartbeat-lost", NULL));
+        if (shrink ? died : is(cause, "preemption", NULL))
             c->stage = ST_RESIZE;
         else
             land(c, cause, 0, shrink ? "rank-died|exit" : "preemption", NULL);

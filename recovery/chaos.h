@@ -29,7 +29,8 @@ struct chaos {
     const struct super_opts *o;
     int cur, stage; /* the fault in flight (-1: none) and where it is */
     int hosts_from, hosts_to;
-    char cause[32]; /* how its first launch ended */
+    int victim_remote; /* the rank it hit is on another host */
+    char cause[32];    /* how its first launch ended */
     int landed, landed_ok;
     char hold[32], stop[32]; /* this launch's FSDP_TEST_HOLD_AT / _STOP_AT, "" if none */
     char ckpt[1400];         /* this launch's --ckpt override, "" if none */

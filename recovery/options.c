@@ -31,6 +31,11 @@ static void usage(void)
            "                          slots for this long (default 300)\n"
            "  --max-restarts K        give up after K restarts in a row (default 10)\n"
            "  --heartbeat-timeout S   a rank silent or without progress this long is hung (30)\n"
+           "  --listen HOST[:PORT]    where the ranks' heartbeats arrive (default: every\n"
+           "                          interface, any port; the ranks are given the address\n"
+           "                          that routes to the first remote host, or 127.0.0.1)\n"
+           "  --rank-silence S        a rank that hears nothing from fsdp-super this long\n"
+           "                          stops itself (default 3 x --heartbeat-timeout, >= 5)\n"
            "  --startup-timeout S     time to the first heartbeat (default 120)\n"
            "  --grace S               SIGTERM to SIGKILL (default 5)\n"
            "  --restart-backoff S     first wait before a relaunch, doubling (default 1)\n"
@@ -92,6 +97,8 @@ static const struct opt {
     {"--preempt-poll", O_NUM, 0.1, 600, offsetof(struct super_opts, preempt_poll)},
     {"--preempt-deadline", O_NUM, 1, 3600, offsetof(struct super_opts, preempt_deadline)},
     {"--capacity-timeout", O_NUM, 0, 1e7, offsetof(struct super_opts, capacity_timeout)},
+    {"--rank-silence", O_NUM, 2, 1e6, offsetof(struct super_opts, rank_silence)},
+    {"--listen", O_STR, 0, 0, offsetof(struct super_opts, listen)},
     {"--hosts", O_STR, 0, 0, offsetof(struct super_opts, hosts)},
     {"--preempt-url", O_STR, 0, 0, offsetof(struct super_opts, preempt_url)},
     {"--events", O_STR, 0, 0, offsetof(struct super_opts, events)},
@@ -166,6 +173,17 @@ int super_parse(struct super_opts *o, int argc, char **argv)
         fprintf(stderr, "fsdp-super: give --np N or --hosts FILE (see fsdp-super --help)\n");
         return -1;
     }
+    char host[256];
+    int port;
+    if (o->listen && hbmsg_parse_addr(o->listen, 1, host, sizeof host, &port)) {
+        fprintf(stderr,
+                "fsdp-super: --listen '%s' is not HOST, HOST:PORT, [V6]:PORT or :PORT "
+                "(see fsdp-super --help)\n",
+                o->listen);
+        return -1;
+    }
+    if (!o->rank_silence)
+        o->rank_silence = o->hb_timeout * 3 > 5 ? o->hb_timeout * 3 : 5;
     if (o->np && o->min_np > o->np) {
         fprintf(stderr, "fsdp-super: --min-np %d exceeds --np %d\n", o->min_np, o->np);
         return -1;

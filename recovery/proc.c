@@ -53,6 +53,13 @@ char proc_state(pid_t pid)
     return read_stat(pid, &st, &sid) ? 0 : st;
 }
 
+pid_t proc_session(pid_t pid)
+{
+    char st;
+    pid_t sid;
+    return read_stat(pid, &st, &sid) ? 0 : sid;
+}
+
 int job_pids(pid_t sid, pid_t *out, int max)
 {
     DIR *d = opendir("/proc");

@@ -4,36 +4,78 @@
  *
  *   fsdp-super [--np N] [--min-np M] [--hosts FILE] [--max-restarts K]
  *              [--heartbeat-timeout SEC] [--preempt-url URL] [--events FILE]
- *              [--capacity-timeout SEC] [--chaos SPEC] -- fsdp-train ARGS...
+ *              [--capacity-timeout SEC] [--chaos SPEC] [--listen HOST[:PORT]]
+ *              [--rank-silence SEC] -- fsdp-train ARGS...
  *
  * Each launch claims a new generation in the checkpoint store (fencing,
  * ckpt.h; a store where no generation can be claimed is not launched on
  * at all), writes a hostfile from the `host slots` lines of --hosts (read
  * again before every launch; fewer than --min-np slots for longer than
  * --capacity-timeout ends the run), and starts `mpirun` in a session of
- * its own with FSDP_SUPER_ADDR (this process's UDP heartbeat port) and
- * FSDP_GENERATION. The job has failed when mpirun exits non-zero, a rank's
- * process disappears, a rank's heartbeats stop (a stopped process) or its
- * progress counter stops moving (a rank stuck in a collective) for longer
- * than --heartbeat-timeout. Then every process of the job's session gets
+ * its own. The job has failed when mpirun exits non-zero, a rank dies, a
+ * rank's heartbeats stop (a stopped process, a lost host) or its progress
+ * counter stops moving (a rank stuck in a collective) for longer than
+ * --heartbeat-timeout. Then every process of the job's session gets
  * SIGCONT, SIGTERM and after a grace period SIGKILL, and the job starts
  * again after a backoff (up to --max-restarts times; the count resets after
  * --healthy-after seconds of progress). The trainer resumes from the newest
  * committed checkpoint and reshards when the world size changed.
  *
+ * The ranks and this process, over the network (src/hbmsg.h, heartbeat.h):
+ *   - The heartbeat socket takes --listen HOST[:PORT], by default every
+ *     interface (net.c). Each launch gives the ranks, in mpirun's
+ *     environment and exported with -x (never on a command line):
+ *     FSDP_SUPER_ADDR (a name or address and port the ranks resolve: the
+ *     interface that routes to the first remote host, 127.0.0.1 when all
+ *     are local), FSDP_GENERATION, FSDP_SUPER_SILENCE_S (--rank-silence)
+ *     and FSDP_SUPER_TOKEN, 32 fresh random bytes per launch, never
+ *     printed or logged.
+ *   - Every datagram, both ways, carries its sender's host name and a SEQ
+ *     and is sealed with HMAC-SHA256 keyed by the token (hbmsg.h says why
+ *     a MAC and not the token itself). What fails the MAC is dropped and
+ *     counted (the summary's unauthenticated_datagrams; one
+ *     unauthenticated_datagram event per launch names where it came from),
+ *     a replayed SEQ too; so a forged "done" or "hold" cannot blind the
+ *     supervisor to a rank, nor end a job.
+ *   - A rank is (host, pid) (ranks.c). /proc speaks only for a rank on this
+ *     host in the job's session: death at once, 'T' for a stopped one. A
+ *     remote rank's death is silence beyond --heartbeat-timeout, or mpirun
+ *     exiting (its "noticed that process rank N ... on node H" and "Remote
+ *     daemon ... on node H" lines become rank_died and daemon_lost events).
+ *     Events name each rank's host (rank_up, rank_died, heartbeat_lost) and
+ *     a launch lists its hosts.
+ *   - Orders go in the answers (link.c): every heartbeat is answered at
+ *     once with a sealed fsdp-ctl echoing its SEQ - "ack", or "preempt",
+ *     "stop" or "kill", which the rank carries out on itself. Local ranks
+ *     also get the signal by kill(), after a check that the pid is still
+ *     in the job's session; a remote rank's pid is never given to kill().
+ *     Not SIGUSR1 to mpirun: Open MPI would forward it
+ *     (ess_base_forward_signals includes SIGUSR1 by default) also to ranks
+ *     that have not yet installed their handler, and SIGUSR1's default
+ *     action kills them; an answer reaches exactly the ranks that beat,
+ *     wherever they run.
+ *   - The answers are the ranks' proof of life of this process: a rank
+ *     that hears none for FSDP_SUPER_SILENCE_S stops itself, committing
+ *     nothing (heartbeat.h), so killing fsdp-super leaves no job behind.
+ *   - Teardown still reaches only this host's processes (the job's session;
+ *     mpirun's own teardown reaches its remote daemons while it lives).
+ *
  * Preemption: SIGTERM or SIGINT to fsdp-super, or a notice at
  * --preempt-url in AWS's spot/instance-action form
  * ({"action":"terminate","time":"...Z"}; 404 means none), polled every few
- * seconds. The ranks get SIGUSR1, agree on the next step boundary, write an
- * emergency checkpoint and exit; fsdp-super then exits 0 (signal) or
- * relaunches on the capacity the host file still offers (notice).
+ * seconds. The ranks are ordered to preempt (as SIGUSR1 does), agree on the
+ * next step boundary, write an emergency checkpoint and exit; fsdp-super
+ * then exits 0 (signal) or relaunches on the capacity the host file still
+ * offers (notice).
  *
  * The pieces of main: wait_capacity (the host file), launch, watch (one
  * launch until it ends: heartbeats, preemption, chaos, failure checks),
  * and end_launch (the restart policy: finished, relaunch or give up).
- * Datagrams are parsed by src/hbmsg.c; events are JSON built by jansson
- * (events.c). Open MPI's own lines go to the event log; when there is
- * none, the last few are printed after a failed launch.
+ * Datagrams are opened, admitted and answered by link.c (src/hbmsg.c's
+ * grammar, ranks.c's identity); events are JSON built by jansson
+ * (events.c). mpirun's output is sorted by mpiout.c: Open MPI's own lines
+ * go to the event log (when there is none, the last few are printed after
+ * a failed launch).
  */
 #include "super.h"
 
@@ -41,13 +83,11 @@
 #include "ckpt.h"
 #include "storage.h"
 
-#include <arpa/inet.h>
 #include <curl/curl.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -81,7 +121,8 @@ static void say(const char *fmt, ...)
 
 struct super {
     struct super_opts o;
-    int sock, port, ev_on;
+    struct link link; /* the datagrams: socket, secret, answers (link.c) */
+    int ev_on;
     char workdir[WORKDIR_LEN];
     uint64_t generation;
     struct job job;
@@ -90,7 +131,7 @@ struct super {
     double start, downtime, fail_at;
     int launches, restarts_in_a_row, prev_np;
     int by_cause[8];
-    uint64_t steps_lost, last_committed, max_step_seen, final_step, dropped;
+    uint64_t steps_lost, last_committed, max_step_seen, final_step;
     double step_time_sum;
     uint64_t step_count;
     int notice_seen;
@@ -214,7 +255,7 @@ static int claim_generation(struct super *s)
 static char **launch_argv(struct super *s, const char *hostfile, const char *npstr)
 {
     const struct chaos *c = &s->chaos;
-    char **argv = calloc((size_t)s->o.targc + 16, sizeof *argv);
+    char **argv = calloc((size_t)s->o.targc + 20, sizeof *argv);
     if (!argv)
         return NULL;
     int a = 0;
@@ -227,6 +268,10 @@ static char **launch_argv(struct super *s, const char *hostfile, const char *nps
     argv[a++] = "FSDP_SUPER_ADDR";
     argv[a++] = "-x";
     argv[a++] = "FSDP_GENERATION";
+    argv[a++] = "-x"; /* -x NAME exports the variable's value; the value is never on a line */
+    argv[a++] = "FSDP_SUPER_TOKEN";
+    argv[a++] = "-x";
+    argv[a++] = "FSDP_SUPER_SILENCE_S";
     if (c->hold[0]) {
         argv[a++] = "-x";
         argv[a++] = "FSDP_TEST_HOLD_AT";
@@ -243,16 +288,20 @@ static char **launch_argv(struct super *s, const char *hostfile, const char *nps
     return argv;
 }
 
-/* In the child: the launch's environment, stderr into the pipe, mpirun. */
+/* In the child: the launch's environment, stderr into the pipe, mpirun.
+ * The token exists as text only here, in mpirun's environment. */
 static void exec_mpirun(struct super *s, char **argv, int errfd)
 {
-    char addr[64], gen[32];
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", s->port);
+    char gen[32], silence[32], token[HBMSG_KEY_HEX + 1];
     snprintf(gen, sizeof gen, "%llu", (unsigned long long)s->generation);
+    snprintf(silence, sizeof silence, "%.3f", s->o.rank_silence);
+    hbmsg_key_hex(&s->link.key, token);
     setsid();
     dup2(errfd, 2);
-    setenv("FSDP_SUPER_ADDR", addr, 1);
+    setenv("FSDP_SUPER_ADDR", s->link.addr, 1);
     setenv("FSDP_GENERATION", gen, 1);
+    setenv("FSDP_SUPER_SILENCE_S", silence, 1);
+    setenv("FSDP_SUPER_TOKEN", token, 1);
     /* the test hooks are the supervisor's to set, never inherited */
     if (s->chaos.hold[0])
         setenv("FSDP_TEST_HOLD_AT", s->chaos.hold, 1);
@@ -283,7 +332,7 @@ static int write_hostfile(const char *path, const struct host *hosts, int nh)
 
 static int launch(struct super *s, int np, const struct host *hosts, int nh)
 {
-    if (claim_generation(s))
+    if (claim_generation(s) || link_launch(&s->link, hosts, nh))
         return -1;
     char hostfile[WORKDIR_LEN + 32], npstr[16];
     snprintf(hostfile, sizeof hostfile, "%s/hostfile-%llu", s->workdir,
@@ -318,104 +367,23 @@ static int launch(struct super *s, int np, const struct host *hosts, int nh)
         return -1;
     }
     s->job.mpirun = pid;
+    s->job.env = (struct rank_env){
+        .session = pid, .state = proc_state, .session_of = proc_session, .signal = kill};
+    hbmsg_host_name(s->job.env.host, sizeof s->job.env.host);
     s->launches++;
     int resized = s->prev_np && s->prev_np != np;
     say("launch %d: generation %llu, %d rank%s%s", s->launches, (unsigned long long)s->generation,
         np, np > 1 ? "s" : "", resized ? " (resized)" : "");
-    ev_emit("launch", "{s:i, s:I, s:i, s:i}", "launch", s->launches, "generation",
-            (json_int_t)s->generation, "np", np, "pid", (int)pid);
+    json_t *names = json_array();
+    for (int i = 0; i < nh && names; i++)
+        json_array_append_new(names, ev_text(hosts[i].name));
+    ev_emit("launch", "{s:i, s:I, s:i, s:i, s:o, s:o}", "launch", s->launches, "generation",
+            (json_int_t)s->generation, "np", np, "pid", (int)pid, "hosts", names, "addr",
+            ev_text(s->link.addr));
     if (resized)
         ev_emit("resize", "{s:i, s:i}", "from", s->prev_np, "to", np);
     s->prev_np = np;
     return 0;
-}
-
-/* ---- mpirun's stderr -------------------------------------------------------------- */
-
-/* The ranks' lines go through; Open MPI's own reports (the dashed boxes,
- * "[host:pid] ..." crash dumps of an mpirun whose rank we killed, signal
- * forwarding notes) go to the event log instead of the terminal. */
-static int mpi_noise(const char *l)
-{
-    if (strncmp(l, "mpirun: Forwarding signal", 25) == 0)
-        return 1;
-    if (l[0] != '[')
-        return 0;
-    const char *close = strchr(l, ']'), *colon = strchr(l, ':');
-    return close && colon && colon < close && close - l < 64;
-}
-
-static void on_line(struct super *s, char *l)
-{
-    struct job *j = &s->job;
-    int dashes = strncmp(l, "--------------------", 20) == 0;
-    if (dashes || j->in_box || mpi_noise(l)) {
-        if (dashes)
-            j->in_box = !j->in_box;
-        j->hidden++;
-        if (!dashes && l[0])
-            line_tail_add(&j->hidden_tail, l);
-        ev_emit("mpirun_output", "{s:I, s:o}", "generation", (json_int_t)j->generation, "line",
-                ev_text(l));
-        return;
-    }
-    line_tail_add(&j->rank_tail, l);
-    fprintf(stderr, "%s\n", l);
-}
-
-static void drain_stderr(struct super *s)
-{
-    struct job *j = &s->job;
-    if (j->err_fd < 0)
-        return;
-    for (;;) {
-        ssize_t n = read(j->err_fd, j->line + j->line_len, sizeof j->line - 1 - j->line_len);
-        if (n <= 0) {
-            if (n == 0) { /* the job closed it */
-                if (j->line_len) {
-                    j->line[j->line_len] = 0;
-                    on_line(s, j->line);
-                    j->line_len = 0;
-                }
-                close(j->err_fd);
-                j->err_fd = -1;
-            }
-            return;
-        }
-        j->line_len += (size_t)n;
-        char *start = j->line, *nl;
-        while ((nl = memchr(start, '\n', j->line_len - (size_t)(start - j->line)))) {
-            *nl = 0;
-            on_line(s, start);
-            start = nl + 1;
-        }
-        size_t rest = j->line_len - (size_t)(start - j->line);
-        memmove(j->line, start, rest);
-        j->line_len = rest;
-        if (j->line_len == sizeof j->line - 1) { /* a line too long to hold: pass it on */
-            j->line[j->line_len] = 0;
-            on_line(s, j->line);
-            j->line_len = 0;
-        }
-    }
-}
-
-/* After a failed launch without an event log: what Open MPI said. */
-static void show_hidden_tail(struct super *s)
-{
-    const struct job *j = &s->job;
-    if (!j->hidden)
-        return;
-    if (s->ev_on) {
-        say("(%d lines of Open MPI's own output for generation %llu are in the event log)",
-            j->hidden, (unsigned long long)j->generation);
-        return;
-    }
-    int n = j->hidden_tail.count, from = n > SUPER_TAIL_LINES ? n - SUPER_TAIL_LINES : 0;
-    say("Open MPI said (last %d of %d lines; --events FILE keeps all):", n - from, j->hidden);
-    const char *l;
-    for (int i = from; (l = line_tail_get(&j->hidden_tail, i)); i++)
-        fprintf(stderr, "  %s\n", l);
 }
 
 /* ---- heartbeats ------------------------------------------------------------------- */
@@ -469,8 +437,10 @@ static void on_beat(struct super *s, const struct hbmsg *m)
     }
     if (m->phase == HB_TRAIN && s->job.first_train == 0)
         s->job.first_train = now;
+    if (!r->seen)
+        ev_emit("rank_up", "{s:i, s:s, s:i, s:b, s:I}", "rank", m->rank, "host", r->host, "pid",
+                (int)r->pid, "local", r->local, "generation", (json_int_t)m->generation);
     r->seen = 1;
-    r->pid = m->pid;
     r->step = m->step;
     r->progress = m->progress;
     r->phase = m->phase;
@@ -479,25 +449,13 @@ static void on_beat(struct super *s, const struct hbmsg *m)
         s->max_step_seen = m->step;
 }
 
-static void drain_socket(struct super *s)
+/* A datagram admitted by link.c: an event or a heartbeat of a rank. */
+static void on_msg(void *ctx, const struct hbmsg *m)
 {
-    char buf[HBMSG_MAX_LEN + 1];
-    for (;;) {
-        ssize_t n = recv(s->sock, buf, sizeof buf, MSG_DONTWAIT);
-        if (n < 0)
-            return;
-        struct hbmsg m;
-        if (hbmsg_parse(buf, (size_t)n, &m)) {
-            s->dropped++; /* garbage, or too long to be ours */
-            continue;
-        }
-        if (m.generation != s->job.generation || m.rank >= s->job.np)
-            continue; /* a zombie of an older launch */
-        if (m.kind == HBMSG_EVENT)
-            on_event(s, &m);
-        else
-            on_beat(s, &m);
-    }
+    if (m->kind == HBMSG_EVENT)
+        on_event(ctx, m);
+    else
+        on_beat(ctx, m);
 }
 
 /* ---- failure detection ------------------------------------------------------------ */
@@ -540,30 +498,35 @@ static int mpirun_ended(struct super *s, char *why, size_t n, int *done)
 static int rank_failed(struct super *s, int pass, int r, double now, char *why, size_t n)
 {
     struct rank_state *rs = &s->job.ranks[r];
-    if (!rs->seen || rs->phase == HB_DONE || rs->phase == HB_PREEMPTED)
-        return -1;
-    char st = proc_state(rs->pid);
-    if (pass == 0 && (st == 0 || st == 'Z')) {
-        snprintf(why, n, "rank %d (pid %d) ended at step %llu (exited or was killed)", r,
-                 (int)rs->pid, (unsigned long long)rs->step);
-        ev_emit("rank_died", "{s:i, s:i, s:I}", "rank", r, "pid", (int)rs->pid, "step",
-                (json_int_t)rs->step);
+    char st;
+    int v = rank_verdict(rs, &s->job.env, pass, now, s->o.hb_timeout, &st);
+    const char *where = rs->local ? "" : " on another host";
+    if (v == RV_DIED) {
+        snprintf(why, n, "rank %d (pid %d on %s) ended at step %llu (exited or was killed)", r,
+                 (int)rs->pid, rs->host, (unsigned long long)rs->step);
+        ev_emit("rank_died", "{s:i, s:s, s:i, s:I, s:s}", "rank", r, "host", rs->host, "pid",
+                (int)rs->pid, "step", (json_int_t)rs->step, "source", "proc");
         return C_DIED;
     }
-    if (pass == 1 && now - rs->last_seen > s->o.hb_timeout) {
-        char state[2] = {st ? st : '?', 0};
-        snprintf(why, n, "rank %d (pid %d): no heartbeat for %.1f s%s", r, (int)rs->pid,
-                 now - rs->last_seen, st == 'T' ? " (process stopped)" : "");
-        ev_emit("heartbeat_lost", "{s:i, s:i, s:f, s:s}", "rank", r, "pid", (int)rs->pid,
-                "silent_s", now - rs->last_seen, "state", state);
+    if (v == RV_SILENT) {
+        char state[2] = {st, 0};
+        snprintf(why, n, "rank %d (pid %d on %s%s): no heartbeat for %.1f s%s", r, (int)rs->pid,
+                 rs->host, where, now - rs->last_seen,
+                 st == 'T'   ? " (process stopped)"
+                 : rs->local ? ""
+                             : " (stopped, dead, or its host lost or cut off)");
+        ev_emit("heartbeat_lost", "{s:i, s:s, s:i, s:b, s:f, s:s}", "rank", r, "host", rs->host,
+                "pid", (int)rs->pid, "local", rs->local, "silent_s", now - rs->last_seen, "state",
+                state);
         return C_HUNG;
     }
-    if (pass == 2 && now - rs->last_change > s->o.hb_timeout) {
+    if (v == RV_STALLED) {
         const char *phase = hbmsg_phase_name(rs->phase);
-        snprintf(why, n, "rank %d (pid %d): no progress for %.1f s in phase %s (hung)", r,
-                 (int)rs->pid, now - rs->last_change, phase);
-        ev_emit("heartbeat_lost", "{s:i, s:i, s:f, s:s}", "rank", r, "pid", (int)rs->pid,
-                "stalled_s", now - rs->last_change, "phase", phase);
+        snprintf(why, n, "rank %d (pid %d on %s): no progress for %.1f s in phase %s (hung)", r,
+                 (int)rs->pid, rs->host, now - rs->last_change, phase);
+        ev_emit("heartbeat_lost", "{s:i, s:s, s:i, s:b, s:f, s:s}", "rank", r, "host", rs->host,
+                "pid", (int)rs->pid, "local", rs->local, "stalled_s", now - rs->last_change,
+                "phase", phase);
         return C_HUNG;
     }
     return -1;
@@ -595,13 +558,6 @@ static int check_job(struct super *s, char *why, size_t n, int *done)
         }
     }
     return -1;
-}
-
-static void signal_ranks(struct super *s, int sig)
-{
-    for (int r = 0; r < s->job.np; r++)
-        if (s->job.ranks[r].seen)
-            kill(s->job.ranks[r].pid, sig);
 }
 
 /* ---- watching one launch ------------------------------------------------------------ */
@@ -646,11 +602,11 @@ static void watch(struct super *s, struct outcome *out, int *preempt_from_signal
     double next_poll = 0, deadline = 0;
     *out = (struct outcome){.cause = -1};
     while (out->cause < 0 && !out->done) {
-        struct pollfd p[2] = {{.fd = s->sock, .events = POLLIN},
+        struct pollfd p[2] = {{.fd = s->link.net.sock, .events = POLLIN},
                               {.fd = s->job.err_fd, .events = POLLIN}};
         poll(p, s->job.err_fd >= 0 ? 2 : 1, 50);
-        drain_socket(s);
-        drain_stderr(s);
+        link_drain(&s->link, &s->job, on_msg, s);
+        job_drain_stderr(&s->job);
         reap_children(&s->job);
         double now = super_now();
         account_progress(s, now);
@@ -662,8 +618,9 @@ static void watch(struct super *s, struct outcome *out, int *preempt_from_signal
         } else if (!out->preempting) {
             action = chaos_tick(&s->chaos, &s->job);
         }
+        link_send_orders(&s->link, &s->job); /* a chaos fault's order to one rank */
         if (action == CHAOS_PREEMPT) {
-            signal_ranks(s, SIGUSR1);
+            link_order_all(&s->link, &s->job, HBCTL_PREEMPT);
             out->preempting = 1;
             deadline = now + s->o.preempt_deadline;
         } else if (action == CHAOS_KILL_NOW) {
@@ -720,10 +677,25 @@ static void summary(struct super *s, const char *end)
     fprintf(stderr, "  wall time       %.1f s\n", wall);
     fprintf(stderr, "  goodput         %.0f%% (productive step time %.1f s / wall time)\n",
             wall > 0 ? 100.0 * productive / wall : 0, productive);
-    ev_emit("summary", "{s:s, s:i, s:i, s:I, s:f, s:f, s:f, s:I, s:I}", "end", end, "launches",
-            s->launches, "restarts", restarts, "steps_lost", (json_int_t)s->steps_lost,
-            "downtime_s", s->downtime, "wall_s", wall, "goodput", wall > 0 ? productive / wall : 0,
-            "final_step", (json_int_t)s->final_step, "dropped_datagrams", (json_int_t)s->dropped);
+    if (s->link.unauthenticated || s->link.dropped || s->link.replayed || s->link.conflicts)
+        fprintf(stderr,
+                "  datagrams       dropped: %llu without the launch's token, %llu malformed or "
+                "stray, %llu replayed, %llu from another process for a rank\n",
+                (unsigned long long)s->link.unauthenticated, (unsigned long long)s->link.dropped,
+                (unsigned long long)s->link.replayed, (unsigned long long)s->link.conflicts);
+    json_t *e = json_pack(
+        "{s:s, s:i, s:i, s:I, s:f, s:f, s:f, s:I, s:I}", "end", end, "launches", s->launches,
+        "restarts", restarts, "steps_lost", (json_int_t)s->steps_lost, "downtime_s", s->downtime,
+        "wall_s", wall, "goodput", wall > 0 ? productive / wall : 0, "final_step",
+        (json_int_t)s->final_step, "dropped_datagrams", (json_int_t)s->link.dropped);
+    json_t *d = json_pack(
+        "{s:I, s:I, s:I, s:I}", "unauthenticated_datagrams", (json_int_t)s->link.unauthenticated,
+        "stale_datagrams", (json_int_t)s->link.stale, "replayed_datagrams",
+        (json_int_t)s->link.replayed, "conflicting_datagrams", (json_int_t)s->link.conflicts);
+    if (e && d)
+        json_object_update(e, d);
+    json_decref(d);
+    ev_emit("summary", "o", e);
 }
 
 static uint64_t reached_step(const struct job *j)
@@ -744,7 +716,7 @@ static void let_mpirun_finish(struct super *s)
     while (!s->job.exited && s->job.err_fd >= 0 && super_now() < until) {
         struct pollfd p = {.fd = s->job.err_fd, .events = POLLIN};
         poll(&p, 1, 50);
-        drain_stderr(s);
+        job_drain_stderr(&s->job);
         reap_children(&s->job);
     }
 }
@@ -754,7 +726,7 @@ static int teardown(struct super *s, int cause)
     if (cause == C_DIED)
         let_mpirun_finish(s);
     int left = job_teardown(&s->job, s->o.grace);
-    drain_stderr(s);
+    job_drain_stderr(&s->job);
     if (s->job.err_fd >= 0) {
         close(s->job.err_fd);
         s->job.err_fd = -1;
@@ -806,7 +778,7 @@ static int end_launch(struct super *s, struct outcome *out, int preempt_from_sig
     /* a failure */
     say("generation %llu failed: %s; stopped every process of the job",
         (unsigned long long)s->generation, out->why);
-    show_hidden_tail(s);
+    job_show_hidden_tail(&s->job, s->ev_on);
     account_failure(s);
     s->by_cause[out->cause]++;
     if (++s->restarts_in_a_row > s->o.max_restarts) {
@@ -828,21 +800,6 @@ static int end_launch(struct super *s, struct outcome *out, int preempt_from_sig
 
 /* ---- set-up ------------------------------------------------------------------------- */
 
-static int open_socket(struct super *s)
-{
-    s->sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    socklen_t len = sizeof a;
-    if (s->sock < 0 || bind(s->sock, (struct sockaddr *)&a, sizeof a) ||
-        getsockname(s->sock, (struct sockaddr *)&a, &len))
-        return -1;
-    int big = 1 << 20;
-    setsockopt(s->sock, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
-    s->port = ntohs(a.sin_port);
-    return 0;
-}
-
 /* Everything that can be refused before the first launch, with one line:
  * 2 for a SPEC that cannot be used (like any bad option), 1 otherwise. */
 static int set_up(struct super *s)
@@ -859,8 +816,8 @@ static int set_up(struct super *s)
         say("%s", err);
         return 2;
     }
-    if (open_socket(s)) {
-        say("cannot open a heartbeat socket on 127.0.0.1: %s", strerror(errno));
+    if (net_listen(&s->link.net, s->o.listen, err, sizeof err)) {
+        say("%s", err);
         return 1;
     }
     const char *tmp = getenv("TMPDIR");
@@ -890,8 +847,9 @@ int main(int argc, char **argv)
     if ((rc = set_up(&s)) != 0)
         goto out;
     s.start = super_now();
-    ev_emit("start", "{s:i, s:i, s:i}", "heartbeat_port", s.port, "np", s.o.np, "min_np",
-            s.o.min_np);
+    ev_emit("start", "{s:i, s:s, s:b, s:i, s:i, s:f}", "heartbeat_port", s.link.net.port, "family",
+            s.link.net.family == AF_INET6 ? "ipv6" : "ipv4", "every_interface", s.link.net.wildcard,
+            "np", s.o.np, "min_np", s.o.min_np, "rank_silence_s", s.o.rank_silence);
     int preempt_from_signal = 0;
     struct host hosts[SUPER_MAX_HOSTS];
     int nh;

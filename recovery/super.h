@@ -1,7 +1,9 @@
 /*
  * super.h - fsdp-super's pieces: the job (launch, watch, teardown), the
- * event log, the host file, spot notices and the chaos schedule. One
- * process, one job at a time.
+ * ranks (identity, verdicts, orders: ranks.c), mpirun's output (mpiout.c),
+ * the datagrams (link.c: secrets, answers), the heartbeat socket and the
+ * address the ranks are given (net.c), the event log, the host file, spot
+ * notices and the chaos schedule. One process, one job at a time.
  *
  * The parsers of everything that comes from outside (the host file, a spot
  * notice's body; the ranks' datagrams are src/hbmsg.h's) take a buffer and
@@ -16,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #define SUPER_MAX_RANKS  256
@@ -28,21 +31,40 @@
 
 struct super_opts {
     int np, min_np, max_restarts;
-    const char *hosts, *preempt_url, *events, *chaos, *mpirun;
+    const char *hosts, *preempt_url, *events, *chaos, *mpirun, *listen;
     double hb_timeout, startup_timeout, grace, backoff, healthy_after, preempt_poll,
-        preempt_deadline, capacity_timeout;
+        preempt_deadline, capacity_timeout, rank_silence;
     int targc;
     char **targv;         /* the trainer's command line (after --) */
     const char *ckpt;     /* its --ckpt value, if any */
     uint64_t train_steps; /* its --steps value, 0 if not given */
 };
 
+/* One rank of the launch. Its identity is (host, pid), fixed by its first
+ * heartbeat; local says whether that is a process of this host in the
+ * job's session, the only kind /proc and kill() apply to. */
 struct rank_state {
-    int seen;
+    int seen, local;
+    char host[HBMSG_HOST_LEN];
     pid_t pid;
     uint64_t step, progress;
     enum hb_phase phase;
     double last_seen, last_change;
+    struct hbmsg_window win;      /* its SEQs: replays are dropped */
+    enum hb_ctl order;            /* what every answer to it says */
+    int order_due;                /* an order to send before the next beat */
+    struct sockaddr_storage from; /* where its last datagram came from */
+    socklen_t fromlen;
+};
+
+/* How the supervisor sees its own host: ranks.c decides through these, so
+ * that tests can inject another host's view. */
+struct rank_env {
+    char host[HBMSG_HOST_LEN]; /* this host's name, as hbmsg_host_name gives it */
+    pid_t session;             /* the job's session (mpirun's pid) */
+    char (*state)(pid_t pid);  /* proc_state */
+    pid_t (*session_of)(pid_t pid);
+    int (*signal)(pid_t pid, int sig);
 };
 
 /* The last few lines of one kind, oldest first when read from next on. */
@@ -59,6 +81,7 @@ struct job {
     uint64_t resumed_from;
     int resumed_known;
     struct rank_state ranks[SUPER_MAX_RANKS];
+    struct rank_env env;
     int exited, status;
     int err_fd; /* mpirun's stderr, filtered by the supervisor */
     char line[4096];
@@ -110,11 +133,100 @@ void ev_emit(const char *event, const char *fmt, ...);
 json_t *ev_text(const char *s);
 double super_now(void);
 
+/* ---- ranks.c ---- */
+enum rank_admit { ADMIT_OK, ADMIT_REPLAY, ADMIT_CONFLICT };
+/* A datagram of rank rs, already opened and of this launch: ADMIT_REPLAY
+ * for a SEQ seen before, ADMIT_CONFLICT for a heartbeat from another
+ * (host, pid) than the rank's first; the first heartbeat fixes the
+ * identity and whether the rank is local. */
+int rank_admit(struct rank_state *rs, const struct rank_env *e, const struct hbmsg *m);
+enum rank_verdict { RV_OK, RV_DIED, RV_SILENT, RV_STALLED };
+/* One of three passes over a rank that has been seen and has not ended:
+ * pass 0 RV_DIED (a local process gone or reaped, never said of a remote
+ * rank), pass 1 RV_SILENT (no datagram for longer than timeout), pass 2
+ * RV_STALLED (progress frozen that long). *state: the local process's
+ * state letter, '?' for a remote rank. */
+int rank_verdict(const struct rank_state *rs, const struct rank_env *e, int pass, double now,
+                 double timeout, char *state);
+/* Orders a rank to preempt, stop or be killed: every answer to it says so
+ * from now on (order_due: send one at once), and a local rank that is still
+ * in the job's session gets the signal too. Never a kill() of a remote
+ * rank's pid. Returns 1 if a signal was sent. */
+int rank_order(struct rank_state *rs, const struct rank_env *e, enum hb_ctl action);
+/* ---- mpiout.c ---- */
+/* Reads what mpirun wrote since the last call (non-blocking): the ranks'
+ * lines to stderr, Open MPI's own to the event log; closes err_fd at its
+ * end. */
+void job_drain_stderr(struct job *j);
+/* After a failed launch: the last of Open MPI's own lines, or where they
+ * are (ev_on: in the event log). */
+void job_show_hidden_tail(const struct job *j, int ev_on);
+/* What mpirun said about a rank or a daemon, from one line of its output. */
+struct mpirun_report {
+    enum { MPIRUN_NOTHING, MPIRUN_RANK_SIGNALED, MPIRUN_DAEMON_LOST } kind;
+    int rank, pid, signal;
+    char host[HBMSG_HOST_LEN];
+};
+void mpirun_report_parse(const char *line, struct mpirun_report *r);
+
+/* ---- net.c ---- */
+struct super_net {
+    int sock, family, port;
+    int wildcard;    /* bound to every interface */
+    char host[256];  /* --listen's HOST when not a wildcard */
+    char bound[300]; /* the address bound, "A.B.C.D:PORT" or "[V6]:PORT" */
+};
+/* Binds the heartbeat socket per --listen HOST[:PORT] (NULL: every
+ * interface, any port); -1 with err. */
+int net_listen(struct super_net *n, const char *spec, char *err, size_t errlen);
+/* FSDP_SUPER_ADDR for a launch on these hosts: the address bound for
+ * --listen HOST, or for a wildcard the address of the interface that routes
+ * to the first host that is not this one (127.0.0.1 when all are local).
+ * *note says how it was chosen. */
+void net_advertise(const struct super_net *n, const struct host *h, int nh, char *out,
+                   size_t outlen, const char **note);
+/* 1 if name is this host: localhost, 127.x, ::1, its own name, or names
+ * and addresses that resolve only to addresses of its interfaces. */
+int net_host_is_local(const char *name);
+/* "A.B.C.D:PORT" or "[V6]:PORT" of a socket address. */
+void net_format(const struct sockaddr *a, socklen_t len, char *out, size_t n);
+
+/* ---- link.c ---- */
+/* fsdp-super's end of the datagrams. */
+struct link {
+    struct super_net net;
+    struct hbmsg_key key, prev_key; /* this launch's secret, the one before */
+    int launches;                   /* secrets drawn */
+    char addr[300];                 /* FSDP_SUPER_ADDR of this launch */
+    uint64_t seq;                   /* of the answers */
+    enum hb_ctl job_order;          /* said to every rank, even one not seen yet */
+    int unauth_said;                /* this launch's unauthenticated_datagram event */
+    /* dropped: malformed or of no rank of the launch; failing the MAC;
+     * sealed with the previous launch's secret; replayed SEQs; another
+     * (host, pid) for a rank */
+    uint64_t dropped, unauthenticated, stale, replayed, conflicts;
+};
+/* A launch on these hosts: a fresh secret and the address its ranks are
+ * given (an advertise event); -1 if no secret can be drawn. */
+int link_launch(struct link *l, const struct host *h, int nh);
+/* Every datagram waiting: each authentic heartbeat or event of a rank of j
+ * that ranks.c admits goes to on_msg, and each heartbeat is answered with
+ * the rank's standing order. */
+void link_drain(struct link *l, struct job *j, void (*on_msg)(void *ctx, const struct hbmsg *m),
+                void *ctx);
+/* Sends at once the orders given since the last call (rank_order). */
+void link_send_orders(struct link *l, struct job *j);
+/* Orders every rank of the job, those not seen yet included (when they
+ * first beat). */
+void link_order_all(struct link *l, struct job *j, enum hb_ctl action);
+
 /* ---- proc.c ---- */
 /* Pids of every live process in the session sid (zombies excluded). */
 int job_pids(pid_t sid, pid_t *out, int max);
 /* 'R', 'S', 'T', 'Z', ... or 0 if the process is gone */
 char proc_state(pid_t pid);
+/* The session of a process, 0 if it is gone. */
+pid_t proc_session(pid_t pid);
 /* SIGCONT, SIGTERM, grace, SIGKILL; returns once no process of the session
  * is left (or after 20 s, returning the number still there). */
 int job_teardown(struct job *j, double grace);

@@ -1,23 +1,42 @@
 /*
  * hbmsg.h - the trainer <-> supervisor datagrams, defined once: the ranks
- * format them (heartbeat.c), fsdp-super parses them (recovery/super.c).
+ * format them (heartbeat.c), fsdp-super parses them (recovery/super.c),
+ * and the other way round for the supervisor's answers.
  *
- * Two kinds, one UDP datagram each, plain ASCII, single spaces:
+ * Three bodies, plain ASCII, single spaces:
  *
  *   fsdp-hb GEN RANK PID STEP PHASE PROGRESS     a heartbeat (every 250 ms)
  *   fsdp-ev GEN RANK NAME [KEY=VALUE]...         an event for the log
+ *   fsdp-ctl GEN RANK ACTION ECHO                the supervisor's answer
  *
  * GEN is the launch's generation (FSDP_GENERATION), PHASE one of the names
  * of enum hb_phase, PROGRESS a counter the rank bumps at every unit of
  * work. An event's NAME and KEYs are [a-z_]+, its VALUEs [A-Za-z0-9._-]+,
  * at most HBMSG_MAX_KV pairs, e.g.
- * "fsdp-ev 3 0 resumed step=120 world=2".
+ * "fsdp-ev 3 0 resumed step=120 world=2". ACTION is one of enum hb_ctl
+ * (ack, preempt, stop, kill) and ECHO the SEQ of the rank's datagram it
+ * answers (so a rank knows how fresh an answer is; see heartbeat.c).
  *
- * The parser takes (buffer, length), never trusts a terminator, and
- * accepts nothing but the exact grammar: decimal numbers are digits only
- * and in range, the phase is a known name, nothing trails. Whatever it
- * accepts is safe to print and to put in a JSON string; a fuzz target can
- * call it on raw bytes.
+ * On the wire every body travels sealed in an envelope:
+ *
+ *   fsdp1 MAC HOST SEQ BODY
+ *
+ * HOST is the sender's host name ([A-Za-z0-9._-], 1..64 bytes), SEQ a
+ * per-process counter from 1 (replays are refused with hbmsg_window), MAC
+ * 64 lowercase hex digits of HMAC-SHA256 over everything after "MAC "
+ * (HOST SEQ BODY), keyed by the launch's secret (32 random bytes made by
+ * fsdp-super for each launch, handed to the ranks as FSDP_SUPER_TOKEN in
+ * the launch's environment). An HMAC rather than the token itself in each
+ * datagram: UDP crosses the network in the clear, and a token that rode in
+ * every datagram would be learned from one of them and forge the rest; a
+ * MAC gives nothing away, covers every field (no step or phase can be
+ * altered) and, with SEQ, makes a captured datagram useless to replay.
+ *
+ * The parsers take (buffer, length), never trust a terminator, and accept
+ * nothing but the exact grammar: decimal numbers are digits only and in
+ * range, the phase is a known name, nothing trails. The MAC is checked
+ * before anything else is read. Whatever they accept is safe to print and
+ * to put in a JSON string; a fuzz target can call them on raw bytes.
  */
 #ifndef FSDP_HBMSG_H
 #define FSDP_HBMSG_H
@@ -29,12 +48,22 @@
  * beating, waiting for the fault the supervisor is about to inject. */
 enum hb_phase { HB_START, HB_TRAIN, HB_SAVE, HB_LOAD, HB_DONE, HB_PREEMPTED, HB_HOLD, HB_NPHASES };
 
-enum hbmsg_kind { HBMSG_BEAT, HBMSG_EVENT };
+enum hbmsg_kind { HBMSG_BEAT, HBMSG_EVENT, HBMSG_CTL };
 
-#define HBMSG_MAX_LEN  512 /* longest datagram either side sends or accepts */
+/* What the supervisor asks of a rank in its answer: nothing (ack: I hear
+ * you), an emergency checkpoint (SIGUSR1's meaning), or to raise SIGSTOP or
+ * SIGKILL on itself (chaos faults on a rank of another host). */
+enum hb_ctl { HBCTL_ACK, HBCTL_PREEMPT, HBCTL_STOP, HBCTL_KILL, HBCTL_N };
+
+#define HBMSG_MAX_LEN  512 /* longest body either side sends or accepts */
 #define HBMSG_MAX_KV   8
 #define HBMSG_NAME_LEN 32
 #define HBMSG_VAL_LEN  64
+#define HBMSG_HOST_LEN 65 /* a host name of 1..64 bytes and its NUL */
+#define HBMSG_KEY_LEN  32 /* the launch's secret, in bytes */
+#define HBMSG_KEY_HEX  (2 * HBMSG_KEY_LEN)
+/* "fsdp1 " MAC " " HOST " " SEQ " " around a body */
+#define HBMSG_DGRAM_MAX (HBMSG_MAX_LEN + 6 + 64 + 1 + 64 + 1 + 20 + 1)
 
 /* Generations are claimed as numbers below 2^63 (they travel as JSON
  * integers and as signed 64-bit values in manifests). */
@@ -53,6 +82,22 @@ struct hbmsg {
     int nkv;
     char key[HBMSG_MAX_KV][HBMSG_NAME_LEN];
     char val[HBMSG_MAX_KV][HBMSG_VAL_LEN];
+    /* HBMSG_CTL */
+    enum hb_ctl action;
+    uint64_t echo;
+    /* the envelope (hbmsg_open only) */
+    char host[HBMSG_HOST_LEN];
+    uint64_t seq;
+};
+
+/* The launch's secret. */
+struct hbmsg_key {
+    unsigned char k[HBMSG_KEY_LEN];
+};
+
+/* The SEQs seen from one sender: the highest and the 63 below it. */
+struct hbmsg_window {
+    uint64_t top, seen;
 };
 
 /* "train", "hold", ...; NULL for a value outside the enum. */
@@ -67,9 +112,51 @@ int hbmsg_format_beat(char *buf, size_t cap, uint64_t gen, int rank, int pid, ui
  * supervisor drops an event whose text breaks the grammar. */
 int hbmsg_format_event(char *buf, size_t cap, uint64_t gen, int rank, const char *text);
 
-/* Parses one datagram of len bytes; 0 and m filled, or -1 when it is not
- * exactly one of the two forms above. */
+/* A control message: "fsdp-ctl GEN RANK ACTION ECHO". */
+int hbmsg_format_ctl(char *buf, size_t cap, uint64_t gen, int rank, enum hb_ctl action,
+                     uint64_t echo);
+/* "ack", "preempt", ...; NULL outside the enum. */
+const char *hbmsg_ctl_name(enum hb_ctl a);
+
+/* Parses one body of len bytes; 0 and m filled, or -1 when it is not
+ * exactly one of the three forms above. */
 int hbmsg_parse(const char *buf, size_t len, struct hbmsg *m);
+
+/* ---- the envelope ---- */
+
+/* A fresh secret from getrandom; -1 if the kernel gives none. */
+int hbmsg_key_new(struct hbmsg_key *k);
+/* The secret as 64 lowercase hex digits (hex: HBMSG_KEY_HEX + 1 bytes). */
+void hbmsg_key_hex(const struct hbmsg_key *k, char *hex);
+/* FSDP_SUPER_TOKEN's value: exactly 64 lowercase hex digits; 0 or -1. */
+int hbmsg_key_parse(const char *s, struct hbmsg_key *k);
+
+/* Seals body (blen bytes, a formatted body) for host and seq into buf
+ * (cap bytes, NUL-terminated); returns the datagram's length, or -1 if the
+ * host name breaks the grammar, seq is 0 or it does not fit. */
+int hbmsg_seal(char *buf, size_t cap, const struct hbmsg_key *k, const char *host, uint64_t seq,
+               const char *body, size_t blen);
+
+#define HBMSG_EAUTH -1 /* not sealed with this key: no envelope, a wrong MAC */
+#define HBMSG_EBAD  -2 /* sealed with this key, yet not the grammar */
+/* Opens one datagram of len bytes: 0 with m filled (host and seq too),
+ * HBMSG_EAUTH or HBMSG_EBAD (m zeroed). */
+int hbmsg_open(const char *buf, size_t len, const struct hbmsg_key *k, struct hbmsg *m);
+
+/* 1 if seq is new from this sender (and now remembered), 0 for a replay or
+ * one more than 63 below the highest seen. */
+int hbmsg_window_accept(struct hbmsg_window *w, uint64_t seq);
+
+/* An address of FSDP_SUPER_ADDR or --listen: "HOST:PORT", "[V6]:PORT",
+ * and where the port is optional also "HOST", "[V6]", a bare V6 address
+ * (two colons or more) and ":PORT" (HOST empty: every interface). HOST is
+ * a name or an address of [A-Za-z0-9._:%-] shorter than hn; PORT 0..65535
+ * (*port -1 when absent). 0 or -1. */
+int hbmsg_parse_addr(const char *s, int port_optional, char *host, size_t hn, int *port);
+
+/* This machine's host name in the envelope's grammar (bytes outside it
+ * become '_', cut to 64), as both sides compare it. */
+void hbmsg_host_name(char *out, size_t n);
 
 /* An event's value for key as a number; -1 if absent or not a number. */
 int hbmsg_event_u64(const struct hbmsg *m, const char *key, uint64_t *out);

@@ -1,16 +1,26 @@
 /*
- * heartbeat.c - the heartbeat thread and the preemption flag.
+ * heartbeat.c - the heartbeat thread, the supervisor's answers and the
+ * preemption flag.
  *
- * The thread sleeps on a condition variable between beats, so hb_stop
- * wakes it and joins at once instead of waiting out the 250 ms. The state
- * it reads (step, phase, progress, running, the socket) is atomic: the
- * training thread writes it without a lock on every unit of work.
+ * The thread sends a heartbeat every 250 ms and in between waits in poll()
+ * on its socket (the supervisor's answers) and on an eventfd that hb_stop
+ * writes, so hb_stop wakes it and joins at once. The state it reads (step,
+ * phase, progress, running, the socket) is atomic: the training thread
+ * writes it without a lock on every unit of work.
+ *
+ * Freshness of an answer: every datagram sent takes the next SEQ and notes
+ * its send time in a ring of the last 64 (a tiny seqlock per slot, since
+ * the training thread sends events and the last beat too). An answer
+ * echoing SEQ s proves the supervisor was alive after s was sent, so
+ * contact is the send time of the newest datagram answered; anything that
+ * echoes a SEQ no longer in the ring is ignored.
  */
 #include "heartbeat.h"
 #include "util.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -18,38 +28,58 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
-#define BEAT_NS (250L * 1000 * 1000)
+#define BEAT_NS         (250LL * 1000 * 1000)
+#define RING            64
+#define DEFAULT_SILENCE 120.0
 
 static struct {
     atomic_int fd, running;
+    int wake; /* eventfd: hb_stop -> the thread */
     int rank;
-    struct sockaddr_in to;
+    struct sockaddr_storage to;
+    socklen_t tolen;
+    char addr[300]; /* FSDP_SUPER_ADDR as given, for the lost-contact line */
+    char host[HBMSG_HOST_LEN];
+    struct hbmsg_key key;
+    int64_t silence_ns;
+    int64_t contact_ns; /* the thread's own: the newest send time answered */
+    _Atomic uint64_t seq;
+    struct {
+        _Atomic uint64_t seq;
+        _Atomic int64_t ns;
+    } sent[RING];
     pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t wake; /* hb_stop -> the thread */
     _Atomic uint64_t step, progress;
     _Atomic int phase;
     uint64_t generation;
-} hb = {.fd = -1, .mu = PTHREAD_MUTEX_INITIALIZER};
+} hb = {.fd = -1, .wake = -1};
 
-static volatile sig_atomic_t preempt_requested;
+static atomic_int preempt_requested;
 
 static void on_usr1(int sig)
 {
     (void)sig;
-    preempt_requested = 1;
+    atomic_store(&preempt_requested, 1);
 }
 
-int hb_preempted(void) { return preempt_requested != 0; }
+int hb_preempted(void) { return atomic_load(&preempt_requested) != 0; }
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 
 /* ---- the launch's environment ------------------------------------------------ */
 
 /* Names a bad environment value without echoing bytes that could upset a
- * terminal. */
+ * terminal. Never used for the token. */
 static int bad_env(char *err, const char *name, const char *v, const char *want)
 {
     int printable = strlen(v) <= 64;
@@ -61,59 +91,156 @@ static int bad_env(char *err, const char *name, const char *v, const char *want)
 
 uint64_t hb_generation(void) { return hb.generation; }
 
-/* "A.B.C.D:PORT" into hb.to; -1 if malformed. */
-static int parse_addr(const char *addr)
+/* FSDP_SUPER_ADDR into hb.to and a socket of its family; -1 with err. */
+static int resolve(const char *addr, int *fd, char *err)
 {
-    const char *colon = strrchr(addr, ':');
-    char host[64];
-    uint64_t port;
-    if (!colon || (size_t)(colon - addr) >= sizeof host ||
-        hbmsg_parse_uint(colon + 1, strlen(colon + 1), 65535, &port) || port == 0)
-        return -1;
-    memcpy(host, addr, (size_t)(colon - addr));
-    host[colon - addr] = 0;
-    memset(&hb.to, 0, sizeof hb.to);
-    hb.to.sin_family = AF_INET;
-    hb.to.sin_port = htons((uint16_t)port);
-    return inet_pton(AF_INET, host, &hb.to.sin_addr) == 1 ? 0 : -1;
+    char host[256], port[8];
+    int p;
+    if (hbmsg_parse_addr(addr, 0, host, sizeof host, &p) || p <= 0)
+        return bad_env(err, "FSDP_SUPER_ADDR", addr,
+                       "a host and port (HOST:PORT, A.B.C.D:PORT or [V6]:PORT)");
+    snprintf(port, sizeof port, "%d", p);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_DGRAM,
+                             .ai_flags = AI_NUMERICSERV},
+                    *res = NULL;
+    int rc = getaddrinfo(host, port, &hints, &res);
+    if (rc)
+        return fsdp_err(err, "cannot resolve FSDP_SUPER_ADDR=%s (fsdp-super's address): %s", addr,
+                        gai_strerror(rc));
+    *fd = -1;
+    for (struct addrinfo *a = res; a && *fd < 0; a = a->ai_next) {
+        if (a->ai_addrlen > sizeof hb.to)
+            continue;
+        *fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (*fd >= 0) {
+            memcpy(&hb.to, a->ai_addr, a->ai_addrlen);
+            hb.tolen = a->ai_addrlen;
+        }
+    }
+    int e = errno;
+    freeaddrinfo(res);
+    if (*fd < 0)
+        return fsdp_err(err, "no socket for FSDP_SUPER_ADDR=%s: %s", addr, strerror(e));
+    return 0;
+}
+
+static int read_silence(char *err)
+{
+    const char *v = getenv("FSDP_SUPER_SILENCE_S");
+    double s = DEFAULT_SILENCE;
+    if (v) {
+        char *end;
+        s = (*v >= '0' && *v <= '9') ? strtod(v, &end) : -1;
+        if (s < 0 || *end || !(s >= 0.5 && s <= 1e6))
+            return bad_env(err, "FSDP_SUPER_SILENCE_S", v, "seconds in 0.5..1e6");
+    }
+    hb.silence_ns = (int64_t)(s * 1e9);
+    return 0;
 }
 
 /* ---- sending -------------------------------------------------------------------- */
 
+/* Seals a formatted body with the next SEQ, notes when, and sends it. */
+static void send_body(int fd, const char *body, int n)
+{
+    if (fd < 0 || n <= 0)
+        return;
+    uint64_t seq = atomic_fetch_add(&hb.seq, 1) + 1;
+    char dgram[HBMSG_DGRAM_MAX + 1];
+    int len = hbmsg_seal(dgram, sizeof dgram, &hb.key, hb.host, seq, body, (size_t)n);
+    if (len < 0)
+        return;
+    __typeof__(hb.sent[0]) *slot = &hb.sent[seq % RING];
+    atomic_store(&slot->seq, 0);
+    atomic_store(&slot->ns, now_ns());
+    atomic_store(&slot->seq, seq);
+    sendto(fd, dgram, (size_t)len, MSG_DONTWAIT, (struct sockaddr *)&hb.to, hb.tolen);
+}
+
+/* When datagram seq was sent, or -1 if it is not one of the last RING. */
+static int64_t sent_at(uint64_t seq)
+{
+    __typeof__(hb.sent[0]) *slot = &hb.sent[seq % RING];
+    if (seq == 0 || atomic_load(&slot->seq) != seq)
+        return -1;
+    int64_t ns = atomic_load(&slot->ns);
+    return atomic_load(&slot->seq) == seq ? ns : -1;
+}
+
 static void send_now(void)
 {
-    int fd = atomic_load(&hb.fd);
-    if (fd < 0)
-        return;
-    char msg[HBMSG_MAX_LEN + 1];
-    int n = hbmsg_format_beat(msg, sizeof msg, hb.generation, hb.rank, (int)getpid(),
+    char body[HBMSG_MAX_LEN + 1];
+    int n = hbmsg_format_beat(body, sizeof body, hb.generation, hb.rank, (int)getpid(),
                               atomic_load(&hb.step), (enum hb_phase)atomic_load(&hb.phase),
                               atomic_load(&hb.progress));
-    if (n > 0)
-        sendto(fd, msg, (size_t)n, MSG_DONTWAIT, (struct sockaddr *)&hb.to, sizeof hb.to);
+    send_body(atomic_load(&hb.fd), body, n);
+}
+
+/* ---- the supervisor's answers ------------------------------------------------------ */
+
+static void obey(enum hb_ctl action)
+{
+    switch (action) {
+    case HBCTL_PREEMPT:
+        atomic_store(&preempt_requested, 1);
+        break;
+    case HBCTL_STOP: /* the whole process stops, this thread with it */
+        kill(getpid(), SIGSTOP);
+        break;
+    case HBCTL_KILL:
+        kill(getpid(), SIGKILL);
+        break;
+    default:
+        break;
+    }
+}
+
+static void read_answers(int fd)
+{
+    char buf[HBMSG_DGRAM_MAX + 1];
+    ssize_t n;
+    while ((n = recv(fd, buf, sizeof buf, MSG_DONTWAIT)) >= 0) {
+        struct hbmsg m;
+        if (hbmsg_open(buf, (size_t)n, &hb.key, &m) || m.kind != HBMSG_CTL ||
+            m.generation != hb.generation || m.rank != hb.rank)
+            continue; /* not for this process of this launch */
+        int64_t sent = sent_at(m.echo);
+        if (sent < 0)
+            continue; /* stale or replayed */
+        if (sent > hb.contact_ns)
+            hb.contact_ns = sent;
+        obey(m.action);
+    }
+}
+
+static void lost_contact(int64_t now)
+{
+    fprintf(stderr,
+            "fsdp-train: rank %d: lost contact with fsdp-super at %s for %.0f s: stopping\n",
+            hb.rank, hb.addr, (double)(now - hb.contact_ns) * 1e-9);
+    _exit(HB_LOST_CONTACT_EXIT);
 }
 
 static void *beat(void *arg)
 {
     (void)arg;
-    pthread_mutex_lock(&hb.mu);
+    int fd = atomic_load(&hb.fd);
+    int64_t next = now_ns();
+    hb.contact_ns = next; /* the silence is counted from the start */
     while (atomic_load(&hb.running)) {
-        pthread_mutex_unlock(&hb.mu);
-        send_now();
-        pthread_mutex_lock(&hb.mu);
-        struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        until.tv_nsec += BEAT_NS;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
+        int64_t t = now_ns();
+        if (t >= next) {
+            send_now();
+            next = t + BEAT_NS;
         }
-        /* hb_stop clears running under the lock before signalling, so the
-         * wake-up cannot be missed between the check and the wait */
-        while (atomic_load(&hb.running) && pthread_cond_timedwait(&hb.wake, &hb.mu, &until) == 0)
-            ;
+        if (t - hb.contact_ns > hb.silence_ns)
+            lost_contact(t);
+        struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = hb.wake, .events = POLLIN}};
+        int ms = (int)((next - t + 999999) / 1000000);
+        if (poll(p, 2, ms > 0 ? ms : 0) > 0 && (p[0].revents & POLLIN))
+            read_answers(fd);
     }
-    pthread_mutex_unlock(&hb.mu);
     return NULL;
 }
 
@@ -131,23 +258,29 @@ int hb_start(int rank, char *err)
     const char *addr = getenv("FSDP_SUPER_ADDR");
     if (!addr)
         return 0;
-    if (parse_addr(addr))
-        return bad_env(err, "FSDP_SUPER_ADDR", addr, "an IPv4 address and port (A.B.C.D:PORT)");
-    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return 0; /* unwatched: the supervisor's startup timeout says so */
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&hb.wake, &ca);
-    pthread_condattr_destroy(&ca);
+    if (hbmsg_key_parse(getenv("FSDP_SUPER_TOKEN"), &hb.key))
+        return fsdp_err(err, "FSDP_SUPER_TOKEN is missing or not 64 hex digits (fsdp-super sets it "
+                             "with FSDP_SUPER_ADDR; unset FSDP_SUPER_ADDR to train unsupervised)");
+    int fd;
+    if (read_silence(err) || resolve(addr, &fd, err))
+        return -1;
+    snprintf(hb.addr, sizeof hb.addr, "%s", addr);
+    hbmsg_host_name(hb.host, sizeof hb.host);
     hb.rank = rank;
+    hb.wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (hb.wake < 0) {
+        close(fd);
+        return fsdp_err(err, "eventfd: %s", strerror(errno));
+    }
     atomic_store(&hb.fd, fd);
     atomic_store(&hb.running, 1);
     if (pthread_create(&hb.thread, NULL, beat, NULL)) {
         atomic_store(&hb.running, 0);
         atomic_store(&hb.fd, -1);
         close(fd);
+        close(hb.wake);
+        hb.wake = -1;
+        return fsdp_err(err, "cannot start the heartbeat thread");
     }
     return 0;
 }
@@ -156,15 +289,17 @@ void hb_stop(void)
 {
     if (!atomic_load(&hb.running))
         return;
-    pthread_mutex_lock(&hb.mu);
     atomic_store(&hb.running, 0);
-    pthread_cond_signal(&hb.wake);
-    pthread_mutex_unlock(&hb.mu);
+    uint64_t one = 1;
+    if (write(hb.wake, &one, sizeof one) < 0) {
+        /* a full counter still wakes the poll */
+    }
     pthread_join(hb.thread, NULL);
     send_now();
     int fd = atomic_exchange(&hb.fd, -1);
     close(fd);
-    pthread_cond_destroy(&hb.wake);
+    close(hb.wake);
+    hb.wake = -1;
 }
 
 void hb_set(uint64_t step, enum hb_phase phase)
@@ -181,14 +316,12 @@ void hb_event(const char *fmt, ...)
     int fd = atomic_load(&hb.fd);
     if (fd < 0)
         return;
-    char text[HBMSG_MAX_LEN], msg[HBMSG_MAX_LEN + 1];
+    char text[HBMSG_MAX_LEN], body[HBMSG_MAX_LEN + 1];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    int n = hbmsg_format_event(msg, sizeof msg, hb.generation, hb.rank, text);
-    if (n > 0)
-        sendto(fd, msg, (size_t)n, 0, (struct sockaddr *)&hb.to, sizeof hb.to);
+    send_body(fd, body, hbmsg_format_event(body, sizeof body, hb.generation, hb.rank, text));
 }
 
 void hb_flush(void) { send_now(); }

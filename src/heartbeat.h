@@ -1,21 +1,47 @@
 /*
  * heartbeat.h - a rank's side of the supervisor protocol.
  *
- * When fsdp-super launches the job it sets FSDP_SUPER_ADDR (IPv4:PORT) and
- * FSDP_GENERATION. A background thread then sends one heartbeat datagram
- * every 250 ms (the format is hbmsg.h's, shared with the supervisor).
- * PROGRESS is a counter the training thread bumps at every unit of work (a
- * unit's forward or backward, a checkpoint chunk); the supervisor calls a
- * rank hung when its datagrams stop (a stopped process) or its counter
- * stops moving (a rank stuck in a collective). Long saves and loads bump
- * the counter per chunk, so they are never mistaken for hangs.
+ * When fsdp-super launches the job it sets, in the launch's environment
+ * (never on a command line):
+ *   FSDP_SUPER_ADDR       where it listens: HOST:PORT or [V6]:PORT, HOST a
+ *                         name or an address, resolved here (getaddrinfo,
+ *                         IPv4 or IPv6)
+ *   FSDP_SUPER_TOKEN      the launch's secret (64 hex digits): every
+ *                         datagram either way is sealed with an HMAC keyed
+ *                         by it (hbmsg.h); it is never printed
+ *   FSDP_SUPER_SILENCE_S  how long a rank may go without hearing from the
+ *                         supervisor before it stops itself (default 120)
+ *   FSDP_GENERATION       the launch's generation (fencing)
+ * A background thread then sends one heartbeat datagram every 250 ms (the
+ * format is hbmsg.h's, shared with the supervisor) carrying this host's
+ * name and the process's pid: the rank's identity is (host, pid), since a
+ * pid means nothing on another host. PROGRESS is a counter the training
+ * thread bumps at every unit of work (a unit's forward or backward, a
+ * checkpoint chunk); the supervisor calls a rank hung when its datagrams
+ * stop (a stopped process, a lost host) or its counter stops moving (a
+ * rank stuck in a collective). Long saves and loads bump the counter per
+ * chunk, so they are never mistaken for hangs.
  *
- * A malformed FSDP_GENERATION (anything but digits for 1..2^63-1) or
- * FSDP_SUPER_ADDR makes hb_start fail with a message (the trainer exits 2):
- * a rank that ran unfenced or unwatched by mistake could overwrite a newer
- * generation's checkpoint.
+ * The supervisor answers every heartbeat with a sealed control datagram
+ * (hbmsg.h's fsdp-ctl) that echoes the heartbeat's SEQ: "ack", or an order
+ * the rank carries out on itself - "preempt" (an emergency checkpoint, as
+ * SIGUSR1), "stop" and "kill" (raise SIGSTOP / SIGKILL: chaos faults on a
+ * rank the supervisor cannot signal, being on another host). An answer
+ * counts only if it echoes one of this process's last 64 datagrams, so an
+ * old one replayed proves nothing. A rank that has heard no answer to
+ * anything it sent in the last FSDP_SUPER_SILENCE_S seconds (the
+ * supervisor was killed, or its host is cut off) prints one line,
+ *   fsdp-train: rank R: lost contact with fsdp-super at ADDR for N s: stopping
+ * and exits with status 3 at once, from the heartbeat thread, committing
+ * nothing: a new supervisor relaunches the job under a new generation.
  *
- * SIGUSR1 asks for an emergency checkpoint (preemption): hb_preempted()
+ * A malformed FSDP_GENERATION (anything but digits for 1..2^63-1),
+ * FSDP_SUPER_ADDR, FSDP_SUPER_TOKEN or FSDP_SUPER_SILENCE_S makes hb_start
+ * fail with a message (the trainer exits 2): a rank that ran unfenced or
+ * unwatched by mistake could overwrite a newer generation's checkpoint.
+ * Without FSDP_SUPER_ADDR (an unsupervised run) nothing of this runs.
+ *
+ * SIGUSR1 asks for an emergency checkpoint (preemption) too: hb_preempted()
  * turns true and the trainer checkpoints at the next step boundary.
  */
 #ifndef FSDP_HEARTBEAT_H
@@ -25,6 +51,8 @@
 #include "testhook.h" /* the training loop's hold is a heartbeat phase */
 
 #include <stdint.h>
+
+#define HB_LOST_CONTACT_EXIT 3 /* the exit status of a rank that lost its supervisor */
 
 /* Reads the launch's environment and starts the thread if FSDP_SUPER_ADDR
  * is set; -1 with err (ERR_LEN) on a malformed value. */

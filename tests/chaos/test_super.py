@@ -13,13 +13,27 @@ bounds here are generous on purpose: precise timing belongs in benchmarks.
 The supervisor's refusals are here too: a host file that is missing,
 malformed or offers no capacity, a store where no generation can be
 claimed, hostile bytes from the network, and Open MPI's explanation of a
-failed launch when there is no event log."""
+failed launch when there is no event log.
+
+And the network side of supervision (src/hbmsg.h, recovery/ranks.c,
+recovery/net.c): datagrams without the launch's token (forged, replayed)
+are dropped and counted and cannot blind the supervisor to a rank; the
+token appears in no output, event or command line; the supervisor listens
+on IPv6; ranks that lose the supervisor stop themselves; ranks on "another
+host" (their own UTS and PID namespaces, so their pids name unrelated
+processes here) are judged by silence and ordered through the answers,
+never kill(); and in network namespaces of the test's own, the ranks are
+given the address that routes to the first remote host."""
 
 import glob
+import hashlib
+import hmac
 import http.server
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -514,9 +528,280 @@ def hostile_network_bytes_cannot_break_the_event_log(tmp):
         json.loads(l)  # every line is one JSON object
     assert notice["time"] == hostile_time and "evil" not in notice, notice
     summary = [e for e in events_of(ev) if e["event"] == "summary"][-1]
-    assert summary["dropped_datagrams"] >= len(hostile) - 1, summary  # "" may not arrive
-    print(f"  {len(lines)} event lines, all JSON; {summary['dropped_datagrams']} datagrams "
+    # none of them carries the launch's MAC ("" may not arrive)
+    assert summary["unauthenticated_datagrams"] >= len(hostile) - 1, summary
+    print(f"  {len(lines)} event lines, all JSON; {summary['unauthenticated_datagrams']} datagrams "
           "dropped; the notice's time kept as text")
+
+
+# ---- the network: tokens, addresses, identity ------------------------------------------
+
+def launch_env(pid):
+    """The environment of a launch's mpirun (the session leader), as a dict."""
+    raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return dict(kv.decode("latin-1").split("=", 1) for kv in raw if b"=" in kv)
+
+
+def sealed(token_hex, host, seq, body):
+    """A datagram in hbmsg.h's envelope, sealed by this test's own hand."""
+    covered = f"{host} {seq} {body}".encode()
+    mac = hmac.new(bytes.fromhex(token_hex), covered, hashlib.sha256).hexdigest()
+    return b"fsdp1 " + mac.encode() + b" " + covered
+
+
+def cmdlines():
+    out = []
+    for path in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            out.append(open(path, "rb").read())
+        except OSError:
+            pass
+    return out
+
+
+def a_forged_or_replayed_datagram_is_dropped_and_cannot_blind_the_supervisor(tmp):
+    data, _ = prepare_corpus(tmp)
+    ev = f"{tmp}/ev.jsonl"
+    p = start_super(["--np", "2", "--heartbeat-timeout", "2"], trainer(data, f"{tmp}/ck", 3000),
+                    ev)
+    launch = wait_event(ev, lambda e: e["event"] == "launch")
+    port = [e for e in events_of(ev) if e["event"] == "start"][0]["heartbeat_port"]
+    wait_event(ev, lambda e: e["event"] == "checkpoint_committed")
+    gen, sid = launch["generation"], launch["pid"]
+    token = launch_env(sid)["FSDP_SUPER_TOKEN"]
+    assert len(token) == 64, "no token in the launch's environment"
+    assert not any(token.encode() in c for c in cmdlines()), "the token is on a command line"
+    ups = {e["rank"]: e for e in events_of(ev) if e["event"] == "rank_up"}
+    assert sorted(ups) == [0, 1] and all(u["local"] and u["host"] for u in ups.values()), ups
+    victim = ups[1]["pid"]
+    # 'done' for both ranks: bare, sealed with another secret, with a broken MAC, and with
+    # the real secret but a SEQ the rank already used (a replay)
+    host = ups[1]["host"]
+    forged = []
+    for r in (0, 1):
+        body = f"fsdp-hb {gen} {r} {ups[r]['pid']} 999 done 1"
+        forged += [body.encode(), sealed(os.urandom(32).hex(), host, 10**6, body),
+                   sealed(token, host, 10**6, body)[:-1] + b"2"]
+    replays = [sealed(token, host, 1, f"fsdp-hb {gen} {r} {ups[r]['pid']} 999 done 1")
+               for r in (0, 1)]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for d in forged + replays:
+        sock.sendto(d, ("127.0.0.1", port))
+    time.sleep(0.5)  # a forged 'done' believed would hide the stopped rank from now on
+    os.kill(victim, signal.SIGSTOP)
+    stopped_at = time.time()
+    lost = wait_event(ev, lambda e: e["event"] == "heartbeat_lost", limit=30)
+    assert lost["pid"] == victim and lost["rank"] == 1 and lost["host"] == host, lost
+    assert lost["t"] - stopped_at < 2 + 10, lost
+    unauth = wait_event(ev, lambda e: e["event"] == "unauthenticated_datagram")
+    assert unauth["from"].startswith("127.0.0.1:"), unauth
+    wait_event(ev, lambda e: e["event"] == "teardown")
+    p.send_signal(signal.SIGTERM)
+    out, err = finish(p, limit=120)
+    summary = [e for e in events_of(ev) if e["event"] == "summary"][-1]
+    assert summary["unauthenticated_datagrams"] >= len(forged), summary
+    assert summary["replayed_datagrams"] >= len(replays), summary
+    assert "without the launch's token" in err, err[-1500:]
+    for where, text in (("stdout", out), ("stderr", err), ("events", open(ev).read())):
+        assert token not in text, f"the token is in fsdp-super's {where}"
+    print(f"  {len(forged)} forged and {len(replays)} replayed 'done' datagrams dropped "
+          f"({summary['unauthenticated_datagrams']} unauthenticated, "
+          f"{summary['replayed_datagrams']} replayed); the stopped rank was still found "
+          f"after {lost['t'] - stopped_at:.1f} s; the token is in no output or command line")
+
+
+def ipv6_loopback_works():
+    try:
+        s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        s.bind(("::1", 0))
+        s.close()
+        return True
+    except OSError:
+        return False
+
+
+def the_supervisor_listens_on_ipv6_loopback(tmp):
+    if not ipv6_loopback_works():
+        print("  skip: no IPv6 loopback on this machine")
+        return
+    data, _ = prepare_corpus(tmp)
+    ev = f"{tmp}/ev.jsonl"
+    p = start_super(["--np", "2", "--listen", "[::1]:0"], trainer(data, f"{tmp}/ck", 20), ev)
+    out, err = finish(p, limit=300)
+    assert p.returncode == 0, err[-2000:]
+    evs = events_of(ev)
+    launch = [e for e in evs if e["event"] == "launch"][0]
+    start = [e for e in evs if e["event"] == "start"][0]
+    assert launch["addr"] == f"[::1]:{start['heartbeat_port']}" and start["family"] == "ipv6", \
+        (launch, start)
+    assert sorted(e["rank"] for e in evs if e["event"] == "rank_up") == [0, 1]
+    assert committed_steps(f"{tmp}/ck")[-1] == 20
+    print(f"  the ranks beat to {launch['addr']}; training finished")
+
+
+def alive(pid):
+    """Running or stopped, not ended (a zombie waits on a parent that may be
+    gone: this machine's init does not always reap at once)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+def ranks_stop_themselves_when_the_supervisor_is_killed(tmp):
+    data, _ = prepare_corpus(tmp)
+    ev = f"{tmp}/ev.jsonl"
+    silence = 3.0
+    p = start_super(["--np", "2", "--heartbeat-timeout", "1", "--rank-silence", str(silence)],
+                    trainer(data, f"{tmp}/ck", 3000), ev)
+    launch = wait_event(ev, lambda e: e["event"] == "launch")
+    wait_event(ev, lambda e: e["event"] == "checkpoint_committed")
+    sid = launch["pid"]
+    ranks = wait_ranks(sid, 2)
+    assert launch_env(sid)["FSDP_SUPER_SILENCE_S"] == "3.000"
+    p.kill()
+    killed = time.monotonic()
+    gone = {}
+    while len(gone) < len(ranks) and time.monotonic() - killed < silence + 10:
+        for r in ranks:
+            if r not in gone and not alive(r):
+                gone[r] = time.monotonic() - killed
+        time.sleep(0.05)
+    assert len(gone) == len(ranks), f"ranks alive {silence + 10:.0f} s after fsdp-super died"
+    while session_pids(sid) and time.monotonic() - killed < silence + 15:
+        time.sleep(0.1)
+    left = session_pids(sid)
+    for pid in left:  # never leave them behind, even when failing
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes of the job survived: {left}"
+    p.communicate()  # (its pipes stay open as long as mpirun and the ranks do)
+    took = max(gone.values())
+    # within the bound (earlier is fine: the last answer a rank heard came
+    # before the kill, and mpirun losing its parent may end it first)
+    assert took < silence + 5, f"the ranks stopped {took:.1f} s after (bound {silence})"
+    print(f"  fsdp-super SIGKILLed: its ranks stopped after {sorted(round(t, 1) for t in gone.values())} s "
+          f"(--rank-silence {silence:g}); nothing of the job is left")
+
+
+REMOTE_MPIRUN = """#!/bin/sh
+# mpirun in UTS and PID namespaces of its own: to fsdp-super its ranks are on
+# another host, and their pids name unrelated processes (or none) here.
+exec unshare --uts --pid --fork --mount-proc sh -c 'hostname rankhost && exec mpirun "$@"' sh "$@"
+"""
+
+
+def ranks_on_another_host_are_judged_by_silence_and_ordered_by_answers(tmp):
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        print("  skip: needs root and unshare(1) for UTS and PID namespaces")
+        return
+    data, _ = prepare_corpus(tmp)
+    wrapper = f"{tmp}/mpirun-remote"
+    open(wrapper, "w").write(REMOTE_MPIRUN)
+    os.chmod(wrapper, 0o755)
+    steps = 100
+    ev = f"{tmp}/ev.jsonl"
+    spec = f"seed={chaos_seed(3)},kill=1,stop=1,preempt=1"
+    p = start_super(["--np", "2", "--heartbeat-timeout", "3", "--max-restarts", "100",
+                     "--healthy-after", "1", "--mpirun", wrapper, "--chaos", spec],
+                    trainer(data, f"{tmp}/ck", steps), ev)
+    out, err = finish(p, limit=600)
+    assert p.returncode == 0, err[-3000:]
+    evs = events_of(ev)
+    ups = [e for e in evs if e["event"] == "rank_up"]
+    assert ups and all(u["host"] == "rankhost" and not u["local"] for u in ups), ups
+    landed = [e for e in evs if e["event"] == "chaos_landed"]
+    assert len(landed) == 3 and all(e["ok"] for e in landed), landed
+    lost = [e for e in evs if e["event"] == "heartbeat_lost"]
+    silent = [e for e in lost if "silent_s" in e]  # (a loaded machine may add a stall)
+    assert all(e.get("host") == "rankhost" for e in lost), lost
+    assert silent and all(e["state"] == "?" and not e["local"] for e in silent), lost
+    # /proc was never consulted about them: no death was decided from here
+    assert not [e for e in evs if e["event"] == "rank_died" and e.get("source") == "proc"]
+    assert committed_steps(f"{tmp}/ck")[-1] == steps
+    causes = [e["cause"] for e in landed]
+    if "exit" in causes:  # mpirun noticed the killed rank first, and said where it was
+        said = [e for e in evs if e["event"] == "rank_died" and e.get("source") == "mpirun"]
+        assert said and all(e["host"] == "rankhost" for e in said), said
+    print(f"  {spec}: faults landed as {causes}; ranks seen on host rankhost with pids "
+          f"{sorted({u['pid'] for u in ups})} (namespace pids)")
+
+
+FAKE_MPIRUN = """#!/bin/sh
+# records what a launch hands to mpirun, then ends at once
+{ echo "ADDR=$FSDP_SUPER_ADDR"; echo "TOKEN=$FSDP_SUPER_TOKEN"; echo "ARGV=$*"; } > "$0.out"
+"""
+
+
+def in_netns(ns, *cmd, check=True):
+    return subprocess.run(["ip", "netns", "exec", ns] + list(cmd), check=check,
+                          capture_output=True, text=True)
+
+
+def the_ranks_are_given_the_address_that_routes_to_the_first_remote_host(tmp):
+    """Two network namespaces of the test's own joined by a veth pair (a
+    controller 10.213.7.1 and a worker 10.213.7.2): fsdp-super in the
+    controller, with a host file whose first remote host is the worker,
+    gives the ranks 10.213.7.1. No packet is sent anywhere (the route is
+    looked up with a UDP connect, and mpirun is a stand-in)."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        print("  skip: needs root and ip(8) for network namespaces")
+        return
+    tag = f"{os.getpid() % 100000}"
+    ctl, wrk = f"fsdpt-ctl-{tag}", f"fsdpt-wrk-{tag}"
+    fake = f"{tmp}/mpirun-fake"
+    open(fake, "w").write(FAKE_MPIRUN)
+    os.chmod(fake, 0o755)
+    hosts = f"{tmp}/hosts"
+    open(hosts, "w").write("localhost 1\n10.213.7.2 2\n")
+    try:
+        for ns in (ctl, wrk):
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+            in_netns(ns, "ip", "link", "set", "lo", "up")
+        subprocess.run(["ip", "link", "add", f"v{tag}a", "netns", ctl, "type", "veth", "peer",
+                        "name", f"v{tag}b", "netns", wrk], check=True)
+        for ns, dev, addr in ((ctl, f"v{tag}a", "10.213.7.1/24"), (wrk, f"v{tag}b", "10.213.7.2/24")):
+            in_netns(ns, "ip", "addr", "add", addr, "dev", dev)
+            in_netns(ns, "ip", "link", "set", dev, "up")
+        for listen in ([], ["--listen", "10.213.7.1:0"]):
+            ev = f"{tmp}/ev{len(listen)}.jsonl"
+            r = in_netns(ctl, "env", *[f"{k}={v}" for k, v in ENV.items() if k.startswith("OMPI")],
+                         SUPER, "--hosts", hosts, "--np", "3", "--max-restarts", "0", "--events",
+                         ev, "--mpirun", fake, *listen, "--", TRAIN, "--steps", "5", check=False)
+            got = dict(l.split("=", 1) for l in open(f"{fake}.out").read().splitlines())
+            port = [e for e in events_of(ev) if e["event"] == "start"][0]["heartbeat_port"]
+            assert got["ADDR"] == f"10.213.7.1:{port}", (listen, got["ADDR"], r.stderr[-500:])
+            assert len(got["TOKEN"]) == 64 and got["TOKEN"] not in got["ARGV"], got["ARGV"]
+            assert "-x FSDP_SUPER_TOKEN" in got["ARGV"], got["ARGV"]
+            assert got["TOKEN"] not in r.stderr + r.stdout + open(ev).read()
+            how = [e for e in events_of(ev) if e["event"] == "advertise"][0]["how"]
+            print(f"  {' '.join(listen) or 'every interface'}: ranks told {got['ADDR']} ({how})")
+    finally:
+        for ns in (ctl, wrk):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                          text=True).stdout.split() if n in (ctl, wrk)]
+
+
+def mpirun_forwards_sigusr1_so_orders_travel_in_answers(tmp):
+    """Why preemption is an order in the supervisor's answers and not
+    SIGUSR1 to mpirun: Open MPI forwards SIGUSR1 to every rank (on by
+    default), and a rank that has not yet installed its handler dies of it."""
+    trapped = subprocess.Popen(["mpirun", "-np", "1", "sh", "-c",
+                                'trap "echo got USR1; exit 0" USR1; echo ready; '
+                                'sleep 20 & wait'],
+                               env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    bare = subprocess.Popen(["mpirun", "-np", "1", "sh", "-c", "echo ready; exec sleep 20"],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for p in (trapped, bare):  # both ranks up (a signal forwarded before that is lost)
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(0.2)
+        p.send_signal(signal.SIGUSR1)
+    out1, _ = trapped.communicate(timeout=60)
+    out2, _ = bare.communicate(timeout=60)
+    assert "got USR1" in out1, out1
+    assert bare.returncode != 0 and "exited on signal 10" in out2, out2
+    print("  mpirun forwarded SIGUSR1: a handler caught it, a rank without one died of it")
 
 
 if __name__ == "__main__":
@@ -527,6 +812,12 @@ if __name__ == "__main__":
           open_mpi_explains_a_failed_launch_without_an_event_log,
           the_work_directory_is_private_and_removed,
           hostile_network_bytes_cannot_break_the_event_log,
+          a_forged_or_replayed_datagram_is_dropped_and_cannot_blind_the_supervisor,
+          the_supervisor_listens_on_ipv6_loopback,
+          ranks_stop_themselves_when_the_supervisor_is_killed,
+          ranks_on_another_host_are_judged_by_silence_and_ordered_by_answers,
+          the_ranks_are_given_the_address_that_routes_to_the_first_remote_host,
+          mpirun_forwards_sigusr1_so_orders_travel_in_answers,
           older_generation_cannot_commit,
           hung_rank_is_detected_and_no_process_survives,
           a_dead_mpirun_is_noticed_and_its_ranks_do_not_linger,

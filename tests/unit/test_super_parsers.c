@@ -1,9 +1,11 @@
 /*
  * test_super_parsers.c - the parsers of everything fsdp-super reads from
- * outside, fed hostile bytes: the ranks' datagrams (src/hbmsg.h, with the
- * rank's own heartbeat thread on the other end), the host file, spot
- * notices, event-log strings, and the chaos plan. Each test is one
- * behaviour and sets up what it needs.
+ * outside, fed hostile bytes: the ranks' datagrams and the supervisor's
+ * answers (src/hbmsg.h: bodies, the sealed envelope, the launch's secret,
+ * replays, addresses), with the rank's own heartbeat thread on the other
+ * end (answers, orders, and stopping itself when the supervisor falls
+ * silent), the host file, spot notices, event-log strings, and the chaos
+ * plan. Each test is one behaviour and sets up what it needs.
  */
 #include "chaos.h"
 #include "check.h"
@@ -12,13 +14,46 @@
 #include "super.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+/* The launch's secret of these tests, and another. */
+static const char *TOKEN = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+static const char *OTHER = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
+
+static struct hbmsg_key key_of(const char *hex)
+{
+    struct hbmsg_key k;
+    memset(&k, 0, sizeof k);
+    if (hbmsg_key_parse(hex, &k))
+        abort();
+    return k;
+}
+
+/* A body sealed with a secret; returns its length. */
+static int seal(char *out, size_t cap, const char *hex, const char *host, uint64_t seq,
+                const char *body)
+{
+    struct hbmsg_key k = key_of(hex);
+    return hbmsg_seal(out, cap, &k, host, seq, body, strlen(body));
+}
+
+static int open_with(const char *hex, const char *buf, size_t n, struct hbmsg *m)
+{
+    struct hbmsg_key k = key_of(hex);
+    return hbmsg_open(buf, n, &k, m);
+}
 
 static int parse(const char *s, struct hbmsg *m) { return hbmsg_parse(s, strlen(s), m); }
 
@@ -173,9 +208,236 @@ static void numbers_are_digits_only_and_in_range(void)
     CHECK(hbmsg_parse_generation("007", &v) == 0 && v == 7, "leading zeros");
 }
 
+static void control_messages_parse_and_malformed_ones_are_dropped(void)
+{
+    for (int a = 0; a < HBCTL_N; a++) {
+        char buf[HBMSG_MAX_LEN + 1];
+        int n = hbmsg_format_ctl(buf, sizeof buf, 12, 3, (enum hb_ctl)a, UINT64_MAX);
+        struct hbmsg m;
+        REQUIRE(n > 0 && hbmsg_parse(buf, (size_t)n, &m) == 0, "%s", buf);
+        CHECK(m.kind == HBMSG_CTL && m.generation == 12 && m.rank == 3 &&
+                  m.action == (enum hb_ctl)a && m.echo == UINT64_MAX,
+              "%s", buf);
+    }
+    CHECK(hbmsg_format_ctl(NULL, 0, 1, 0, HBCTL_N, 1) == -1, "an action out of range");
+    static const char *bad[] = {
+        "fsdp-ctl 1 0 ack",                                /* no echo */
+        "fsdp-ctl 1 0 ack 5 6",                            /* one too many */
+        "fsdp-ctl 1 0 ACK 5",   "fsdp-ctl 1 0 shutdown 5", /* not an action */
+        "fsdp-ctl 1 0 kill -5", "fsdp-ctl 1 0 kill 18446744073709551616",
+        "fsdp-ctl 1 -1 kill 5", "fsdp-ctl 0x1 0 kill 5",
+        "fsdp-ctl 1 0 kill\t5",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct hbmsg m;
+        CHECK(parse(bad[i], &m) == -1, "accepted '%s'", bad[i]);
+    }
+}
+
+static void a_sealed_datagram_opens_with_its_key_and_names_its_host(void)
+{
+    char body[HBMSG_MAX_LEN + 1], d[HBMSG_DGRAM_MAX + 1];
+    int bn = hbmsg_format_beat(body, sizeof body, 7, 1, 4242, 10, HB_TRAIN, 99);
+    int n = seal(d, sizeof d, TOKEN, "node-2.example", 5, body);
+    REQUIRE(bn > 0 && n > 0, "seal");
+    CHECK(strncmp(d, "fsdp1 ", 6) == 0 && strstr(d, TOKEN) == NULL, "the secret is not sent");
+    struct hbmsg m;
+    REQUIRE(open_with(TOKEN, d, (size_t)n, &m) == 0, "%s", d);
+    CHECK(m.kind == HBMSG_BEAT && m.generation == 7 && m.rank == 1 && m.pid == 4242 &&
+              m.step == 10 && m.progress == 99 && m.seq == 5 &&
+              strcmp(m.host, "node-2.example") == 0,
+          "%s", d);
+    /* the longest host and seq, with the longest body, still fit */
+    char host[HBMSG_HOST_LEN];
+    memset(host, 'h', sizeof host - 1);
+    host[sizeof host - 1] = 0;
+    static char big[HBMSG_MAX_LEN + 1];
+    memset(big, 'a', sizeof big - 1);
+    memcpy(big, "fsdp-ev 1 0 ", 12);
+    big[HBMSG_MAX_LEN] = 0; /* one name far too long: authentic, not the grammar */
+    n = seal(d, sizeof d, TOKEN, host, UINT64_MAX, big);
+    REQUIRE(n > 0 && (size_t)n == HBMSG_DGRAM_MAX, "%d", n);
+    CHECK(open_with(TOKEN, d, (size_t)n, &m) == HBMSG_EBAD, "authentic but malformed");
+    CHECK(seal(d, sizeof d, TOKEN, "bad host", 1, body) == -1, "a host with a space");
+    CHECK(seal(d, sizeof d, TOKEN, "", 1, body) == -1, "an empty host");
+    CHECK(seal(d, sizeof d, TOKEN, "h", 0, body) == -1, "seq 0");
+    CHECK(seal(d, 40, TOKEN, "h", 1, body) == -1, "too small a buffer");
+}
+
+static void a_datagram_without_the_right_mac_is_unauthenticated(void)
+{
+    char body[HBMSG_MAX_LEN + 1], d[HBMSG_DGRAM_MAX + 1];
+    int bn = hbmsg_format_beat(body, sizeof body, 7, 1, 4242, 10, HB_DONE, 99);
+    int n = seal(d, sizeof d, TOKEN, "node1", 5, body);
+    REQUIRE(bn > 0 && n > 0, "seal");
+    struct hbmsg m;
+    m.rank = 9;
+    CHECK(open_with(OTHER, d, (size_t)n, &m) == HBMSG_EAUTH && m.rank == 0, "another secret");
+    CHECK(open_with(TOKEN, body, (size_t)bn, &m) == HBMSG_EAUTH, "no envelope: a bare 'done'");
+    /* every single byte flipped, anywhere, breaks it */
+    for (int i = 0; i < n; i++) {
+        char t[HBMSG_DGRAM_MAX + 1];
+        memcpy(t, d, (size_t)n);
+        t[i] ^= 0x01;
+        CHECK(open_with(TOKEN, t, (size_t)n, &m) == HBMSG_EAUTH, "byte %d flipped", i);
+    }
+    for (int cut = 0; cut < n; cut++)
+        CHECK(open_with(TOKEN, d, (size_t)cut, &m) == HBMSG_EAUTH, "cut to %d", cut);
+    char longer[HBMSG_DGRAM_MAX + 2];
+    memcpy(longer, d, (size_t)n);
+    longer[n] = ' ';
+    CHECK(open_with(TOKEN, longer, (size_t)n + 1, &m) == HBMSG_EAUTH, "a trailing byte");
+    /* a MAC of the right shape over other bytes, the MAC in capitals */
+    char t[HBMSG_DGRAM_MAX + 1];
+    memcpy(t, d, (size_t)n);
+    for (int i = 6; i < 70; i++)
+        t[i] = (char)(t[i] >= 'a' ? t[i] - 32 : t[i]);
+    CHECK(open_with(TOKEN, t, (size_t)n, &m) == HBMSG_EAUTH, "the MAC in capitals");
+    static const char *junk[] = {
+        "", "fsdp1", "fsdp1 ", "fsdp1 x node1 1 fsdp-hb 7 1 4242 10 done 99",
+        "fsdp2 0000000000000000000000000000000000000000000000000000000000000000 "
+        "node1 1 fsdp-hb 7 1 4242 10 done 99"};
+    for (size_t i = 0; i < sizeof junk / sizeof junk[0]; i++)
+        CHECK(open_with(TOKEN, junk[i], strlen(junk[i]), &m) == HBMSG_EAUTH, "'%s'", junk[i]);
+    CHECK(open_with(TOKEN, NULL, 0, &m) == HBMSG_EAUTH, "NULL");
+}
+
+/* An envelope sealed by the right key around hostile HOST and SEQ fields
+ * (as a buggy or hostile token holder could send): refused as malformed. */
+static void hostile_envelope_fields_are_malformed_even_when_authentic(void)
+{
+    static const char *covered[] = {
+        "node1 1",                              /* no body */
+        "node1 fsdp-hb 7 1 4242 10 train 99",   /* no seq */
+        "node1 0 fsdp-hb 7 1 4242 10 train 99", /* seq 0 */
+        "node1 -1 fsdp-hb 7 1 4242 10 train 99",
+        "node1 18446744073709551616 fsdp-hb 7 1 4242 10 train 99",
+        "node\"1 1 fsdp-hb 7 1 4242 10 train 99", /* a quote in the host */
+        "node\xff 1 fsdp-hb 7 1 4242 10 train 99",
+        " 1 fsdp-hb 7 1 4242 10 train 99",       /* an empty host */
+        "node1  1 fsdp-hb 7 1 4242 10 train 99", /* two spaces */
+        "node1 1 fsdp-hb 7 1 4242 10 train 99 ", /* a trailing space */
+        "node1 1 fsdp-hb 7 1 4242 10 train 99\n",
+        "node1 1 fsdp-hb 7 1 4242 10 tr\"ain 99",
+        "hhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhhh 1 " /* 65 bytes */
+        "fsdp-hb 7 1 4242 10 train 99",
+    };
+    struct hbmsg_key k = key_of(TOKEN);
+    for (size_t i = 0; i < sizeof covered / sizeof covered[0]; i++) {
+        /* sealed by hand: the MAC over whatever bytes are given */
+        char d[HBMSG_DGRAM_MAX + 64];
+        size_t cl = strlen(covered[i]);
+        int n = snprintf(d, sizeof d, "fsdp1 %064d %s", 0, covered[i]);
+        unsigned char md[32];
+        unsigned int ml;
+        REQUIRE(HMAC(EVP_sha256(), k.k, sizeof k.k, (const unsigned char *)d + 71, cl, md, &ml),
+                "hmac");
+        for (int b = 0; b < 32; b++)
+            snprintf(d + 6 + 2 * b, 3, "%02x", md[b]);
+        d[70] = ' ';
+        struct hbmsg m;
+        m.rank = 5;
+        CHECK(hbmsg_open(d, (size_t)n, &k, &m) == HBMSG_EBAD && m.rank == 0 && m.host[0] == 0,
+              "case %zu: '%s'", i, covered[i]);
+    }
+}
+
+static void the_secret_is_64_lowercase_hex_digits(void)
+{
+    struct hbmsg_key k, again;
+    REQUIRE(hbmsg_key_new(&k) == 0, "getrandom");
+    char hex[HBMSG_KEY_HEX + 1];
+    hbmsg_key_hex(&k, hex);
+    CHECK(strlen(hex) == 64 && hbmsg_key_parse(hex, &again) == 0 &&
+              memcmp(k.k, again.k, sizeof k.k) == 0,
+          "round trip");
+    struct hbmsg_key k2;
+    REQUIRE(hbmsg_key_new(&k2) == 0, "getrandom");
+    CHECK(memcmp(k.k, k2.k, sizeof k.k) != 0, "two launches, one secret");
+    char upper[65];
+    snprintf(upper, sizeof upper, "%s", TOKEN);
+    upper[20] = 'A';
+    static const char *bad[] = {"",
+                                "0011",
+                                "00112233445566778899aabbccddeeff00112233445566778899aabbccddeef",
+                                "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff0",
+                                "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeg0",
+                                " 0112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK(hbmsg_key_parse(bad[i], &k) == -1, "'%s'", bad[i]);
+    CHECK(hbmsg_key_parse(upper, &k) == -1, "capitals");
+    CHECK(hbmsg_key_parse(NULL, &k) == -1, "unset");
+}
+
+static void replayed_seqs_are_refused(void)
+{
+    struct hbmsg_window w = {0, 0};
+    CHECK(hbmsg_window_accept(&w, 0) == 0, "seq 0");
+    CHECK(hbmsg_window_accept(&w, 1) == 1 && hbmsg_window_accept(&w, 1) == 0, "1 twice");
+    CHECK(hbmsg_window_accept(&w, 5) == 1, "a gap");
+    CHECK(hbmsg_window_accept(&w, 3) == 1 && hbmsg_window_accept(&w, 3) == 0, "late, once");
+    CHECK(hbmsg_window_accept(&w, 100) == 1, "a jump");
+    CHECK(hbmsg_window_accept(&w, 37) == 1, "63 below the top");
+    CHECK(hbmsg_window_accept(&w, 36) == 0, "64 below the top: too old");
+    CHECK(hbmsg_window_accept(&w, 5) == 0, "far too old");
+    CHECK(hbmsg_window_accept(&w, UINT64_MAX) == 1 && hbmsg_window_accept(&w, UINT64_MAX) == 0,
+          "the largest");
+    CHECK(hbmsg_window_accept(&w, 100) == 0, "behind the largest");
+}
+
+static void addresses_in_every_form(void)
+{
+    char h[256];
+    int port;
+    CHECK(hbmsg_parse_addr("10.0.0.1:7000", 0, h, sizeof h, &port) == 0 &&
+              strcmp(h, "10.0.0.1") == 0 && port == 7000,
+          "v4");
+    CHECK(hbmsg_parse_addr("ctl.example:1", 0, h, sizeof h, &port) == 0 &&
+              strcmp(h, "ctl.example") == 0 && port == 1,
+          "a name");
+    CHECK(hbmsg_parse_addr("[::1]:65535", 0, h, sizeof h, &port) == 0 && strcmp(h, "::1") == 0 &&
+              port == 65535,
+          "v6");
+    CHECK(hbmsg_parse_addr("[fe80::1%eth0]:9", 0, h, sizeof h, &port) == 0 &&
+              strcmp(h, "fe80::1%eth0") == 0,
+          "a scope");
+    CHECK(hbmsg_parse_addr("::", 1, h, sizeof h, &port) == 0 && strcmp(h, "::") == 0 && port == -1,
+          "a bare v6 without port");
+    CHECK(hbmsg_parse_addr(":0", 1, h, sizeof h, &port) == 0 && h[0] == 0 && port == 0, ":PORT");
+    CHECK(hbmsg_parse_addr("[::1]", 1, h, sizeof h, &port) == 0 && port == -1, "[v6]");
+    CHECK(hbmsg_parse_addr("ctl", 1, h, sizeof h, &port) == 0 && port == -1, "a name alone");
+    static const char *bad_required[] = {
+        "",           "ctl",       ":7000",     "ctl:",
+        "ctl:x",      "ctl:-1",    "ctl:65536", "ctl:99999999999999999999",
+        "::1",        "[::1]",     "[::1]7000", "[]:7000",
+        "[ctl]:7000", "[::1:7000", "a b:7000",  "a;b:7000",
+        "ctl:7000 ",  "ctl: 7000", "ctl:+7000", "a\"b:1"};
+    for (size_t i = 0; i < sizeof bad_required / sizeof bad_required[0]; i++)
+        CHECK(hbmsg_parse_addr(bad_required[i], 0, h, sizeof h, &port) == -1, "'%s'",
+              bad_required[i]);
+    static const char *bad_listen[] = {"", "ctl:", "[::1]x", "[]", "a b", "ctl:65536"};
+    for (size_t i = 0; i < sizeof bad_listen / sizeof bad_listen[0]; i++)
+        CHECK(hbmsg_parse_addr(bad_listen[i], 1, h, sizeof h, &port) == -1, "'%s'", bad_listen[i]);
+    char small[4];
+    CHECK(hbmsg_parse_addr("abcd:1", 0, small, sizeof small, &port) == -1, "a host too long");
+    CHECK(hbmsg_parse_addr(NULL, 1, h, sizeof h, &port) == -1, "NULL");
+}
+
+static void the_host_name_fits_the_grammar(void)
+{
+    char h[HBMSG_HOST_LEN];
+    hbmsg_host_name(h, sizeof h);
+    size_t n = strlen(h);
+    CHECK(n >= 1 && n < HBMSG_HOST_LEN, "%zu", n);
+    char d[HBMSG_DGRAM_MAX + 1];
+    CHECK(seal(d, sizeof d, TOKEN, h, 1, "fsdp-ev 1 0 x") > 0, "'%s' is sealable", h);
+}
+
 /* ---- the rank's side ------------------------------------------------------------- */
 
-static int listen_udp(char *addr, size_t n)
+/* The supervisor's end for these tests: a UDP socket on 127.0.0.1 and the
+ * launch's environment pointing at it. */
+static int listen_udp(void)
 {
     int fd = socket(AF_INET, SOCK_DGRAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET};
@@ -186,22 +448,52 @@ static int listen_udp(char *addr, size_t n)
         return -1;
     struct timeval tv = {2, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    snprintf(addr, n, "127.0.0.1:%d", ntohs(a.sin_port));
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(a.sin_port));
+    setenv("FSDP_SUPER_ADDR", addr, 1);
+    setenv("FSDP_SUPER_TOKEN", TOKEN, 1);
+    setenv("FSDP_GENERATION", "7", 1);
+    unsetenv("FSDP_SUPER_SILENCE_S");
     return fd;
 }
 
-/* The next datagram of the given kind, parsed; -1 after 2 s of nothing. */
-static int receive(int fd, enum hbmsg_kind kind, struct hbmsg *m)
+static void unset_launch(void)
 {
-    char buf[HBMSG_MAX_LEN + 1];
+    unsetenv("FSDP_SUPER_ADDR");
+    unsetenv("FSDP_SUPER_TOKEN");
+    unsetenv("FSDP_SUPER_SILENCE_S");
+}
+
+/* The next datagram of the given kind, opened with TOKEN (its sender's
+ * address in *from); -1 after 2 s of nothing. */
+static int receive_from(int fd, enum hbmsg_kind kind, struct hbmsg *m, struct sockaddr_in *from)
+{
+    char buf[HBMSG_DGRAM_MAX + 1];
     for (int i = 0; i < 100; i++) {
-        ssize_t n = recv(fd, buf, sizeof buf, 0);
+        socklen_t len = sizeof *from;
+        ssize_t n = recvfrom(fd, buf, sizeof buf, 0, (struct sockaddr *)from, &len);
         if (n < 0)
             return -1;
-        if (hbmsg_parse(buf, (size_t)n, m) == 0 && m->kind == kind)
+        if (open_with(TOKEN, buf, (size_t)n, m) == 0 && m->kind == kind)
             return 0;
     }
     return -1;
+}
+
+static int receive(int fd, enum hbmsg_kind kind, struct hbmsg *m)
+{
+    struct sockaddr_in from;
+    return receive_from(fd, kind, m, &from);
+}
+
+/* The supervisor's answer to a datagram, sealed with hex. */
+static void answer(int fd, const struct sockaddr_in *to, const char *hex, uint64_t gen, int rank,
+                   enum hb_ctl action, uint64_t echo)
+{
+    char body[HBMSG_MAX_LEN + 1], d[HBMSG_DGRAM_MAX + 1];
+    hbmsg_format_ctl(body, sizeof body, gen, rank, action, echo);
+    int n = seal(d, sizeof d, hex, "ctl", 1000 + echo, body);
+    sendto(fd, d, (size_t)n, 0, (const struct sockaddr *)to, sizeof *to);
 }
 
 static double now(void)
@@ -213,34 +505,32 @@ static double now(void)
 
 static void the_heartbeat_thread_speaks_the_parsers_language(void)
 {
-    char addr[64];
-    int fd = listen_udp(addr, sizeof addr);
+    int fd = listen_udp();
     REQUIRE(fd >= 0, "socket");
-    setenv("FSDP_SUPER_ADDR", addr, 1);
-    setenv("FSDP_GENERATION", "7", 1);
     hb_set(5, HB_HOLD);
-    char err[512];
+    char err[512], me[HBMSG_HOST_LEN];
     REQUIRE(hb_start(3, err) == 0, "%s", err);
+    hbmsg_host_name(me, sizeof me);
     struct hbmsg m;
     CHECK(receive(fd, HBMSG_BEAT, &m) == 0 && m.generation == 7 && m.rank == 3 &&
-              m.pid == (int)getpid() && m.step == 5 && m.phase == HB_HOLD,
+              m.pid == (int)getpid() && m.step == 5 && m.phase == HB_HOLD &&
+              strcmp(m.host, me) == 0 && m.seq >= 1,
           "heartbeat");
+    uint64_t first = m.seq;
     hb_event("resumed step=%d world=%d", 5, 2);
     uint64_t v;
     CHECK(receive(fd, HBMSG_EVENT, &m) == 0 && strcmp(m.name, "resumed") == 0 &&
-              hbmsg_event_u64(&m, "world", &v) == 0 && v == 2,
+              hbmsg_event_u64(&m, "world", &v) == 0 && v == 2 && m.seq > first,
           "event");
     hb_stop();
     close(fd);
-    unsetenv("FSDP_SUPER_ADDR");
+    unset_launch();
 }
 
 static void hb_stop_wakes_the_thread_instead_of_waiting_out_its_sleep(void)
 {
-    char addr[64];
-    int fd = listen_udp(addr, sizeof addr);
+    int fd = listen_udp();
     REQUIRE(fd >= 0, "socket");
-    setenv("FSDP_SUPER_ADDR", addr, 1);
     /* each start sends a beat and sleeps 250 ms: ten stops that waited the
      * sleep out would take 2.5 s; woken, they take milliseconds (the bound
      * is generous for a loaded machine) */
@@ -255,7 +545,182 @@ static void hb_stop_wakes_the_thread_instead_of_waiting_out_its_sleep(void)
     double took = now() - t0;
     CHECK(took < 1.2, "10 start/stop cycles took %.2f s", took);
     close(fd);
-    unsetenv("FSDP_SUPER_ADDR");
+    unset_launch();
+}
+
+static void a_launch_environment_without_a_valid_token_is_refused(void)
+{
+    int fd = listen_udp();
+    REQUIRE(fd >= 0, "socket");
+    static const char *bad[] = {NULL, "", "secret", "00112233"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (bad[i])
+            setenv("FSDP_SUPER_TOKEN", bad[i], 1);
+        else
+            unsetenv("FSDP_SUPER_TOKEN");
+        char err[512] = "";
+        CHECK(hb_start(0, err) == -1 && strstr(err, "FSDP_SUPER_TOKEN"), "%s", err);
+        CHECK(!bad[i] || !bad[i][0] || !strstr(err, bad[i]), "the value is echoed: %s", err);
+    }
+    setenv("FSDP_SUPER_TOKEN", TOKEN, 1);
+    static const char *bad_silence[] = {"", "x", "-1", "0", "0.1", " 5", "5s", "1e9"};
+    for (size_t i = 0; i < sizeof bad_silence / sizeof bad_silence[0]; i++) {
+        setenv("FSDP_SUPER_SILENCE_S", bad_silence[i], 1);
+        char err[512] = "";
+        CHECK(hb_start(0, err) == -1 && strstr(err, "FSDP_SUPER_SILENCE_S"), "'%s': %s",
+              bad_silence[i], err);
+    }
+    unsetenv("FSDP_SUPER_SILENCE_S");
+    static const char *bad_addr[] = {"127.0.0.1", "127.0.0.1:0", "::1:5", "[::1]", "x y:5"};
+    for (size_t i = 0; i < sizeof bad_addr / sizeof bad_addr[0]; i++) {
+        setenv("FSDP_SUPER_ADDR", bad_addr[i], 1);
+        char err[512] = "";
+        CHECK(hb_start(0, err) == -1 && strstr(err, "FSDP_SUPER_ADDR"), "'%s': %s", bad_addr[i],
+              err);
+    }
+    close(fd);
+    unset_launch();
+}
+
+static void a_preempt_order_in_an_answer_sets_the_flag_and_others_are_ignored(void)
+{
+    int fd = listen_udp();
+    REQUIRE(fd >= 0, "socket");
+    char err[512];
+    REQUIRE(hb_start(2, err) == 0, "%s", err);
+    REQUIRE(!hb_preempted(), "preempted before any order");
+    struct hbmsg m;
+    struct sockaddr_in rank;
+    REQUIRE(receive_from(fd, HBMSG_BEAT, &m, &rank) == 0, "beat");
+    /* orders the rank must ignore: another secret, another generation or
+     * rank, an echo of nothing it sent */
+    answer(fd, &rank, OTHER, 7, 2, HBCTL_PREEMPT, m.seq);
+    answer(fd, &rank, TOKEN, 6, 2, HBCTL_PREEMPT, m.seq);
+    answer(fd, &rank, TOKEN, 7, 1, HBCTL_PREEMPT, m.seq);
+    answer(fd, &rank, TOKEN, 7, 2, HBCTL_PREEMPT, m.seq + 1000);
+    sendto(fd, "fsdp-ctl 7 2 preempt 1", 22, 0, (struct sockaddr *)&rank, sizeof rank);
+    REQUIRE(receive(fd, HBMSG_BEAT, &m) == 0, "a beat after them");
+    CHECK(!hb_preempted(), "an order that is not the supervisor's was obeyed");
+    answer(fd, &rank, TOKEN, 7, 2, HBCTL_PREEMPT, m.seq);
+    double until = now() + 2;
+    while (!hb_preempted() && now() < until)
+        usleep(1000);
+    CHECK(hb_preempted(), "the supervisor's order was not obeyed");
+    hb_stop();
+    close(fd);
+    unset_launch();
+}
+
+/* A rank in a child process (so that it may exit): launched against fd
+ * with the given silence bound; answered with hex for answer_s seconds
+ * (hex NULL: never); returns its wait status, -1 if it outlived limit_s,
+ * and what it wrote on stderr in out. */
+static int child_rank(int fd, const char *silence, const char *hex, double answer_s, double limit_s,
+                      double *took, char *out, size_t outlen)
+{
+    setenv("FSDP_SUPER_SILENCE_S", silence, 1);
+    int errp[2];
+    if (pipe(errp))
+        return -1;
+    double t0 = now();
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(errp[1], 2);
+        char err[512];
+        if (hb_start(0, err))
+            _exit(9);
+        sleep(30);
+        _exit(0);
+    }
+    close(errp[1]);
+    int status = -1;
+    struct hbmsg m;
+    struct sockaddr_in rank;
+    while (now() - t0 < limit_s) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 20) > 0 && receive_from(fd, HBMSG_BEAT, &m, &rank) == 0 && hex &&
+            now() - t0 < answer_s)
+            answer(fd, &rank, hex, 7, 0, HBCTL_ACK, m.seq);
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            break;
+        status = -1;
+    }
+    *took = now() - t0;
+    if (status == -1) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    ssize_t n = read(errp[0], out, outlen - 1);
+    out[n > 0 ? n : 0] = 0;
+    close(errp[0]);
+    unsetenv("FSDP_SUPER_SILENCE_S");
+    return status;
+}
+
+static void a_rank_that_hears_nothing_stops_itself_within_the_bound(void)
+{
+    int fd = listen_udp();
+    REQUIRE(fd >= 0, "socket");
+    char out[1024];
+    double took;
+    int st = child_rank(fd, "0.6", NULL, 0, 5, &took, out, sizeof out);
+    CHECK(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == HB_LOST_CONTACT_EXIT,
+          "status %d after %.1f s", st, took);
+    CHECK(took >= 0.6 && took < 2.5, "stopped after %.2f s (bound 0.6 s)", took);
+    CHECK(strstr(out, "lost contact with fsdp-super at 127.0.0.1:") && strstr(out, "stopping") &&
+              !strstr(out, TOKEN) && strchr(out, '\n') == out + strlen(out) - 1,
+          "'%s'", out);
+    /* answers with another secret are no contact at all */
+    st = child_rank(fd, "0.6", OTHER, 5, 5, &took, out, sizeof out);
+    CHECK(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == HB_LOST_CONTACT_EXIT && took < 2.5,
+          "status %d after %.1f s", st, took);
+    close(fd);
+    unset_launch();
+}
+
+static void a_rank_that_is_answered_keeps_going_and_stops_when_the_answers_stop(void)
+{
+    int fd = listen_udp();
+    REQUIRE(fd >= 0, "socket");
+    char out[1024];
+    double took;
+    /* answered for 2 s with a bound of 0.6 s: alive all along, then stopped */
+    int st = child_rank(fd, "0.6", TOKEN, 2, 6, &took, out, sizeof out);
+    CHECK(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == HB_LOST_CONTACT_EXIT,
+          "status %d after %.1f s", st, took);
+    CHECK(took > 2.3 && took < 4.5, "stopped after %.2f s: answered until 2 s, bound 0.6 s", took);
+    close(fd);
+    unset_launch();
+}
+
+static void a_kill_order_kills_the_rank(void)
+{
+    int fd = listen_udp();
+    REQUIRE(fd >= 0, "socket");
+    setenv("FSDP_SUPER_SILENCE_S", "30", 1);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char err[512];
+        if (hb_start(0, err))
+            _exit(9);
+        sleep(30);
+        _exit(0);
+    }
+    struct hbmsg m;
+    struct sockaddr_in rank;
+    int got = receive_from(fd, HBMSG_BEAT, &m, &rank);
+    CHECK(got == 0 && m.pid == pid, "beat");
+    if (got == 0)
+        answer(fd, &rank, TOKEN, 7, 0, HBCTL_KILL, m.seq);
+    int st = 0;
+    double until = now() + 3;
+    while (waitpid(pid, &st, WNOHANG) == 0 && now() < until)
+        usleep(10000);
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "status %d", st);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, WNOHANG);
+    close(fd);
+    unset_launch();
 }
 
 /* ---- the host file ---------------------------------------------------------------- */
@@ -477,10 +942,21 @@ CHECK_MAIN(TEST(a_formatted_heartbeat_parses_back_for_every_phase),
            TEST(the_parser_reads_only_len_bytes_and_refuses_a_nul),
            TEST(events_parse_into_keys_and_values), TEST(malformed_events_are_dropped),
            TEST(numbers_are_digits_only_and_in_range),
+           TEST(control_messages_parse_and_malformed_ones_are_dropped),
+           TEST(a_sealed_datagram_opens_with_its_key_and_names_its_host),
+           TEST(a_datagram_without_the_right_mac_is_unauthenticated),
+           TEST(hostile_envelope_fields_are_malformed_even_when_authentic),
+           TEST(the_secret_is_64_lowercase_hex_digits), TEST(replayed_seqs_are_refused),
+           TEST(addresses_in_every_form), TEST(the_host_name_fits_the_grammar),
            TEST(the_heartbeat_thread_speaks_the_parsers_language),
            TEST(hb_stop_wakes_the_thread_instead_of_waiting_out_its_sleep),
-           TEST(host_lines_in_every_form), TEST(bad_host_lines_are_named_by_file_and_line),
-           TEST(the_slot_total_cannot_overflow), TEST(a_missing_host_file_is_an_error),
-           TEST(spot_notices_and_what_is_not_one), TEST(any_bytes_become_a_json_string),
+           TEST(a_launch_environment_without_a_valid_token_is_refused),
+           TEST(a_preempt_order_in_an_answer_sets_the_flag_and_others_are_ignored),
+           TEST(a_rank_that_hears_nothing_stops_itself_within_the_bound),
+           TEST(a_rank_that_is_answered_keeps_going_and_stops_when_the_answers_stop),
+           TEST(a_kill_order_kills_the_rank), TEST(host_lines_in_every_form),
+           TEST(bad_host_lines_are_named_by_file_and_line), TEST(the_slot_total_cannot_overflow),
+           TEST(a_missing_host_file_is_an_error), TEST(spot_notices_and_what_is_not_one),
+           TEST(any_bytes_become_a_json_string),
            TEST(chaos_faults_land_on_increasing_steps_within_the_run),
            TEST(chaos_specs_that_cannot_be_planned_are_refused))
