@@ -12,6 +12,11 @@
  *   "mpirun noticed that process rank 1 with PID 77 on node n2 exited on
  *    signal 9 (Killed)."                          -> rank_died, source mpirun
  *   "  Remote daemon: [[41772,0],1] on node n2"   -> daemon_lost
+ *   "  Peer host:  n2"                            -> peer_lost
+ * (the last from a rank's box "An MPI communication peer process has
+ * unexpectedly disconnected": a whole host killed at once often ends the
+ * job with only that and "ORTE was unable to reliably start one or more
+ * daemons", which names no host.)
  * (Open MPI 4.1 prints "PID 0" in the first: the pid is passed on as said.)
  * Nothing read here is trusted further: numbers are bounded, host names
  * must be the datagrams' grammar.
@@ -91,6 +96,17 @@ void mpirun_report_parse(const char *line, struct mpirun_report *r)
     if (on && take_host(on + 9, host) == 0) {
         r->kind = MPIRUN_DAEMON_LOST;
         snprintf(r->host, sizeof r->host, "%s", host);
+        return;
+    }
+    p = strstr(line, "Peer host:");
+    if (p) {
+        p += strlen("Peer host:");
+        while (*p == ' ')
+            p++;
+        if (take_host(p, host) == 0) {
+            r->kind = MPIRUN_PEER_LOST;
+            snprintf(r->host, sizeof r->host, "%s", host);
+        }
     }
 }
 
@@ -104,6 +120,9 @@ static void mpirun_said(const struct job *j, const char *l)
                 (json_int_t)j->generation);
     else if (r.kind == MPIRUN_DAEMON_LOST)
         ev_emit("daemon_lost", "{s:s, s:I}", "host", r.host, "generation",
+                (json_int_t)j->generation);
+    else if (r.kind == MPIRUN_PEER_LOST)
+        ev_emit("peer_lost", "{s:s, s:I}", "host", r.host, "generation",
                 (json_int_t)j->generation);
 }
 

@@ -37,6 +37,9 @@ static void usage(void)
            "  --rank-silence S        a rank that hears nothing from fsdp-super this long\n"
            "                          stops itself (default 3 x --heartbeat-timeout, >= 5)\n"
            "  --startup-timeout S     time to the first heartbeat (default 120)\n"
+           "  --probe-timeout S       before each launch every remote host must answer\n"
+           "                          'AGENT HOST true' within S (default 5; 0: no probe);\n"
+           "                          AGENT is Open MPI's plm_rsh_agent, else ssh\n"
            "  --grace S               SIGTERM to SIGKILL (default 5)\n"
            "  --restart-backoff S     first wait before a relaunch, doubling (default 1)\n"
            "  --healthy-after S       progress this long resets the restart count (60)\n"
@@ -97,6 +100,7 @@ static const struct opt {
     {"--preempt-poll", O_NUM, 0.1, 600, offsetof(struct super_opts, preempt_poll)},
     {"--preempt-deadline", O_NUM, 1, 3600, offsetof(struct super_opts, preempt_deadline)},
     {"--capacity-timeout", O_NUM, 0, 1e7, offsetof(struct super_opts, capacity_timeout)},
+    {"--probe-timeout", O_NUM, 0, 600, offsetof(struct super_opts, probe_timeout)},
     {"--rank-silence", O_NUM, 2, 1e6, offsetof(struct super_opts, rank_silence)},
     {"--listen", O_STR, 0, 0, offsetof(struct super_opts, listen)},
     {"--hosts", O_STR, 0, 0, offsetof(struct super_opts, hosts)},
@@ -143,6 +147,7 @@ int super_parse(struct super_opts *o, int argc, char **argv)
         .preempt_poll = 2,
         .preempt_deadline = 110,
         .capacity_timeout = 300,
+        .probe_timeout = 5,
     };
     int i;
     for (i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {

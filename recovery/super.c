@@ -5,14 +5,15 @@
  *   fsdp-super [--np N] [--min-np M] [--hosts FILE] [--max-restarts K]
  *              [--heartbeat-timeout SEC] [--preempt-url URL] [--events FILE]
  *              [--capacity-timeout SEC] [--chaos SPEC] [--listen HOST[:PORT]]
- *              [--rank-silence SEC] -- fsdp-train ARGS...
+ *              [--rank-silence SEC] [--probe-timeout SEC] -- fsdp-train ARGS...
  *
  * Each launch claims a new generation in the checkpoint store (fencing,
  * ckpt.h; a store where no generation can be claimed is not launched on
  * at all), writes a hostfile from the `host slots` lines of --hosts (read
- * again before every launch; fewer than --min-np slots for longer than
- * --capacity-timeout ends the run), and starts `mpirun` in a session of
- * its own. The job has failed when mpirun exits non-zero, a rank dies, a
+ * again before every launch) less the hosts that do not answer a probe
+ * (below), and starts `mpirun` in a session of its own; fewer than
+ * --min-np slots on hosts that answer for longer than --capacity-timeout
+ * ends the run. The job has failed when mpirun exits non-zero, a rank dies, a
  * rank's heartbeats stop (a stopped process, a lost host) or its progress
  * counter stops moving (a rank stuck in a collective) for longer than
  * --heartbeat-timeout. Then every process of the job's session gets
@@ -40,8 +41,9 @@
  *   - A rank is (host, pid) (ranks.c). /proc speaks only for a rank on this
  *     host in the job's session: death at once, 'T' for a stopped one. A
  *     remote rank's death is silence beyond --heartbeat-timeout, or mpirun
- *     exiting (its "noticed that process rank N ... on node H" and "Remote
- *     daemon ... on node H" lines become rank_died and daemon_lost events).
+ *     exiting (its "noticed that process rank N ... on node H", "Remote
+ *     daemon ... on node H" and a rank's "Peer host: H" lines become
+ *     rank_died, daemon_lost and peer_lost events).
  *     Events name each rank's host (rank_up, rank_died, heartbeat_lost) and
  *     a launch lists its hosts.
  *   - Orders go in the answers (link.c): every heartbeat is answered at
@@ -59,6 +61,21 @@
  *     nothing (heartbeat.h), so killing fsdp-super leaves no job behind.
  *   - Teardown still reaches only this host's processes (the job's session;
  *     mpirun's own teardown reaches its remote daemons while it lives).
+ *
+ * Other hosts (agent.c, mpiargs.c):
+ *   - Before each launch every host of the host file that is not this one
+ *     is probed through the launch agent Open MPI will use (`AGENT HOST
+ *     true`, all at once, bounded by --probe-timeout). A host that does
+ *     not answer is suspect: a host_suspect event says why, the launch
+ *     goes ahead on the rest when they offer --min-np slots (else this
+ *     waits for capacity), and the host is probed again before the next
+ *     launch. So an unreachable host costs no restart and no generation:
+ *     mpirun is never started onto it.
+ *   - Each launch sets Open MPI's OOB TCP keepalive from
+ *     --heartbeat-timeout, so that mpirun and the daemons of a partitioned
+ *     host give up on each other within about that time (not Open MPI's 8
+ *     minutes), and carries with -x the environment that must be equal on
+ *     every host (OpenBLAS, OpenMP: the bits a rank computes depend on it).
  *
  * Preemption: SIGTERM or SIGINT to fsdp-super, or a notice at
  * --preempt-url in AWS's spot/instance-action form
@@ -137,6 +154,13 @@ struct super {
     int notice_seen;
     char notice_time[128];
     char hosts_err[SUPER_ERR_LEN]; /* the host file's last complaint, said once */
+    /* other hosts: the launch agent, the hosts that did not answer it, those
+     * left out of the coming launch, mpirun's arguments for them */
+    struct agent agent;
+    struct suspects suspects;
+    struct host left[SUPER_MAX_HOSTS];
+    int nleft;
+    struct mpiargs mpiargs;
 };
 
 enum cause { C_EXIT, C_DIED, C_HUNG, C_PREEMPT, C_CHAOS, C_STARTUP, C_NCAUSE };
@@ -184,24 +208,45 @@ static void nap(double sec)
     poll(&p, 0, (int)(sec * 1000));
 }
 
-/* Waits until the host file offers at least --min-np slots; returns the
- * world size to launch, -1 if a signal arrived meanwhile, -2 after
- * --capacity-timeout. */
+static json_t *host_names(const struct host *h, int n)
+{
+    json_t *names = json_array();
+    for (int i = 0; i < n && names; i++)
+        json_array_append_new(names, ev_text(h[i].name));
+    return names;
+}
+
+/* Waits until the hosts of the host file that answer a probe (all of them
+ * when there is none: this host) offer at least --min-np slots; returns the
+ * world size to launch with those hosts in h, the others in s->left; -1 if
+ * a signal arrived meanwhile, -2 after --capacity-timeout. */
 static int wait_capacity(struct super *s, struct host *h, int *nh)
 {
-    int said = 0;
+    int said_cap = -1, said_offered = -1;
     double until = super_now() + s->o.capacity_timeout;
     for (;;) {
-        int cap = capacity(s, h, nh);
+        int offered = capacity(s, h, nh), cap = offered;
+        s->nleft = 0;
+        if (s->o.hosts && offered >= s->o.min_np)
+            cap = hosts_reachable(&s->suspects, &s->agent, s->o.probe_timeout, h, nh, s->left,
+                                  &s->nleft);
         int np = s->o.np && s->o.np < cap ? s->o.np : cap;
         if (np >= s->o.min_np)
             return np;
         cap = cap < 0 ? 0 : cap;
-        if (!said) {
-            say("waiting for capacity: %s offers %d slot%s, at least %d needed", s->o.hosts, cap,
-                cap == 1 ? "" : "s", s->o.min_np);
-            ev_emit("waiting_for_capacity", "{s:i, s:i}", "slots", cap, "min_np", s->o.min_np);
-            said = 1;
+        offered = offered < 0 ? 0 : offered;
+        if (cap != said_cap || offered != said_offered) {
+            if (cap < offered)
+                say("waiting for capacity: %s offers %d slot%s, %d of them on hosts that answer, "
+                    "at least %d needed",
+                    s->o.hosts, offered, offered == 1 ? "" : "s", cap, s->o.min_np);
+            else
+                say("waiting for capacity: %s offers %d slot%s, at least %d needed", s->o.hosts,
+                    cap, cap == 1 ? "" : "s", s->o.min_np);
+            ev_emit("waiting_for_capacity", "{s:i, s:i, s:i, s:o}", "slots", cap, "offered",
+                    offered, "min_np", s->o.min_np, "suspect", host_names(s->left, s->nleft));
+            said_cap = cap;
+            said_offered = offered;
         }
         if (got_signal)
             return -1;
@@ -213,7 +258,7 @@ static int wait_capacity(struct super *s, struct host *h, int *nh)
                     "waited_s", s->o.capacity_timeout);
             return -2;
         }
-        nap(0.2);
+        nap(s->nleft ? 1.0 : 0.2); /* a round of probes is not repeated at once */
     }
 }
 
@@ -255,7 +300,8 @@ static int claim_generation(struct super *s)
 static char **launch_argv(struct super *s, const char *hostfile, const char *npstr)
 {
     const struct chaos *c = &s->chaos;
-    char **argv = calloc((size_t)s->o.targc + 20, sizeof *argv);
+    const struct mpiargs *m = &s->mpiargs;
+    char **argv = calloc((size_t)s->o.targc + (size_t)m->argc + 20, sizeof *argv);
     if (!argv)
         return NULL;
     int a = 0;
@@ -272,6 +318,8 @@ static char **launch_argv(struct super *s, const char *hostfile, const char *nps
     argv[a++] = "FSDP_SUPER_TOKEN";
     argv[a++] = "-x";
     argv[a++] = "FSDP_SUPER_SILENCE_S";
+    for (int k = 0; k < m->argc; k++) /* keepalives, the environment every host needs */
+        argv[a++] = (char *)m->argv[k];
     if (c->hold[0]) {
         argv[a++] = "-x";
         argv[a++] = "FSDP_TEST_HOLD_AT";
@@ -343,6 +391,7 @@ static int launch(struct super *s, int np, const struct host *hosts, int nh)
     }
     snprintf(npstr, sizeof npstr, "%d", np);
     chaos_launching(&s->chaos, np);
+    mpiargs_build(&s->mpiargs, s->o.hb_timeout, environ);
     char **argv = launch_argv(s, hostfile, npstr);
     int errpipe[2];
     if (!argv || pipe2(errpipe, O_CLOEXEC)) {
@@ -372,14 +421,22 @@ static int launch(struct super *s, int np, const struct host *hosts, int nh)
     hbmsg_host_name(s->job.env.host, sizeof s->job.env.host);
     s->launches++;
     int resized = s->prev_np && s->prev_np != np;
-    say("launch %d: generation %llu, %d rank%s%s", s->launches, (unsigned long long)s->generation,
-        np, np > 1 ? "s" : "", resized ? " (resized)" : "");
-    json_t *names = json_array();
-    for (int i = 0; i < nh && names; i++)
-        json_array_append_new(names, ev_text(hosts[i].name));
-    ev_emit("launch", "{s:i, s:I, s:i, s:i, s:o, s:o}", "launch", s->launches, "generation",
-            (json_int_t)s->generation, "np", np, "pid", (int)pid, "hosts", names, "addr",
-            ev_text(s->link.addr));
+    char left[512] = "";
+    for (int i = 0; i < s->nleft; i++) {
+        size_t at = strlen(left);
+        snprintf(left + at, sizeof left - at, "%s%s", i ? ", " : "; left out: ", s->left[i].name);
+    }
+    say("launch %d: generation %llu, %d rank%s%s%s", s->launches,
+        (unsigned long long)s->generation, np, np > 1 ? "s" : "", resized ? " (resized)" : "",
+        left);
+    const struct keepalive *ka = &s->mpiargs.keepalive;
+    json_t *keepalive = s->mpiargs.keepalive_set == 3
+                            ? json_pack("[i, i, i]", ka->time, ka->intvl, ka->probes)
+                            : json_null();
+    ev_emit("launch", "{s:i, s:I, s:i, s:i, s:o, s:o, s:o, s:o}", "launch", s->launches,
+            "generation", (json_int_t)s->generation, "np", np, "pid", (int)pid, "hosts",
+            host_names(hosts, nh), "addr", ev_text(s->link.addr), "left_out",
+            host_names(s->left, s->nleft), "oob_keepalive", keepalive);
     if (resized)
         ev_emit("resize", "{s:i, s:i}", "from", s->prev_np, "to", np);
     s->prev_np = np;
@@ -815,6 +872,11 @@ static int set_up(struct super *s)
     if (chaos_init(&s->chaos, s->o.chaos, &s->o, err, sizeof err)) {
         say("%s", err);
         return 2;
+    }
+    if (agent_init(&s->agent, getenv("OMPI_MCA_plm_rsh_agent"), getenv("OMPI_MCA_plm_rsh_args"),
+                   err, sizeof err)) {
+        say("%s", err);
+        return 1;
     }
     if (net_listen(&s->link.net, s->o.listen, err, sizeof err)) {
         say("%s", err);

@@ -2,8 +2,11 @@
  * super.h - fsdp-super's pieces: the job (launch, watch, teardown), the
  * ranks (identity, verdicts, orders: ranks.c), mpirun's output (mpiout.c),
  * the datagrams (link.c: secrets, answers), the heartbeat socket and the
- * address the ranks are given (net.c), the event log, the host file, spot
- * notices and the chaos schedule. One process, one job at a time.
+ * address the ranks are given (net.c), the launch agent and the probe of
+ * the hosts before each launch (agent.c), what every launch tells mpirun
+ * (mpiargs.c: keepalives, the environment carried to other hosts), the
+ * event log, the host file, spot notices and the chaos schedule. One
+ * process, one job at a time.
  *
  * The parsers of everything that comes from outside (the host file, a spot
  * notice's body; the ranks' datagrams are src/hbmsg.h's) take a buffer and
@@ -33,7 +36,7 @@ struct super_opts {
     int np, min_np, max_restarts;
     const char *hosts, *preempt_url, *events, *chaos, *mpirun, *listen;
     double hb_timeout, startup_timeout, grace, backoff, healthy_after, preempt_poll,
-        preempt_deadline, capacity_timeout, rank_silence;
+        preempt_deadline, capacity_timeout, rank_silence, probe_timeout;
     int targc;
     char **targv;         /* the trainer's command line (after --) */
     const char *ckpt;     /* its --ckpt value, if any */
@@ -163,7 +166,7 @@ void job_drain_stderr(struct job *j);
 void job_show_hidden_tail(const struct job *j, int ev_on);
 /* What mpirun said about a rank or a daemon, from one line of its output. */
 struct mpirun_report {
-    enum { MPIRUN_NOTHING, MPIRUN_RANK_SIGNALED, MPIRUN_DAEMON_LOST } kind;
+    enum { MPIRUN_NOTHING, MPIRUN_RANK_SIGNALED, MPIRUN_DAEMON_LOST, MPIRUN_PEER_LOST } kind;
     int rank, pid, signal;
     char host[HBMSG_HOST_LEN];
 };
@@ -219,6 +222,70 @@ void link_send_orders(struct link *l, struct job *j);
 /* Orders every rank of the job, those not seen yet included (when they
  * first beat). */
 void link_order_all(struct link *l, struct job *j, enum hb_ctl action);
+
+/* ---- agent.c ---- */
+#define AGENT_MAX_WORDS 32
+#define AGENT_TEXT_LEN  1024
+/* The launch agent Open MPI uses: its command and words. */
+struct agent {
+    char text[AGENT_TEXT_LEN]; /* the words, each NUL-terminated */
+    char *word[AGENT_MAX_WORDS];
+    int nwords;
+    int is_ssh; /* the command is ssh: it takes -o ConnectTimeout, BatchMode */
+};
+/* From the values of plm_rsh_agent (NULL or empty: ssh; "A : B": the first
+ * alternative whose command is found, else the first) and plm_rsh_args
+ * (NULL: none); -1 with err when there are too many words or none. */
+int agent_init(struct agent *a, const char *agent, const char *args, char *err, size_t errlen);
+/* How one host's probe went: ok, or why not (the agent's exit and first
+ * line on stderr, or no answer in time); took: seconds. */
+struct probe {
+    int ok;
+    double took;
+    char why[224];
+};
+/* Runs `AGENT HOST true` for the n hosts at once (at most SUPER_MAX_HOSTS),
+ * each bounded by timeout seconds (ssh: ConnectTimeout, BatchMode) and
+ * killed with its process group a second after that; fills out[i]. */
+void agent_probe(const struct agent *a, const char *const *names, int n, double timeout,
+                 struct probe *out);
+/* The hosts that did not answer their last probe. */
+struct suspects {
+    int n;
+    struct {
+        char name[128];
+        char why[224];
+    } host[SUPER_MAX_HOSTS];
+};
+/* Probes every host of h that is not this one (none when timeout is 0),
+ * moves those that do not answer to left (*nleft) and returns the slots of
+ * the hosts kept in h. A host that becomes suspect (or whose reason
+ * changes) is a host_suspect event, a suspect one that answers again a
+ * host_answers event. */
+int hosts_reachable(struct suspects *sp, const struct agent *a, double timeout, struct host *h,
+                    int *nh, struct host *left, int *nleft);
+
+/* ---- mpiargs.c ---- */
+/* Open MPI's OOB TCP keepalive, whole seconds. */
+struct keepalive {
+    int time, intvl, probes;
+};
+/* time + intvl x probes about hb_timeout, each at least 1. */
+void mpi_keepalive(double hb_timeout, struct keepalive *k);
+#define MPIARGS_MAX_FORWARD 64
+/* mpirun's arguments of every launch: --mca for the keepalive (those the
+ * environment does not set) and -x NAME for each variable that must be
+ * equal on every host. The strings live in the struct. */
+struct mpiargs {
+    const char *argv[9 + 2 * MPIARGS_MAX_FORWARD];
+    int argc;
+    struct keepalive keepalive;
+    int keepalive_set; /* how many of the three went on the command line */
+    char num[3][16];
+    char names[MPIARGS_MAX_FORWARD][128];
+    int nforward;
+};
+void mpiargs_build(struct mpiargs *m, double hb_timeout, char *const *env);
 
 /* ---- proc.c ---- */
 /* Pids of every live process in the session sid (zombies excluded). */

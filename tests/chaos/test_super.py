@@ -731,6 +731,12 @@ FAKE_MPIRUN = """#!/bin/sh
 { echo "ADDR=$FSDP_SUPER_ADDR"; echo "TOKEN=$FSDP_SUPER_TOKEN"; echo "ARGV=$*"; } > "$0.out"
 """
 
+# the launch agent (plm_rsh_agent) fsdp-super probes the remote hosts with:
+# records each probe and answers for the host, sending nothing
+FAKE_AGENT = """#!/bin/sh
+echo "$*" >> "$0.out"
+"""
+
 
 def in_netns(ns, *cmd, check=True):
     return subprocess.run(["ip", "netns", "exec", ns] + list(cmd), check=check,
@@ -742,7 +748,8 @@ def the_ranks_are_given_the_address_that_routes_to_the_first_remote_host(tmp):
     controller 10.213.7.1 and a worker 10.213.7.2): fsdp-super in the
     controller, with a host file whose first remote host is the worker,
     gives the ranks 10.213.7.1. No packet is sent anywhere (the route is
-    looked up with a UDP connect, and mpirun is a stand-in)."""
+    looked up with a UDP connect, and mpirun and the launch agent that
+    probes the worker are stand-ins)."""
     if os.geteuid() != 0 or not shutil.which("ip"):
         print("  skip: needs root and ip(8) for network namespaces")
         return
@@ -751,6 +758,9 @@ def the_ranks_are_given_the_address_that_routes_to_the_first_remote_host(tmp):
     fake = f"{tmp}/mpirun-fake"
     open(fake, "w").write(FAKE_MPIRUN)
     os.chmod(fake, 0o755)
+    agent = f"{tmp}/agent-fake"
+    open(agent, "w").write(FAKE_AGENT)
+    os.chmod(agent, 0o755)
     hosts = f"{tmp}/hosts"
     open(hosts, "w").write("localhost 1\n10.213.7.2 2\n")
     try:
@@ -765,7 +775,7 @@ def the_ranks_are_given_the_address_that_routes_to_the_first_remote_host(tmp):
         for listen in ([], ["--listen", "10.213.7.1:0"]):
             ev = f"{tmp}/ev{len(listen)}.jsonl"
             r = in_netns(ctl, "env", *[f"{k}={v}" for k, v in ENV.items() if k.startswith("OMPI")],
-                         SUPER, "--hosts", hosts, "--np", "3", "--max-restarts", "0", "--events",
+                         f"OMPI_MCA_plm_rsh_agent={agent}", SUPER, "--hosts", hosts, "--np", "3", "--max-restarts", "0", "--events",
                          ev, "--mpirun", fake, *listen, "--", TRAIN, "--steps", "5", check=False)
             got = dict(l.split("=", 1) for l in open(f"{fake}.out").read().splitlines())
             port = [e for e in events_of(ev) if e["event"] == "start"][0]["heartbeat_port"]
@@ -773,6 +783,10 @@ def the_ranks_are_given_the_address_that_routes_to_the_first_remote_host(tmp):
             assert len(got["TOKEN"]) == 64 and got["TOKEN"] not in got["ARGV"], got["ARGV"]
             assert "-x FSDP_SUPER_TOKEN" in got["ARGV"], got["ARGV"]
             assert got["TOKEN"] not in r.stderr + r.stdout + open(ev).read()
+            # the worker was probed through the agent before the launch, this host was not
+            assert open(f"{agent}.out").read().splitlines() == ["10.213.7.2 true"], \
+                open(f"{agent}.out").read()
+            os.unlink(f"{agent}.out")
             how = [e for e in events_of(ev) if e["event"] == "advertise"][0]["how"]
             print(f"  {' '.join(listen) or 'every interface'}: ranks told {got['ADDR']} ({how})")
     finally:

@@ -250,8 +250,12 @@ static void mpirun_lines_name_the_rank_and_host(void)
     CHECK(r.kind == MPIRUN_DAEMON_LOST && strcmp(r.host, "host2") == 0, "%s", r.host);
     mpirun_report_parse("  Remote daemon: [[41772,0],1] on node host2.example.", &r);
     CHECK(r.kind == MPIRUN_DAEMON_LOST && strcmp(r.host, "host2.example") == 0, "%s", r.host);
+    mpirun_report_parse("  Peer host:  10.213.77.12", &r);
+    CHECK(r.kind == MPIRUN_PEER_LOST && strcmp(r.host, "10.213.77.12") == 0, "%s", r.host);
     static const char *nothing[] = {
         "",
+        "  Peer host:  ",
+        "  Peer host:  a;b",
         "fsdp-train: done",
         "mpirun noticed that process rank x with PID 1 on node n exited on signal 9",
         "mpirun noticed that process rank 1 with PID 1 on node n",

@@ -1,0 +1,280 @@
+"""fsdp-super supervising ranks on other hosts (tests/multihost: real hosts
+from network namespaces, see hosts.py). fsdp-super runs on the controller,
+which runs no rank; the host file lists the workers' addresses; the
+checkpoints are on the filesystem every host shares; Open MPI's settings
+for the test network (launch agent mh-rsh, both TCP layers held to the
+subnet, no core binding) are in fsdp-super's environment, as a user's
+would be.
+
+- A fault-free run on two workers: every rank's heartbeats arrive from its
+  own host (rank_up names both workers, not local), the final digest equals
+  the same job on one host with the same world size, the launch's token is
+  on no command line of any process on any host, and the ranks get the
+  environment their bits depend on even though the launch agent's login
+  environment lacks it.
+- Node loss, twice: every process of one worker killed at once (its kernel
+  resets the connections), and the worker powered off silently (its link
+  cut first, so nothing it had open says goodbye). Either way the loss is
+  detected within --heartbeat-timeout + 2 s (an event naming the host,
+  timed from the kill), the lost host fails its probe and is left out, the
+  job relaunches once on the other worker with the smaller world size
+  (resharded), finishes, and the final checkpoint verifies.
+
+Faults are triggered by events (a committed checkpoint), never by sleeps.
+Every test deletes its hosts and checks that no process is left in them,
+pass or fail (hosts.Cluster), and that no process of the job is left on
+the hosts that stayed up when it ended."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hosts  # noqa: E402
+from harness import (BUILD, CKPT, TRAIN, committed_steps, digest, main, mpirun,  # noqa: E402
+                     prepare_corpus, read_log, run)
+
+SUPER = os.path.join(BUILD, "recovery", "fsdp-super")
+MODEL = ["--layers", "2", "--dim", "64", "--heads", "2", "--seq", "64", "--global-batch", "4"]
+DETECTED = ("heartbeat_lost", "rank_died", "daemon_lost", "peer_lost")
+
+
+def train_args(data, ck, steps):
+    # --threads 1: a worker sees one local rank and would pick two threads,
+    # the one-host reference two ranks and one thread each; bit equality
+    # needs the same thread count.
+    return [TRAIN, "--data", data] + MODEL + [
+        "--steps", str(steps), "--threads", "1", "--ckpt", ck, "--ckpt-every", "10",
+        "--log-every", "100000", "--ckpt-chunk-kib", "64"]
+
+
+def start_super(c, tmp, args, targs, env=None):
+    """fsdp-super on the controller, its output in tmp/super.{out,err};
+    returns (Popen, event log path)."""
+    ev = os.path.join(tmp, "events.jsonl")
+    out = open(os.path.join(tmp, "super.out"), "w")
+    err = open(os.path.join(tmp, "super.err"), "w")
+    cmd = [SUPER, "--events", ev, "--restart-backoff", "0.1", "--grace", "3"] + args + \
+        ["--"] + targs
+    p = c.controller.popen(cmd, env=c.mpi_env(env), stdout=out, stderr=err)
+    out.close()
+    err.close()
+    return p, ev
+
+
+def output(tmp):
+    return (open(os.path.join(tmp, "super.out")).read(),
+            open(os.path.join(tmp, "super.err")).read())
+
+
+def events_of(path):
+    try:
+        return read_log(path)
+    except (OSError, ValueError):
+        return []
+
+
+def wait_event(p, tmp, ev, what, pred, limit):
+    """The first event that pred accepts; fails when fsdp-super ends first
+    or after limit seconds."""
+    deadline = time.monotonic() + limit
+    while True:
+        for e in events_of(ev):
+            if pred(e):
+                return e
+        if p.poll() is not None:
+            said = [e["line"] for e in events_of(ev) if e["event"] == "mpirun_output"]
+            raise AssertionError(f"fsdp-super exited {p.returncode} before {what}:\n"
+                                 f"{output(tmp)[1][-3000:]}\nOpen MPI said:\n" + "\n".join(said))
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {limit} s; last events: "
+                                 f"{events_of(ev)[-5:]}")
+        time.sleep(0.05)
+
+
+def finish(p, tmp, limit):
+    try:
+        p.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise AssertionError(f"fsdp-super still running after {limit} s:\n"
+                             f"{output(tmp)[1][-3000:]}")
+    return p.returncode
+
+
+def ranks_on(host):
+    return [pid for pid, comm in host.job_pids() if comm == "fsdp-train"]
+
+
+def environ_of(pid):
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        raw = f.read().split(b"\0")
+    return dict(kv.decode("latin-1").split("=", 1) for kv in raw if b"=" in kv)
+
+
+def cmdline_of(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def every_cmdline():
+    """The command line of every process on this machine: every test host's
+    processes are among them (the root PID namespace sees them all)."""
+    return [cmdline_of(int(d)) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+def two_hosts_under_the_supervisor_beat_and_match_one_host(tmp):
+    data, _ = prepare_corpus(tmp)
+    steps, timeout = 200, 5
+    ref = os.path.join(tmp, "ref")
+    t = time.monotonic()
+    mpirun(2, train_args(data, ref, steps))
+    local_s = time.monotonic() - t
+    # OMP_NUM_THREADS only in fsdp-super's environment, not in the login
+    # environment the launch agent gives the workers (hosts.host_env)
+    saved = os.environ.pop("OMP_NUM_THREADS", None)
+    try:
+        c = hosts.Cluster(2, tmp)
+    finally:
+        if saved is not None:
+            os.environ["OMP_NUM_THREADS"] = saved
+    with c:
+        w1, w2 = c.workers
+        ck = os.path.join(tmp, "ck")
+        t = time.monotonic()
+        p, ev = start_super(c, tmp, ["--hosts", c.hostfile(), "--np", "2",
+                                     "--heartbeat-timeout", str(timeout)],
+                            train_args(data, ck, steps), env={"OMP_NUM_THREADS": "1"})
+        wait_event(p, tmp, ev, "a committed checkpoint",
+                   lambda e: e["event"] == "checkpoint_committed", 120)
+        ranks = {w.name: ranks_on(w) for w in c.workers}
+        assert all(len(r) == 1 for r in ranks.values()), f"ranks per worker: {ranks}"
+        pids = [r[0] for r in ranks.values()]
+        envs = [environ_of(pid) for pid in pids]
+        token = envs[0].get("FSDP_SUPER_TOKEN", "")
+        assert len(token) == 64 and envs[1].get("FSDP_SUPER_TOKEN") == token, \
+            "the ranks have no launch token"
+        # the environment the bits depend on, carried with -x to other hosts
+        for e in envs:
+            assert e.get("OMP_NUM_THREADS") == "1", "OMP_NUM_THREADS did not reach a worker"
+            for k in ("OPENBLAS_CORETYPE",):
+                assert e.get(k) == os.environ.get(k), f"{k} differs on a worker"
+        lines = every_cmdline()
+        assert all(alive(pid) for pid in pids), "the job ended before its command lines were read"
+        assert not [l for l in lines if token.encode() in l], "the token is on a command line"
+        # mpirun and the workers' daemons got the OOB keepalive
+        orted = [cmdline_of(pid) for w in c.workers for pid, comm in w.job_pids()
+                 if comm == "orted"]
+        assert len(orted) == 2 and all(b"oob_tcp_keepalive_time" in o for o in orted), orted
+        rc = finish(p, tmp, 600)
+        multi_s = time.monotonic() - t
+        out, err = output(tmp)
+        assert rc == 0, f"fsdp-super exited {rc}:\n{err[-3000:]}"
+        evs = events_of(ev)
+        ups = {e["rank"]: e for e in evs if e["event"] == "rank_up"}
+        assert sorted(ups) == [0, 1], ups
+        assert {u["host"] for u in ups.values()} == {w1.hostname, w2.hostname}, ups
+        assert not any(u["local"] for u in ups.values()), ups
+        assert all(int(u["pid"]) < 1000 for u in ups.values()), ups  # the workers' own pids
+        launches = [e for e in evs if e["event"] == "launch"]
+        assert len(launches) == 1 and launches[0]["hosts"] == [w1.addr, w2.addr], launches
+        assert launches[0]["left_out"] == [], launches
+        assert launches[0]["oob_keepalive"] == [3, 1, 2], launches  # 3 + 1 x 2 = 5 s
+        assert not [e for e in evs if e["event"] == "host_suspect"]
+        assert [e["step"] for e in evs if e["event"] == "finished"] == [steps]
+        for where, text in (("stdout", out), ("stderr", err), ("events", open(ev).read())):
+            assert token not in text, f"the token is in fsdp-super's {where}"
+        left = c.wait_no_job_processes()
+        assert not left, f"processes of the job left: {left}"
+    run([CKPT, "verify", ck])
+    want, got = digest(ref), digest(ck)
+    assert got == want, "the supervised two-host checkpoint differs from the one-host one"
+    print(f"  rank_up from {sorted(u['host'] for u in ups.values())} (pids "
+          f"{sorted(u['pid'] for u in ups.values())}, not local); digest equal ({len(got)} "
+          f"entries); token on no command line of {len(lines)} processes; one host "
+          f"{local_s:.1f} s, two hosts supervised {multi_s:.1f} s")
+
+
+def node_loss(tmp, how):
+    """Loses worker 2 (how: 'kill' or 'power_off') once a checkpoint is
+    committed; the job must detect it in time, go on without it, finish."""
+    data, _ = prepare_corpus(tmp)
+    steps, timeout = 150, 3
+    with hosts.Cluster(2, tmp) as c:
+        w1, w2 = c.workers
+        ck = os.path.join(tmp, "ck")
+        p, ev = start_super(c, tmp, ["--hosts", c.hostfile(), "--np", "2", "--min-np", "1",
+                                     "--heartbeat-timeout", str(timeout), "--max-restarts", "3"],
+                            train_args(data, ck, steps))
+        wait_event(p, tmp, ev, "a committed checkpoint at step 20",
+                   lambda e: e["event"] == "checkpoint_committed" and e["step"] >= 20, 120)
+        assert ranks_on(w2), f"no rank on {w2.name}: {w2.pids()}"
+        names = {w2.hostname, w2.addr}
+        t0 = time.time()
+        if how == "kill":
+            w2.kill_all(signal.SIGKILL)
+        else:
+            w2.power_off()
+        lost = wait_event(p, tmp, ev, f"an event naming {w2.addr}",
+                          lambda e: e["event"] in DETECTED and e.get("host") in names
+                          and e["t"] >= t0, timeout + 30)
+        took = lost["t"] - t0
+        rc = finish(p, tmp, 600)
+        out, err = output(tmp)
+        assert rc == 0, f"fsdp-super exited {rc}:\n{err[-3000:]}"
+        assert took < timeout + 2, f"{how}: detected after {took:.2f} s: {lost}"
+        evs = events_of(ev)
+        suspect = [e for e in evs if e["event"] == "host_suspect"]
+        assert [e["host"] for e in suspect] == [w2.addr], suspect
+        launches = [e for e in evs if e["event"] == "launch"]
+        assert [e["np"] for e in launches] == [2, 1], launches  # one restart, not one per try
+        assert launches[1]["hosts"] == [w1.addr] and launches[1]["left_out"] == [w2.addr], \
+            launches[1]
+        assert len([e for e in evs if e["event"] == "restart"]) == 1
+        reshard = [e for e in evs if e["event"] == "reshard"]
+        assert reshard and reshard[0]["from"] == 2 and reshard[0]["to"] == 1, reshard
+        assert [e["step"] for e in evs if e["event"] == "finished"] == [steps]
+        ups = [e for e in evs if e["event"] == "rank_up" and e["generation"] ==
+               launches[1]["generation"]]
+        assert [u["host"] for u in ups] == [w1.hostname], ups
+        left = c.wait_no_job_processes([c.controller, w1])
+        assert not left, f"processes of the job left: {left}"
+    assert committed_steps(ck)[-1] == steps
+    run([CKPT, "verify", ck])
+    print(f"  {how}: {lost['event']} naming {lost['host']} after {took:.2f} s "
+          f"(--heartbeat-timeout {timeout}); {suspect[0]['host']} suspect "
+          f"({suspect[0]['why']}); relaunched on {launches[1]['hosts']} with 1 rank from step "
+          f"{reshard[0]['step']}; finished at step {steps}, verified")
+
+
+def a_killed_host_is_detected_and_the_job_finishes_without_it(tmp):
+    node_loss(tmp, "kill")
+
+
+def a_powered_off_host_is_detected_and_the_job_finishes_without_it(tmp):
+    node_loss(tmp, "power_off")
+
+
+if __name__ == "__main__":
+    why = hosts.unsupported()
+    if why:
+        print(f"skip: {why}")
+        sys.exit(77)  # meson: skipped
+    main([two_hosts_under_the_supervisor_beat_and_match_one_host,
+          a_killed_host_is_detected_and_the_job_finishes_without_it,
+          a_powered_off_host_is_detected_and_the_job_finishes_without_it])
