@@ -253,11 +253,18 @@ static int get_u64(json_t *o, const char *key, uint64_t max, uint64_t *out, char
     return 0;
 }
 
+/* A string member of printable ASCII without blanks (names: they reach
+ * messages and the terminal, where a newline could forge a line), shorter
+ * than n. */
 static int get_str(json_t *o, const char *key, char *out, size_t n, char *err)
 {
     const char *s = json_string_value(json_object_get(o, key));
-    if (!s || strlen(s) >= n) {
-        snprintf(err, CKPT_ERR_LEN, "manifest: '%s' is missing or too long", key);
+    size_t len = s ? strlen(s) : 0;
+    int printable = len > 0 && len == json_string_length(json_object_get(o, key));
+    for (size_t i = 0; printable && i < len; i++)
+        printable = s[i] > ' ' && s[i] < 0x7f;
+    if (!s || len >= n || !printable) {
+        snprintf(err, CKPT_ERR_LEN, "manifest: '%s' is missing, too long or not printable", key);
         return -1;
     }
     snprintf(out, n, "%s", s);
@@ -465,6 +472,10 @@ int ckpt_manifest_parse(const char *buf, size_t len, struct ckpt_manifest *m, ch
     json_error_t je;
     json_t *j = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
     if (!j) {
+        /* jansson quotes the input near the error: keep it to one printable line */
+        for (char *c = je.text; *c; c++)
+            if ((unsigned char)*c < ' ' || (unsigned char)*c >= 0x7f)
+                *c = '?';
         snprintf(err, CKPT_ERR_LEN, "manifest: not JSON: %s at line %d", je.text, je.line);
         return -1;
     }

@@ -10,7 +10,8 @@ PKGS="build-essential pkg-config meson ninja-build python3 curl
       libopenmpi-dev openmpi-bin libopenblas-openmp-dev
       libzstd-dev libssl-dev libjansson-dev libcurl4-openssl-dev libexpat1-dev
       awscli ceph-mon ceph-osd radosgw ceph-common
-      fortunes-min fortunes"
+      fortunes-min fortunes
+      iproute2 procps clang libclang-rt-14-dev"
 if [ "${1:-}" = "--bench" ]; then
     PKGS="$PKGS python3-torch"
 fi

@@ -4,7 +4,9 @@
 # UBSan) and the ThreadSanitizer configurations, runs every suite on the
 # first, the unit tests, the bad-input suite and the single-process
 # integration tests on the second, the tests whose code runs threads of our
-# own on the third, and ends with one line: "N passed, M failed".
+# own on the third, a short run of every libFuzzer target (clang, ASan +
+# UBSan, tests/fuzz) on the fourth, and ends with one line: "N passed, M
+# failed".
 #
 #   tools/test.sh                  everything
 #   tools/test.sh --suite unit     only some suites of the default build
@@ -25,7 +27,8 @@ configure() { # DIR ARGS...
 
 build_failed=0
 configure build || build_failed=$((build_failed + 1))
-rm -f build/meson-logs/*.json build-asan/meson-logs/*.json build-tsan/meson-logs/*.json
+rm -f build/meson-logs/*.json build-asan/meson-logs/*.json build-tsan/meson-logs/*.json \
+    build-fuzz/meson-logs/*.json
 if [ -f build/build.ninja ]; then
     if [ $# -eq 0 ]; then
         meson test -C build --print-errorlogs --no-suite tsan
@@ -55,13 +58,20 @@ if [ $# -eq 0 ]; then
     TSAN_OPTIONS="halt_on_error=1:exitcode=66:suppressions=$PWD/tests/sanitizers/tsan.supp" \
         meson test -C build-tsan --print-errorlogs --logbase tsan \
         storage super-parsers tsan-async-checkpoint tsan-heartbeat
+    # libFuzzer: every target over its seeds (the regression inputs among
+    # them), then 20000 executions each (tests/fuzz/README.md)
+    (export CC=clang && configure build-fuzz -Dfuzz=true -Db_sanitize=address,undefined \
+        -Dbuildtype=debugoptimized) || build_failed=$((build_failed + 1))
+    rm -f build-fuzz/meson-logs/*.json
+    meson test -C build-fuzz --print-errorlogs --logbase fuzz --suite fuzz
 fi
 
 /usr/bin/python3 - "$build_failed" <<'PY'
 import glob, json, sys
 passed, failed = 0, int(sys.argv[1])
 for log in sorted(glob.glob("build/meson-logs/*.json") + glob.glob("build-asan/meson-logs/*.json")
-                  + glob.glob("build-tsan/meson-logs/*.json")):
+                  + glob.glob("build-tsan/meson-logs/*.json")
+                  + glob.glob("build-fuzz/meson-logs/*.json")):
     for line in open(log):
         r = json.loads(line)
         if r["result"] in ("OK", "EXPECTEDFAIL", "SKIP"):
