@@ -119,6 +119,9 @@ int ckpt_writer_tag(uint64_t generation, char *out, size_t n);
 void ckpt_shard_file(int rank, int world, const char *tag, char *out, size_t n);
 /* 0 if name is a shard object's name; its generation is 0 when untagged. */
 int ckpt_parse_shard_name(const char *name, int *rank, int *world, uint64_t *gen);
+/* 0 if tag is a writer tag; its generation (what the writer's manifest
+ * records: fencing judges a commit by it). */
+int ckpt_tag_generation(const char *tag, uint64_t *gen);
 
 /* ---- writing ------------------------------------------------------------- */
 
@@ -264,6 +267,10 @@ struct ckpt_step_objects {
 int ckpt_list_step_objects(struct storage *st, struct ckpt_step_objects **out, int *n,
                            char *err);
 void ckpt_step_objects_free(struct ckpt_step_objects *s, int n);
+/* Loads a live manifest (ckpt_step_live); a fenced writer's late commit
+ * returns CKPT_NOT_LIVE with a "fenced" line. Other failures: a storage
+ * code or -1. */
+#define CKPT_NOT_LIVE -40
 int ckpt_load_manifest(struct storage *st, uint64_t step, struct ckpt_manifest *m, char *err);
 /* *committed = 1 if the step's manifest exists. */
 int ckpt_step_committed(struct storage *st, uint64_t step, int *committed, char *err);
@@ -278,9 +285,9 @@ int ckpt_new_writer_tag(struct storage *st, uint64_t generation, char *tag, size
  * manifest. An object that no manifest references (an incomplete step, a
  * losing writer's shards, a temporary) is garbage only when its writer can
  * no longer commit it: its tag names a generation older than the store's
- * current one (such writers are fenced). A writer removes its own objects
- * of a step it failed to commit with ckpt_discard_own. Names ckpt does not
- * know are never deleted. */
+ * current one (such writers are fenced); so is a manifest that is not live
+ * (fence.c). A writer removes its own objects of a step it failed to commit
+ * with ckpt_discard_own. Names ckpt does not know are never deleted. */
 struct ckpt_clean_policy {
     uint64_t generation; /* the caller's, fence-checked first; 0: a tool, judged
                             against the store's current generation */
@@ -305,8 +312,9 @@ int ckpt_discard_own(struct storage *st, uint64_t step, int world, const char *t
  *   CKPT_COMMITTED      our manifest is in place and every shard it names
  *                       exists (returns 0; every other outcome returns -1);
  *   CKPT_NOT_COMMITTED  no manifest of ours stands (none landed, or ours was
- *                       withdrawn because a shard it names had been removed):
- *                       our shards of the step are removed;
+ *                       withdrawn because a shard it names had been removed
+ *                       or a newer generation's seal leaves it out: err
+ *                       says "fenced"): our shards of the step are removed;
  *   CKPT_OTHER          another writer's manifest holds the step (res->other,
  *                       free with ckpt_commit_result_free); ours are removed;
  *   CKPT_OTHER_UNREADABLE  the step is committed but its manifest does not
@@ -314,7 +322,10 @@ int ckpt_discard_own(struct storage *st, uint64_t step, int world, const char *t
  *   CKPT_UNKNOWN        it cannot be told (the store failed while we looked):
  *                       nothing is removed.
  * A put that failed or met EXISTS may still have been ours (an answer lost
- * after the server acted): the manifest is read back and compared. */
+ * after the server acted): the manifest is read back and compared. A
+ * manifest in the way that is not live is removed and the put tried once
+ * more, when m's generation is the one that sealed it out or newer. m's
+ * generation must be the tag's. */
 enum ckpt_commit_outcome {
     CKPT_UNKNOWN,
     CKPT_COMMITTED,
@@ -335,11 +346,18 @@ void ckpt_hex(const unsigned char sha[32], char out[65]);
 /* ---- fencing -------------------------------------------------------------- */
 
 /* Every launch claims a new generation in the store (generations/N, made
- * with put-if-absent). A process whose generation is older than the
- * store's newest may neither commit nor delete: ckpt_fence_check fails
- * with a message saying so. Generation 0 means "not supervised": unfenced. */
+ * with put-if-absent) and seals it (fences/N: the steps committed at the
+ * claim; fence.c). A process whose generation is older than the store's
+ * newest may neither commit nor delete: ckpt_fence_check fails with a
+ * message saying so. Generation 0 means "not supervised": unfenced. */
 int ckpt_fence_current(struct storage *st, uint64_t *gen, char *err);
+/* Claims the next generation and seals the store with it; nothing may be
+ * launched with the generation before this returns 0. */
 int ckpt_fence_claim(struct storage *st, uint64_t *gen, char *err);
 int ckpt_fence_check(struct storage *st, uint64_t mine, char *err);
+/* Whether a manifest of generation gen at step is part of the run: 1 yes;
+ * 0 no, it landed after generation *by sealed the store (a fenced writer's
+ * late commit); -1 with err when the seals cannot be read. */
+int ckpt_step_live(struct storage *st, uint64_t step, uint64_t gen, uint64_t *by, char *err);
 
 #endif

@@ -16,6 +16,10 @@
  *     generation (or a newer one) and are left alone, whatever the step;
  *   - a committed step's manifest is read to tell its shards from a losing
  *     writer's; if it cannot be read, nothing of that step is touched;
+ *   - a manifest that is not live (a fenced writer's late commit, fence.c)
+ *     is garbage like that writer's shards: the manifest goes first, and a
+ *     writer of the sealing generation or a newer one may commit the step
+ *     in its place (ckpt_commit_step);
  *   - names ckpt does not know are never deleted;
  *   - the store is listed once (the listing is sorted once), so start-up
  *     cleanup costs O(objects log objects), not a listing per step.
@@ -128,8 +132,9 @@ static int drop_step(struct storage *st, const struct ckpt_step_objects *x,
 }
 
 /* A committed step whose objects are its manifest and one writer's
- * complete set of shards needs no reading: nothing in it is garbage. */
-static int looks_clean(const struct ckpt_step_objects *x)
+ * complete set of shards needs no reading, unless a seal says its commit
+ * came too late (*gen: the shards' generation, its writer's). */
+static int looks_clean(const struct ckpt_step_objects *x, uint64_t *shard_gen)
 {
     char first[CKPT_TAG_LEN + 2] = "", tag[CKPT_TAG_LEN + 2];
     int shards = 0, world = 0;
@@ -144,6 +149,7 @@ static int looks_clean(const struct ckpt_step_objects *x)
         if (shards++ == 0) {
             snprintf(first, sizeof first, "%s", tag);
             world = w;
+            *shard_gen = gen;
         } else if (strcmp(tag, first) != 0 || w != world) {
             return 0;
         }
@@ -164,14 +170,18 @@ static int collect_garbage(struct storage *st, const struct ckpt_step_objects *x
                            struct ckpt_clean_report *rep, char *err)
 {
     struct ckpt_manifest m = {0};
-    int have_manifest = 0;
+    int have_manifest = 0, dead = 0;
     if (x->info.committed) {
-        if (looks_clean(x))
-            return 0;
+        uint64_t gen = 0, by;
         char sub[CKPT_ERR_LEN];
-        if (ckpt_load_manifest(st, x->info.step, &m, sub))
+        if (looks_clean(x, &gen) && ckpt_step_live(st, x->info.step, gen, &by, sub) == 1)
+            return 0;
+        int lr = ckpt_load_manifest(st, x->info.step, &m, sub);
+        if (lr && lr != CKPT_NOT_LIVE)
             return 0; /* unreadable: nothing of it is ours to judge */
-        have_manifest = 1;
+        /* a fenced writer's late commit: its manifest and shards are garbage */
+        dead = lr == CKPT_NOT_LIVE;
+        have_manifest = !dead;
     }
     char **names = calloc((size_t)x->nobj + 1, sizeof *names);
     if (!names) {
@@ -180,12 +190,18 @@ static int collect_garbage(struct storage *st, const struct ckpt_step_objects *x
         return -1;
     }
     int n = 0, left = 0;
+    if (dead) { /* the manifest first: never a live-looking step missing shards */
+        names[n++] = CKPT_MANIFEST;
+        rep->steps_removed++;
+    }
     for (int i = 0; i < x->nobj; i++) {
         const char *name = x->obj[i].name;
         uint64_t gen;
         enum obj_class c = classify(name, &gen, NULL, 0);
         int garbage = 0;
-        if (c == OBJ_SHARD)
+        if (c == OBJ_MANIFEST)
+            garbage = 0; /* already first in names when dead */
+        else if (c == OBJ_SHARD)
             garbage = gen < current && !(have_manifest && referenced(&m, name));
         else if (c == OBJ_MANIFEST_TEMP)
             garbage = have_manifest; /* a losing commit's leftover */
@@ -325,11 +341,41 @@ static int settle_ours(struct storage *st, const struct ckpt_manifest *m, const 
         if (!seen[s])
             missing = s;
     free(seen);
-    if (missing < 0) {
-        res->outcome = CKPT_COMMITTED;
-        return 0;
-    }
     char sub[CKPT_ERR_LEN];
+    if (missing < 0) {
+        uint64_t by;
+        int live = ckpt_step_live(st, m->step, m->generation, &by, sub);
+        if (live == 1) {
+            res->outcome = CKPT_COMMITTED;
+            return 0;
+        }
+        if (live < 0) {
+            res->outcome = CKPT_UNKNOWN; /* committed, most likely: nothing is touched */
+            snprintf(err, CKPT_ERR_LEN, "%s/%s: landed, but whether it is live cannot be told: %s",
+                     st->uri, key, sub);
+            return -1;
+        }
+        /* a newer launch sealed the store before this commit landed: it is
+         * not part of the run, and it is ours to withdraw */
+        if (storage_delete(st, key, sub)) {
+            res->outcome = CKPT_UNKNOWN;
+            snprintf(err, CKPT_ERR_LEN,
+                     "fenced: generation %llu sealed %s before this commit of step %llu landed "
+                     "(this process belongs to generation %llu); withdrawing it failed (%s): it is "
+                     "garbage for the next clean-up",
+                     (unsigned long long)by, st->uri, (unsigned long long)m->step,
+                     (unsigned long long)m->generation, sub);
+            return -1;
+        }
+        ckpt_discard_own(st, m->step, m->world, tag, sub);
+        res->outcome = CKPT_NOT_COMMITTED;
+        snprintf(err, CKPT_ERR_LEN,
+                 "fenced: generation %llu sealed %s before this commit of step %llu landed (this "
+                 "process belongs to generation %llu); the commit is withdrawn",
+                 (unsigned long long)by, st->uri, (unsigned long long)m->step,
+                 (unsigned long long)m->generation);
+        return -1;
+    }
     if (storage_delete(st, key, sub)) {
         res->outcome = CKPT_UNKNOWN;
         snprintf(err, CKPT_ERR_LEN,
@@ -347,12 +393,34 @@ static int settle_ours(struct storage *st, const struct ckpt_manifest *m, const 
     return -1;
 }
 
+/* 1 if the manifest in buf is a late commit of a fenced writer that the
+ * committer of m may replace: m's generation is the sealing one or newer. */
+static int dead_for(struct storage *st, const struct ckpt_manifest *m, const void *buf,
+                    size_t len)
+{
+    struct ckpt_manifest other;
+    char sub[CKPT_ERR_LEN];
+    if (ckpt_manifest_parse(buf, len, &other, sub))
+        return 0;
+    uint64_t by;
+    int live = ckpt_step_live(st, m->step, other.generation, &by, sub);
+    ckpt_manifest_free(&other);
+    return live == 0 && m->generation >= by;
+}
+
 int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const char *tag,
                      struct ckpt_commit_result *res, char *err)
 {
     memset(res, 0, sizeof *res);
     res->outcome = CKPT_UNKNOWN;
     char sub[CKPT_ERR_LEN];
+    uint64_t tag_gen;
+    if (ckpt_tag_generation(tag, &tag_gen) || tag_gen != m->generation) {
+        res->outcome = CKPT_NOT_COMMITTED;
+        snprintf(err, CKPT_ERR_LEN, "manifest: generation %llu is not its writer's (tag %s)",
+                 (unsigned long long)m->generation, tag ? tag : "none");
+        return -1;
+    }
     if (ckpt_manifest_check(m, err)) { /* nothing of the commit was written */
         res->outcome = CKPT_NOT_COMMITTED;
         ckpt_discard_own(st, m->step, m->world, tag, sub);
@@ -367,22 +435,37 @@ int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const ch
     ckpt_step_dir(m->step, dir, sizeof dir);
     snprintf(key, sizeof key, "%s/%s", dir, CKPT_MANIFEST);
     size_t len = strlen(doc);
-    int rc = storage_put_if_absent(st, key, doc, len, err);
-    if (rc == 0) {
-        free(doc);
-        return settle_ours(st, m, tag, key, res, err);
-    }
-    /* EXISTS, or an error after which the put may or may not have landed
-     * (a lost answer, a failed directory sync): read what is there */
     void *buf = NULL;
     size_t got = 0;
-    int gr = storage_get_all(st, key, CKPT_MAX_MANIFEST_BYTES, &buf, &got, sub);
-    int ours = gr == 0 && got == len && memcmp(buf, doc, len) == 0;
-    free(doc);
-    if (ours) {
+    int gr;
+    for (int attempt = 0;; attempt++) {
+        if (storage_put_if_absent(st, key, doc, len, err) == 0) {
+            free(doc);
+            return settle_ours(st, m, tag, key, res, err);
+        }
+        /* EXISTS, or an error after which the put may or may not have landed
+         * (a lost answer, a failed directory sync): read what is there */
+        gr = storage_get_all(st, key, CKPT_MAX_MANIFEST_BYTES, &buf, &got, sub);
+        if (gr == 0 && got == len && memcmp(buf, doc, len) == 0) {
+            free(buf);
+            free(doc);
+            return settle_ours(st, m, tag, key, res, err);
+        }
+        if (gr || attempt > 0 || !dead_for(st, m, buf, got))
+            break;
+        /* a fenced writer's late commit holds the step: it is garbage, and
+         * this writer (of the sealing generation or a newer one) may take
+         * its place once */
         free(buf);
-        return settle_ours(st, m, tag, key, res, err);
+        buf = NULL;
+        if (storage_delete(st, key, sub)) {
+            free(doc);
+            snprintf(err, CKPT_ERR_LEN, "%s: a fenced writer's late commit holds step %llu and "
+                     "could not be removed: %s", st->uri, (unsigned long long)m->step, sub);
+            return -1;
+        }
     }
+    free(doc);
     if (gr == STORAGE_NOT_FOUND) { /* nothing landed */
         res->outcome = CKPT_NOT_COMMITTED;
         ckpt_discard_own(st, m->step, m->world, tag, sub);

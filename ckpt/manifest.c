@@ -89,6 +89,11 @@ int ckpt_parse_shard_name(const char *name, int *rank, int *world, uint64_t *gen
     return name[20] == '.' ? parse_tag(name + 21, gen) : -1;
 }
 
+int ckpt_tag_generation(const char *tag, uint64_t *gen)
+{
+    return tag ? parse_tag(tag, gen) : -1;
+}
+
 void ckpt_hex(const unsigned char sha[32], char out[65])
 {
     for (int i = 0; i < 32; i++)

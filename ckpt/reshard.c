@@ -53,7 +53,7 @@ int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct stor
     struct ckpt_manifest out = {0};
     out.version = CKPT_FORMAT_VERSION;
     out.step = m->step;
-    out.generation = m->generation;
+    ckpt_tag_generation(tag, &out.generation); /* this writer's, in dst */
     out.world = world;
     snprintf(out.sharding, sizeof out.sharding, "%s", m->sharding);
     out.model = json_incref(m->model);
@@ -129,6 +129,7 @@ int ckpt_copy_step(struct storage *src, const struct ckpt_manifest *m, struct st
      * go across unchanged, each chunk verified on the way, so every digest
      * in it stays valid */
     struct ckpt_manifest out = *m;
+    ckpt_tag_generation(tag, &out.generation); /* this writer's, in dst */
     out.shards = calloc((size_t)m->nshards + 1, sizeof *out.shards);
     if (!out.shards) {
         snprintf(err, CKPT_ERR_LEN, "copy: out of memory");

@@ -1,6 +1,6 @@
 /*
- * steps.c - what steps a store holds (one listing, sorted once), loading a
- * step's manifest, and the generations that fence older launches.
+ * steps.c - what steps a store holds (one listing, sorted once) and
+ * loading a step's manifest (only a live one: fence.c).
  * Deciding what may be deleted is cleanup.c's job alone.
  */
 #include "ckpt.h"
@@ -8,9 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <time.h>
-#include <unistd.h>
 
 /* "step-00000100/NAME" -> 100; -1 for keys that are not a step's object */
 static int parse_step_key(const char *key, uint64_t *step, const char **name)
@@ -177,6 +174,20 @@ int ckpt_load_manifest(struct storage *st, uint64_t step, struct ckpt_manifest *
         ckpt_manifest_free(m);
         return -1;
     }
+    uint64_t by;
+    int live = ckpt_step_live(st, step, m->generation, &by, sub);
+    if (live != 1) {
+        if (live == 0)
+            snprintf(err, CKPT_ERR_LEN,
+                     "%s/%s: fenced: committed by generation %llu after generation %llu sealed "
+                     "the store; not part of the run (garbage for the next clean-up)",
+                     st->uri, key, (unsigned long long)m->generation, (unsigned long long)by);
+        else
+            snprintf(err, CKPT_ERR_LEN, "%s/%s: cannot tell whether it is live: %s", st->uri,
+                     key, sub);
+        ckpt_manifest_free(m);
+        return live == 0 ? CKPT_NOT_LIVE : -1;
+    }
     return 0;
 }
 
@@ -197,118 +208,6 @@ int ckpt_new_writer_tag(struct storage *st, uint64_t generation, char *tag, size
         return -1;
     if (ckpt_writer_tag(generation, tag, n)) {
         snprintf(err, CKPT_ERR_LEN, "getrandom failed: cannot name this writer's objects");
-        return -1;
-    }
-    return 0;
-}
-
-/* ---- fencing -------------------------------------------------------------- */
-
-/* generations/00000000000000000007: one object per launch, created with
- * put-if-absent, so two launchers can never claim the same generation. */
-#define GEN_PREFIX "generations/"
-
-struct gen_scan {
-    uint64_t max;
-    char *err; /* the first key that is not a generation claim */
-    const char *uri;
-};
-
-/* Exactly GEN_PREFIX + 20 decimal digits, below 2^63. A store's
- * temporaries (a claim being written: "....tmp.PID.N") are not claims.
- * Anything else is refused: a junk name that parsed loosely (a saturated
- * strtoull, a wrap of cur + 1 to 0) would silently turn fencing off. */
-static int on_gen(void *arg, const char *key, uint64_t size)
-{
-    (void)size;
-    struct gen_scan *g = arg;
-    const char *p = key + strlen(GEN_PREFIX);
-    if (strstr(p, ".tmp."))
-        return 0;
-    uint64_t v = 0;
-    int n = 0;
-    for (; p[n] >= '0' && p[n] <= '9' && n < 20; n++)
-        v = v * 10 + (uint64_t)(p[n] - '0');
-    /* a leading 0 keeps the value below 10^19: the sum above did not wrap */
-    int ok = n == 20 && p[n] == 0 && p[0] == '0' && v < (UINT64_C(1) << 63);
-    if (!ok) {
-        snprintf(g->err, CKPT_ERR_LEN,
-                 "%s/%s is not a generation claim (want %s followed by 20 digits below 2^63): "
-                 "remove it to use this checkpoint store",
-                 g->uri, key, GEN_PREFIX);
-        return -1;
-    }
-    if (v > g->max)
-        g->max = v;
-    return 0;
-}
-
-int ckpt_fence_current(struct storage *st, uint64_t *gen, char *err)
-{
-    struct gen_scan g = {0, err, st->uri};
-    *err = 0;
-    int rc = storage_list(st, GEN_PREFIX, on_gen, &g, err);
-    *gen = g.max;
-    return rc ? -1 : 0;
-}
-
-/* "host pid nonce": what makes a claim's body this launcher's own, so that
- * a put-if-absent retried after a lost answer can tell its own claim from a
- * rival's (storage.h). */
-static void claimant_id(char *out, size_t n)
-{
-    char host[64] = "?";
-    gethostname(host, sizeof host - 1);
-    uint64_t nonce = 0;
-    if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        nonce = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ (uint64_t)getpid() << 48;
-    }
-    snprintf(out, n, "%s %d %016llx", host, (int)getpid(), (unsigned long long)nonce);
-}
-
-int ckpt_fence_claim(struct storage *st, uint64_t *gen, char *err)
-{
-    char claimant[128];
-    claimant_id(claimant, sizeof claimant);
-    for (int attempt = 0; attempt < 16; attempt++) {
-        uint64_t cur;
-        if (ckpt_fence_current(st, &cur, err))
-            return -1;
-        if (cur + 1 >= (UINT64_C(1) << 63)) {
-            snprintf(err, CKPT_ERR_LEN, "%s: generations are exhausted (2^63 - 1 claimed)",
-                     st->uri);
-            return -1;
-        }
-        char key[64], body[160];
-        snprintf(key, sizeof key, GEN_PREFIX "%020llu", (unsigned long long)(cur + 1));
-        int n = snprintf(body, sizeof body, "%llu %s\n", (unsigned long long)(cur + 1), claimant);
-        int rc = storage_put_if_absent(st, key, body, (size_t)n, err);
-        if (rc == 0) {
-            *gen = cur + 1;
-            return 0;
-        }
-        if (rc != STORAGE_EXISTS)
-            return -1;
-    }
-    snprintf(err, CKPT_ERR_LEN, "%s: could not claim a generation (too many racing launchers)",
-             st->uri);
-    return -1;
-}
-
-int ckpt_fence_check(struct storage *st, uint64_t mine, char *err)
-{
-    if (mine == 0) /* not launched by a supervisor: unfenced */
-        return 0;
-    uint64_t cur;
-    if (ckpt_fence_current(st, &cur, err))
-        return -1;
-    if (cur > mine) {
-        snprintf(err, CKPT_ERR_LEN,
-                 "fenced: this process belongs to generation %llu, but %s now belongs to "
-                 "generation %llu; refusing to commit or delete",
-                 (unsigned long long)mine, st->uri, (unsigned long long)cur);
         return -1;
     }
     return 0;

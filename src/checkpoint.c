@@ -30,8 +30,9 @@
  * Test hook: FSDP_TEST_STOP_AT=POINT:N makes the process stop itself
  * (SIGSTOP) at POINT during its N-th save: shard-chunk (after the first
  * chunk of its shard is written), before-commit (rank 0, shards durable,
- * manifest not yet written), after-commit (rank 0). Tests then SIGKILL the
- * whole job at a moment they know.
+ * manifest not yet written), fence-checked (rank 0, its generation still
+ * the store's, manifest not yet written), after-commit (rank 0). Tests
+ * then SIGKILL or SIGCONT the whole job at a moment they know.
  */
 #include "checkpoint.h"
 
@@ -307,6 +308,8 @@ static int commit(struct ckptr *c, uint64_t step, json_t *trainer, const char *a
         stop_here("before-commit");
         rc = ckpt_fence_check(c->st, c->generation, err);
     }
+    if (!rc)
+        stop_here("fence-checked"); /* a frozen or partitioned rank 0 can stop here */
     if (!rc) {
         *attempted = 1;
         struct ckpt_commit_result res;

@@ -23,7 +23,7 @@
  *
  *   FSDP_TEST_STOP_AT=POINT:N  (src/checkpoint.c) SIGSTOP of the process at
  *                            a point of its N-th save: shard-chunk,
- *                            before-commit, after-commit.
+ *                            before-commit, fence-checked, after-commit.
  */
 #ifndef FSDP_TESTHOOK_H
 #define FSDP_TESTHOOK_H

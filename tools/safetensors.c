@@ -330,6 +330,7 @@ int st_import(const char *path, const struct model_layout *m, const char *model_
         rc = read_header(path, fd, (uint64_t)sb.st_size, m, model_name, offsets, err);
     struct ckpt_manifest out = {0};
     out.version = CKPT_FORMAT_VERSION;
+    ckpt_tag_generation(tag, &out.generation); /* this writer's in dst: fencing judges by it */
     out.world = world;
     snprintf(out.sharding, sizeof out.sharding, "full");
     const struct model_config *c = &m->cfg;

@@ -118,14 +118,15 @@ def storage_errors_fail_the_save_and_keep_committed(tmp):
     train, _ = prepare_corpus(tmp)
     # The first checkpoint (step 3) succeeds, the second (step 6) fails:
     # a write in the middle of its shard, its commit, its creation, or its
-    # manifest. (At start the trainer claims a generation - a put_if_absent -
-    # and probes the store with one put, write, commit and delete.)
+    # manifest. (At start the trainer claims a generation and seals the store
+    # with it - two put_if_absent - and probes the store with one put, write,
+    # commit and delete.)
     n = chunks_per_checkpoint(train, tmp)
     for spec, errno_text in ((f"write=ENOSPC@{1 + n + n // 2}", "No space left on device"),
                              (f"write=EIO@{n + 2}", "Input/output error"),
                              ("commit=EACCES@3", "Permission denied"),
                              ("put=EROFS@3", "Read-only file system"),
-                             ("put_if_absent=EIO@3", "Input/output error")):
+                             ("put_if_absent=EIO@4", "Input/output error")):
         ck = f"{tmp}/ck-{spec.split('=')[0]}-{errno_text.split()[0]}"
         print(f"  --ckpt 'fault:{spec};DIR': {errno_text}")
         p = run(train_args(train, f"fault:{spec};{ck}", steps=9), check=False)

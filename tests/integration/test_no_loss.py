@@ -9,10 +9,12 @@ import hashlib
 import os
 import signal
 import subprocess
+import time
 
-from harness import (CKPT, TRAIN, committed_steps, digest, job_pids, launch, main, mpirun,
+from harness import (BUILD, CKPT, TRAIN, committed_steps, digest, job_pids, launch, main, mpirun,
                      prepare_corpus, read_log, run, wait_stopped_or_exit)
 
+SUPER = os.path.join(BUILD, "recovery", "fsdp-super")
 MODEL = ["--layers", "2", "--dim", "64", "--heads", "2", "--seq", "64"]
 
 
@@ -228,6 +230,96 @@ def an_unwritable_store_is_found_before_training(tmp):
         subprocess.run(["umount", mnt])
 
 
+def a_writer_frozen_past_its_fence_check_commits_nothing_live(tmp):
+    """Run A passes its fence check for step 6 and freezes (a stopped or
+    partitioned rank 0) before its manifest lands; run B takes the store
+    (generation 2, sealed with step 3), resumes, commits step 4 and dies;
+    then A thaws and commits step 6. Before: A's late step 6 was live, A
+    exited 0, and the next resume continued from a step of a generation
+    that had been fenced. Now A reads its commit back, finds that it does
+    not stand (its shards were garbage to B, or B's seal leaves the step
+    out: test_cleanup.c has the case where the shards survive), withdraws
+    it, says "fenced" and exits non-zero; the next run resumes from B's
+    step 4 and reaches the same bits as a run never interrupted."""
+    data, _ = prepare_corpus(tmp)
+    ck, ref = f"{tmp}/ck", f"{tmp}/ref"
+    mpirun(1, args(data, ref, 6))  # as launched below: same threads
+    a = launch(1, args(data, ck, 6), {"FSDP_TEST_STOP_AT": "fence-checked:2"})
+    assert wait_stopped_or_exit(a), "run A did not reach its second commit"
+    assert committed_steps(ck) == [3], committed_steps(ck)
+    b = launch(1, args(data, ck, 6, every=4, extra=["--resume", "auto"]),
+               {"FSDP_TEST_STOP_AT": "after-commit:1"})
+    assert wait_stopped_or_exit(b), "run B did not commit step 4"
+    for pid, _ in job_pids(b.pid):
+        os.kill(pid, signal.SIGKILL)
+    b.wait(timeout=60)
+    assert committed_steps(ck) == [3, 4], committed_steps(ck)
+    for pid, _ in job_pids(a.pid):
+        os.kill(pid, signal.SIGCONT)
+    a.wait(timeout=120)
+    a_err = a.stderr.read()
+    line = [l for l in a_err.splitlines() if "fenced" in l]
+    print(f"  run A: exit {a.returncode}: {line[:1]}")
+    assert a.returncode != 0 and line and "step 6" in line[0], a_err[-2000:]
+    assert committed_steps(ck) == [3, 4], committed_steps(ck)
+    assert verifies(ck)
+    c = mpirun(1, args(data, ck, 6, extra=["--resume", "auto"]))
+    resumed = [l for l in c.stderr.splitlines() if "resum" in l]
+    assert any("step 4" in l for l in resumed), c.stderr[-2000:]
+    assert committed_steps(ck)[-1] == 6 and verifies(ck)
+    assert digest(f"{ck}@6") == digest(f"{ref}@6"), "step 6 differs from an uninterrupted run"
+
+
+FAKE_MPIRUN = """#!/bin/sh
+echo launched > "$0.out"
+exec sleep 600
+"""
+
+
+def a_commit_landing_after_a_new_launch_sealed_the_store_is_withdrawn(tmp):
+    """The window the shard check cannot see: fsdp-super has claimed
+    generation 2 for a new launch (its mpirun, a stand-in here, has not
+    started a rank, so nothing has cleaned up yet), and run A of generation
+    1, frozen past its fence check, thaws and commits step 6 with every
+    shard in place. Before: that commit was live, A exited 0, and the new
+    launch would have resumed from a fenced generation's late step. Now the
+    claim sealed the store with the steps committed then (3); A reads its
+    commit back, finds the seal leaves step 6 out, withdraws it and exits
+    non-zero saying "fenced"; the next run resumes from step 3."""
+    data, _ = prepare_corpus(tmp)
+    ck, ref = f"{tmp}/ck", f"{tmp}/ref"
+    mpirun(1, args(data, ref, 6))
+    a = launch(1, args(data, ck, 6), {"FSDP_TEST_STOP_AT": "fence-checked:2"})
+    assert wait_stopped_or_exit(a), "run A did not reach its second commit"
+    fake = f"{tmp}/mpirun-fake"
+    open(fake, "w").write(FAKE_MPIRUN)
+    os.chmod(fake, 0o755)
+    sup = subprocess.Popen([SUPER, "--np", "1", "--max-restarts", "0", "--startup-timeout", "600",
+                            "--mpirun", fake, "--"] + args(data, ck, 6),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(f"{fake}.out"):  # the event: generation 2 is claimed
+            assert sup.poll() is None and time.monotonic() < deadline, sup.stderr.read()
+            time.sleep(0.02)
+        assert sorted(os.listdir(f"{ck}/fences")) == ["0" * 19 + "1", "0" * 19 + "2"]
+        for pid, _ in job_pids(a.pid):
+            os.kill(pid, signal.SIGCONT)
+        a.wait(timeout=120)
+    finally:
+        os.killpg(sup.pid, signal.SIGKILL)
+        sup.wait()
+    a_err = a.stderr.read()
+    line = [l for l in a_err.splitlines() if "fenced" in l]
+    print(f"  run A: exit {a.returncode}: {line[:1]}")
+    assert a.returncode != 0 and line and "generation 2 sealed" in line[0], a_err[-2000:]
+    assert committed_steps(ck) == [3], committed_steps(ck)
+    c = mpirun(1, args(data, ck, 6, extra=["--resume", "auto"]))
+    assert any("step 3" in l for l in c.stderr.splitlines() if "resum" in l), c.stderr[-2000:]
+    assert digest(f"{ck}@6") == digest(f"{ref}@6"), "step 6 differs from an uninterrupted run"
+
+
 if __name__ == "__main__":
     main([a_second_run_on_the_same_store_never_destroys_a_commit,
           a_failed_retention_never_touches_the_step_just_committed,
@@ -238,4 +330,6 @@ if __name__ == "__main__":
           reshard_and_cp_into_a_store_holding_the_step_leave_it,
           prune_keep_0_is_refused,
           prune_leaves_a_live_writers_step,
-          an_unwritable_store_is_found_before_training])
+          an_unwritable_store_is_found_before_training,
+          a_writer_frozen_past_its_fence_check_commits_nothing_live,
+          a_commit_landing_after_a_new_launch_sealed_the_store_is_withdrawn])

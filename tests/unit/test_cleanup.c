@@ -45,6 +45,8 @@ static int commit_step(struct storage *st, uint64_t step, int world, const char 
     m.version = CKPT_FORMAT_VERSION;
     m.step = step;
     m.world = world;
+    if (tag)
+        ckpt_tag_generation(tag, &m.generation); /* the writer's, as every writer records */
     snprintf(m.sharding, sizeof m.sharding, "full");
     m.model = json_pack("{s:i}", "toy", 1);
     m.trainer = json_pack("{s:I}", "step", (json_int_t)step);
@@ -489,6 +491,84 @@ static void a_commit_whose_answer_was_lost_is_found_to_be_ours(void)
     remove_root(root);
 }
 
+/* A writer of generation 1 stopped past its fence check while generation 2
+ * claimed and sealed the store (steps 3 then); its shards survive. */
+static void a_commit_landing_after_a_newer_seal_is_withdrawn(void)
+{
+    char err[CKPT_ERR_LEN], *root = new_root();
+    struct storage *st;
+    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    claim_generations(st, 1);
+    REQUIRE(commit_step(st, 3, 1, "g1-00000000000000aa", err) == 0, "%s", err);
+    struct ckpt_manifest m;
+    REQUIRE(prepare_step(st, 6, 2, "g1-00000000000000aa", &m, err) == 0, "%s", err);
+    claim_generations(st, 1);
+    CHECK(exists(root, "fences/00000000000000000002"), "generation 2 did not seal the store");
+    struct ckpt_commit_result res;
+    CHECK(ckpt_commit_step(st, &m, "g1-00000000000000aa", &res, err) != 0 &&
+              res.outcome == CKPT_NOT_COMMITTED && strstr(err, "fenced: generation 2 sealed"),
+          "outcome %d: %s", res.outcome, err);
+    ckpt_commit_result_free(&res);
+    CHECK(!exists(root, "step-00000006/MANIFEST.json") &&
+              !exists(root, "step-00000006/shard-00000-of-00002.g1-00000000000000aa"),
+          "the late commit stands");
+    struct ckpt_manifest back;
+    CHECK(ckpt_load_manifest(st, 3, &back, err) == 0, "step 3, sealed: %s", err);
+    ckpt_manifest_free(&back);
+    ckpt_manifest_free(&m);
+    storage_close(st);
+    remove_root(root);
+}
+
+/* The same late commit, landed with no read-back (its writer died after
+ * the put): no reader loads it, retention does not count it, the newer
+ * generation's clean-up removes it, and its own commit of the step takes
+ * the place. */
+static void a_late_commit_that_stands_is_dead_to_every_reader(void)
+{
+    char err[CKPT_ERR_LEN], *root = new_root();
+    struct storage *st;
+    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    claim_generations(st, 1);
+    REQUIRE(commit_step(st, 3, 1, "g1-00000000000000aa", err) == 0, "%s", err);
+    claim_generations(st, 1);
+    REQUIRE(commit_step(st, 6, 2, "g1-00000000000000aa", err) == 0, "%s", err);
+    struct ckpt_manifest back;
+    CHECK(ckpt_load_manifest(st, 6, &back, err) == CKPT_NOT_LIVE && strstr(err, "fenced"),
+          "a late commit loads: %s", err);
+    struct ckpt_clean_policy p = {.generation = 2, .keep = 1, .upto = 6};
+    struct ckpt_clean_report rep;
+    REQUIRE(ckpt_clean(st, &p, &rep, err) == 0, "%s", err);
+    CHECK(exists(root, "step-00000003/MANIFEST.json"), "retention counted the late commit");
+    CHECK(!exists(root, "step-00000006/MANIFEST.json") &&
+              !exists(root, "step-00000006/shard-00001-of-00002.g1-00000000000000aa"),
+          "the late commit was not cleaned up");
+    /* once more, and generation 2 commits the step over it */
+    REQUIRE(commit_step(st, 6, 2, "g1-00000000000000aa", err) == 0, "%s", err);
+    struct ckpt_manifest m;
+    REQUIRE(prepare_step(st, 7, 1, "g2-00000000000000bb", &m, err) == 0, "%s", err);
+    m.step = 6;
+    char key[96];
+    snprintf(key, sizeof key, "step-00000007/%s", m.shards[0].file);
+    char to[96];
+    snprintf(to, sizeof to, "step-00000006/%s", m.shards[0].file);
+    void *buf;
+    size_t len;
+    REQUIRE(storage_get_all(st, key, 1 << 20, &buf, &len, err) == 0, "%s", err);
+    REQUIRE(storage_put(st, to, buf, len, err) == 0, "%s", err);
+    free(buf);
+    struct ckpt_commit_result res;
+    CHECK(ckpt_commit_step(st, &m, "g2-00000000000000bb", &res, err) == 0 &&
+              res.outcome == CKPT_COMMITTED,
+          "outcome %d: %s", res.outcome, err);
+    ckpt_commit_result_free(&res);
+    CHECK(ckpt_load_manifest(st, 6, &back, err) == 0 && back.generation == 2, "step 6: %s", err);
+    ckpt_manifest_free(&back);
+    ckpt_manifest_free(&m);
+    storage_close(st);
+    remove_root(root);
+}
+
 CHECK_MAIN(TEST(retention_keeps_the_newest_k_and_every_step_above_upto),
            TEST(only_steps_that_load_count_toward_keep),
            TEST(a_commit_whose_shards_were_removed_is_withdrawn),
@@ -499,4 +579,6 @@ CHECK_MAIN(TEST(retention_keeps_the_newest_k_and_every_step_above_upto),
            TEST(discard_own_removes_exactly_this_writers_shards),
            TEST(thousands_of_incomplete_steps_take_one_listing),
            TEST(junk_generation_names_are_refused_not_parsed_loosely),
-           TEST(shard_names_parse_strictly))
+           TEST(shard_names_parse_strictly),
+           TEST(a_commit_landing_after_a_newer_seal_is_withdrawn),
+           TEST(a_late_commit_that_stands_is_dead_to_every_reader))
