@@ -62,6 +62,11 @@
  *   - Teardown still reaches only this host's processes (the job's session;
  *     mpirun's own teardown reaches its remote daemons while it lives).
  *
+ * The host file is read once a second during a launch too: a host of the
+ * launch that has left it gets a planned restart (host_removed event; an
+ * emergency checkpoint, then a relaunch without it; restart cause
+ * host-removed), as a spot notice for that one host would.
+ *
  * Other hosts (agent.c, mpiargs.c):
  *   - Before each launch every host of the host file that is not this one
  *     is probed through the launch agent Open MPI will use (`AGENT HOST
@@ -161,17 +166,23 @@ struct super {
     struct host left[SUPER_MAX_HOSTS];
     int nleft;
     struct mpiargs mpiargs;
+    /* the hosts of the running launch, and when the host file is read next */
+    struct host launched[SUPER_MAX_HOSTS];
+    int nlaunched;
+    double next_hosts_check;
 };
 
-enum cause { C_EXIT, C_DIED, C_HUNG, C_PREEMPT, C_CHAOS, C_STARTUP, C_NCAUSE };
-static const char *cause_names[] = {"exit",       "rank-died",     "heartbeat-lost",
-                                    "preemption", "chaos-restart", "startup-timeout"};
+enum cause { C_EXIT, C_DIED, C_HUNG, C_PREEMPT, C_CHAOS, C_STARTUP, C_HOSTS, C_NCAUSE };
+static const char *cause_names[] = {"exit",          "rank-died",       "heartbeat-lost",
+                                    "preemption",    "chaos-restart",   "startup-timeout",
+                                    "host-removed"};
 
 /* How one launch ended. */
 struct outcome {
     int cause; /* enum cause, -1 for none */
     int done;  /* mpirun exited 0 */
     int preempting;
+    int planned; /* why the emergency checkpoint was asked for: C_PREEMPT or C_HOSTS */
     char why[512];
 };
 
@@ -390,6 +401,8 @@ static int launch(struct super *s, int np, const struct host *hosts, int nh)
         return -1;
     }
     snprintf(npstr, sizeof npstr, "%d", np);
+    memcpy(s->launched, hosts, (size_t)nh * sizeof *hosts);
+    s->nlaunched = nh;
     chaos_launching(&s->chaos, np);
     mpiargs_build(&s->mpiargs, s->o.hb_timeout, environ);
     char **argv = launch_argv(s, hostfile, npstr);
@@ -643,6 +656,36 @@ static int preemption_due(struct super *s, double now, double *next_poll)
     return 1;
 }
 
+/* 1 when a host of the running launch has left the host file (read once a
+ * second): a planned restart without it, like a spot notice for one host.
+ * A file that does not parse right now, or names no host at all (both
+ * what an editor writing it in place shows for a moment), decides
+ * nothing; fewer slots on a host that stays is for the next launch. */
+static int host_removed(struct super *s, double now)
+{
+    if (!s->o.hosts || now < s->next_hosts_check)
+        return 0;
+    s->next_hosts_check = now + 1;
+    struct host h[SUPER_MAX_HOSTS];
+    int nh, total;
+    char err[SUPER_ERR_LEN];
+    if (super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, &nh, &total, err, sizeof err) ||
+        nh == 0)
+        return 0;
+    for (int i = 0; i < s->nlaunched; i++) {
+        int still = 0;
+        for (int k = 0; k < nh && !still; k++)
+            still = strcmp(h[k].name, s->launched[i].name) == 0;
+        if (still)
+            continue;
+        say("host %s left %s: emergency checkpoint, then a relaunch without it",
+            s->launched[i].name, s->o.hosts);
+        ev_emit("host_removed", "{s:o}", "host", ev_text(s->launched[i].name));
+        return 1;
+    }
+    return 0;
+}
+
 static void account_progress(struct super *s, double now)
 {
     if (s->fail_at && s->job.first_train) { /* back to training after a failure */
@@ -671,12 +714,18 @@ static void watch(struct super *s, struct outcome *out, int *preempt_from_signal
         int action = CHAOS_NONE;
         if (!out->preempting && preemption_due(s, now, &next_poll)) {
             action = CHAOS_PREEMPT;
+            out->planned = C_PREEMPT;
             *preempt_from_signal |= from_signal;
+        } else if (!out->preempting && host_removed(s, now)) {
+            action = CHAOS_PREEMPT;
+            out->planned = C_HOSTS;
         } else if (!out->preempting) {
             action = chaos_tick(&s->chaos, &s->job);
         }
         link_send_orders(&s->link, &s->job); /* a chaos fault's order to one rank */
         if (action == CHAOS_PREEMPT) {
+            if (!out->planned)
+                out->planned = C_PREEMPT; /* chaos */
             link_order_all(&s->link, &s->job, HBCTL_PREEMPT);
             out->preempting = 1;
             deadline = now + s->o.preempt_deadline;
@@ -825,10 +874,11 @@ static int end_launch(struct super *s, struct outcome *out, int preempt_from_sig
             summary(s, "preempted");
             return STOP_OK;
         }
-        s->by_cause[C_PREEMPT]++;
-        ev_emit("restart", "{s:s, s:I}", "cause", "preemption", "step",
+        int why = out->planned ? out->planned : C_PREEMPT;
+        s->by_cause[why]++;
+        ev_emit("restart", "{s:s, s:I}", "cause", cause_names[why], "step",
                 (json_int_t)s->last_committed);
-        chaos_launch_ended(&s->chaos, "preemption", &s->job);
+        chaos_launch_ended(&s->chaos, cause_names[why], &s->job);
         s->fail_at = super_now();
         return NEXT_LAUNCH; /* relaunch on what the host file still offers */
     }

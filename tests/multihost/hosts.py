@@ -398,9 +398,10 @@ class Cluster:
     def hostfile(self, slots=1, hosts=None, name="hostfile"):
         """An Open MPI (and fsdp-super) hosts file of the workers' addresses."""
         path = self.path(name)
-        with open(path, "w") as f:
+        with open(path + ".new", "w") as f:  # whole or not at all: fsdp-super watches it
             for h in hosts or self.workers:
                 f.write(f"{h.addr} slots={slots}\n")
+        os.rename(path + ".new", path)
         return path
 
     def mpi_env(self, extra=None):

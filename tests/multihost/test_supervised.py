@@ -270,6 +270,102 @@ def a_powered_off_host_is_detected_and_the_job_finishes_without_it(tmp):
     node_loss(tmp, "power_off")
 
 
+def a_host_removed_from_the_host_file_gets_a_planned_restart(tmp):
+    """Worker 2 leaves the host file mid-run (a spot notice for one host, or
+    an operator draining it): fsdp-super notices within a second, asks every
+    rank for an emergency checkpoint, relaunches on worker 1 alone from that
+    checkpoint (no step lost), and the job finishes and verifies."""
+    data, _ = prepare_corpus(tmp)
+    steps = 150
+    with hosts.Cluster(2, tmp) as c:
+        w1, w2 = c.workers
+        ck = os.path.join(tmp, "ck")
+        hf = c.hostfile()
+        p, ev = start_super(c, tmp, ["--hosts", hf, "--np", "2", "--min-np", "1",
+                                     "--heartbeat-timeout", "5", "--max-restarts", "0"],
+                            train_args(data, ck, steps))
+        wait_event(p, tmp, ev, "a committed checkpoint at step 20",
+                   lambda e: e["event"] == "checkpoint_committed" and e["step"] >= 20, 120)
+        t0 = time.time()
+        c.hostfile(hosts=[w1])  # rewritten in place: worker 2 is gone from it
+        removed = wait_event(p, tmp, ev, "host_removed",
+                             lambda e: e["event"] == "host_removed", 30)
+        rc = finish(p, tmp, 600)
+        out, err = output(tmp)
+        assert rc == 0, f"fsdp-super exited {rc}:\n{err[-3000:]}"
+        evs = events_of(ev)
+        assert removed["host"] == w2.addr and removed["t"] - t0 < 2.5, removed
+        emergency = [e for e in evs if e["event"] == "emergency_checkpoint"]
+        restarts = [e for e in evs if e["event"] == "restart"]
+        launches = [e for e in evs if e["event"] == "launch"]
+        resumed = [e for e in evs if e["event"] == "resumed"]
+        assert [e["cause"] for e in restarts] == ["host-removed"], restarts
+        assert [(e["np"], e["hosts"]) for e in launches] == [(2, [w1.addr, w2.addr]),
+                                                              (1, [w1.addr])], launches
+        assert len(emergency) == 1 and resumed[-1]["step"] == emergency[0]["step"], \
+            (emergency, resumed)
+        assert [e["step"] for e in evs if e["event"] == "finished"] == [steps]
+        assert "steps lost      0" in err, err[-1500:]
+        left = c.wait_no_job_processes([c.controller, w1, w2])
+        assert not left, f"processes of the job left: {left}"
+    assert committed_steps(ck)[-1] == steps
+    run([CKPT, "verify", ck])
+    print(f"  host_removed {removed['host']} after {removed['t'] - t0:.2f} s; emergency "
+          f"checkpoint at step {emergency[0]['step']}; relaunched on {launches[1]['hosts']}, "
+          f"resumed from step {resumed[-1]['step']}; finished at step {steps}, verified")
+
+
+def a_new_supervisor_takes_over_from_a_killed_one(tmp):
+    """fsdp-super is SIGKILLed mid-run: its ranks on both workers hear
+    nothing more and stop themselves within --rank-silence (+ 2 s), nothing
+    of that launch is left on any host, and a new fsdp-super started with
+    the same arguments claims the next generation, resumes from the newest
+    checkpoint and finishes; the final checkpoint verifies."""
+    data, _ = prepare_corpus(tmp)
+    steps, silence = 1000, 5  # a few ms a step: seconds of training left at the kill
+    with hosts.Cluster(2, tmp) as c:
+        ck = os.path.join(tmp, "ck")
+        sargs = ["--hosts", c.hostfile(), "--np", "2", "--heartbeat-timeout", "3",
+                 "--rank-silence", str(silence), "--max-restarts", "1"]
+        first = os.path.join(tmp, "first")
+        os.mkdir(first)
+        p, ev = start_super(c, first, sargs, train_args(data, ck, steps))
+        wait_event(p, first, ev, "a committed checkpoint at step 20",
+                   lambda e: e["event"] == "checkpoint_committed" and e["step"] >= 20, 120)
+        assert all(ranks_on(w) for w in c.workers), "no rank on a worker"
+        t0 = time.monotonic()
+        p.kill()
+        p.wait()
+        killed_at = max(e["step"] for e in events_of(ev) if e["event"] == "checkpoint_committed")
+        assert killed_at < steps, "the first launch had finished"
+        while any(ranks_on(w) for w in c.workers):
+            assert time.monotonic() - t0 < silence + 10, \
+                f"ranks still up {time.monotonic() - t0:.1f} s after fsdp-super died"
+            time.sleep(0.05)
+        took = time.monotonic() - t0
+        left = c.wait_no_job_processes()
+        assert not left, f"processes of the first launch left: {left}"
+        assert took < silence + 2, f"the ranks stopped {took:.2f} s after fsdp-super died"
+        gen1 = [e for e in events_of(ev) if e["event"] == "launch"][0]["generation"]
+        q, ev2 = start_super(c, tmp, sargs, train_args(data, ck, steps))
+        rc = finish(q, tmp, 600)
+        out, err = output(tmp)
+        assert rc == 0, f"the new fsdp-super exited {rc}:\n{err[-3000:]}"
+        evs = events_of(ev2)
+        launch2 = [e for e in evs if e["event"] == "launch"]
+        resumed = [e for e in evs if e["event"] == "resumed"]
+        assert launch2[0]["generation"] > gen1 and resumed and \
+            killed_at <= resumed[0]["step"] < steps, (killed_at, launch2, resumed)
+        assert [e["step"] for e in evs if e["event"] == "finished"] == [steps]
+        left = c.wait_no_job_processes()
+        assert not left, f"processes of the job left: {left}"
+    assert committed_steps(ck)[-1] == steps
+    run([CKPT, "verify", ck])
+    print(f"  ranks stopped {took:.2f} s after fsdp-super was killed (--rank-silence {silence}); "
+          f"the new fsdp-super (generation {launch2[0]['generation']}) resumed from step "
+          f"{resumed[0]['step']} and finished at {steps}, verified")
+
+
 if __name__ == "__main__":
     why = hosts.unsupported()
     if why:
@@ -277,4 +373,6 @@ if __name__ == "__main__":
         sys.exit(77)  # meson: skipped
     main([two_hosts_under_the_supervisor_beat_and_match_one_host,
           a_killed_host_is_detected_and_the_job_finishes_without_it,
-          a_powered_off_host_is_detected_and_the_job_finishes_without_it])
+          a_powered_off_host_is_detected_and_the_job_finishes_without_it,
+          a_host_removed_from_the_host_file_gets_a_planned_restart,
+          a_new_supervisor_takes_over_from_a_killed_one])
