@@ -25,6 +25,7 @@ Every test deletes its hosts and checks that no process is left in them,
 pass or fail (hosts.Cluster), and that no process of the job is left on
 the hosts that stayed up when it ended."""
 
+import json
 import os
 import signal
 import subprocess
@@ -366,6 +367,69 @@ def a_new_supervisor_takes_over_from_a_killed_one(tmp):
           f"{resumed[0]['step']} and finished at {steps}, verified")
 
 
+def a_partitioned_host_is_left_out_and_its_processes_stop(tmp):
+    """Worker 2's link goes down with its processes alive (PARTITION_S
+    seconds), then comes back. The loss is detected within
+    --heartbeat-timeout + 2 s and named; the stranded rank and daemon on
+    worker 2 stop by themselves (the rank hears no supervisor for
+    --rank-silence, the daemon loses mpirun by the OOB keepalive) while the
+    partition lasts; the job relaunches on worker 1 without trying worker 2
+    (its probe fails), finishes after the link is back, and the final
+    checkpoint holds only objects of the last generation and verifies."""
+    data, _ = prepare_corpus(tmp)
+    steps, timeout, silence = 600, 3, 5
+    partition_s = float(os.environ.get("PARTITION_S", "20"))
+    with hosts.Cluster(2, tmp) as c:
+        w1, w2 = c.workers
+        ck = os.path.join(tmp, "ck")
+        p, ev = start_super(c, tmp, ["--hosts", c.hostfile(), "--np", "2", "--min-np", "1",
+                                     "--heartbeat-timeout", str(timeout), "--rank-silence",
+                                     str(silence), "--max-restarts", "3"],
+                            train_args(data, ck, steps))
+        wait_event(p, tmp, ev, "a committed checkpoint at step 20",
+                   lambda e: e["event"] == "checkpoint_committed" and e["step"] >= 20, 120)
+        assert ranks_on(w2), f"no rank on {w2.name}"
+        names = {w2.hostname, w2.addr}
+        t0 = time.time()
+        w2.link(False)
+        try:
+            lost = wait_event(p, tmp, ev, f"an event naming {w2.addr}",
+                              lambda e: e["event"] in DETECTED and e.get("host") in names
+                              and e["t"] >= t0, timeout + 30)
+            while w2.job_pids():  # stranded: they must stop on their own
+                assert time.time() - t0 < silence + 10, f"left on {w2.name}: {w2.job_pids()}"
+                time.sleep(0.05)
+            gone = time.time() - t0
+            wait_event(p, tmp, ev, "a launch without worker 2",
+                       lambda e: e["event"] == "launch" and e["launch"] == 2, 60)
+            while time.time() - t0 < partition_s and p.poll() is None:
+                time.sleep(0.1)  # the partition's length, not a wait for an outcome
+        finally:
+            w2.link(True)
+        rc = finish(p, tmp, 600)
+        out, err = output(tmp)
+        assert rc == 0, f"fsdp-super exited {rc}:\n{err[-3000:]}"
+        took = lost["t"] - t0
+        assert took < timeout + 2, f"detected after {took:.2f} s: {lost}"
+        evs = events_of(ev)
+        launches = [e for e in evs if e["event"] == "launch"]
+        assert [e["np"] for e in launches] == [2, 1], launches
+        assert launches[1]["left_out"] == [w2.addr], launches[1]
+        assert [e["step"] for e in evs if e["event"] == "finished"] == [steps]
+        left = c.wait_no_job_processes()
+        assert not left, f"processes of the job left: {left}"
+    assert committed_steps(ck)[-1] == steps
+    run([CKPT, "verify", ck])
+    man = json.loads(run([CKPT, "inspect", f"{ck}@{steps}", "--json"]).stdout)
+    last = launches[-1]["generation"]
+    tags = {s_["file"].split(".", 1)[1] for s_ in man["shards"]}
+    assert man["generation"] == last and all(t.startswith(f"g{last}-") for t in tags), \
+        (man["generation"], tags)
+    print(f"  partition of {w2.addr}: {lost['event']} after {took:.2f} s (--heartbeat-timeout "
+          f"{timeout}); its processes gone after {gone:.2f} s, link down {partition_s:.0f} s; "
+          f"relaunched without it; the final step holds only generation {last}'s objects")
+
+
 if __name__ == "__main__":
     why = hosts.unsupported()
     if why:
@@ -375,4 +439,5 @@ if __name__ == "__main__":
           a_killed_host_is_detected_and_the_job_finishes_without_it,
           a_powered_off_host_is_detected_and_the_job_finishes_without_it,
           a_host_removed_from_the_host_file_gets_a_planned_restart,
-          a_new_supervisor_takes_over_from_a_killed_one])
+          a_new_supervisor_takes_over_from_a_killed_one,
+          a_partitioned_host_is_left_out_and_its_processes_stop])
