@@ -267,10 +267,14 @@ struct ckpt_step_objects {
 int ckpt_list_step_objects(struct storage *st, struct ckpt_step_objects **out, int *n,
                            char *err);
 void ckpt_step_objects_free(struct ckpt_step_objects *s, int n);
-/* Loads a live manifest (ckpt_step_live); a fenced writer's late commit
- * returns CKPT_NOT_LIVE with a "fenced" line. Other failures: a storage
- * code or -1. */
+/* Loads a live manifest (ckpt_manifest_live). Failures: CKPT_NOT_LIVE (a
+ * fenced writer's late commit: a "fenced" line), CKPT_DAMAGED (the
+ * manifest does not parse, says another step, fails its checks),
+ * CKPT_CANNOT_JUDGE (the seals cannot be read: nothing is known about the
+ * step), or the storage's code for the GET. */
 #define CKPT_NOT_LIVE -40
+#define CKPT_CANNOT_JUDGE -41
+#define CKPT_DAMAGED -42
 int ckpt_load_manifest(struct storage *st, uint64_t step, struct ckpt_manifest *m, char *err);
 /* *committed = 1 if the step's manifest exists. */
 int ckpt_step_committed(struct storage *st, uint64_t step, int *committed, char *err);
@@ -285,9 +289,10 @@ int ckpt_new_writer_tag(struct storage *st, uint64_t generation, char *tag, size
  * manifest. An object that no manifest references (an incomplete step, a
  * losing writer's shards, a temporary) is garbage only when its writer can
  * no longer commit it: its tag names a generation older than the store's
- * current one (such writers are fenced); so is a manifest that is not live
- * (fence.c). A writer removes its own objects of a step it failed to commit
- * with ckpt_discard_own. Names ckpt does not know are never deleted. */
+ * current one (such writers are fenced). A manifest that is not live
+ * (fence.c) goes only by retention. A writer removes its own objects of a
+ * step it failed to commit with ckpt_discard_own. Names ckpt does not know
+ * are never deleted. */
 struct ckpt_clean_policy {
     uint64_t generation; /* the caller's, fence-checked first; 0: a tool, judged
                             against the store's current generation */
@@ -311,27 +316,31 @@ int ckpt_discard_own(struct storage *st, uint64_t step, int world, const char *t
  * settles every answer that could leave the caller unsure:
  *   CKPT_COMMITTED      our manifest is in place and every shard it names
  *                       exists (returns 0; every other outcome returns -1);
- *   CKPT_NOT_COMMITTED  no manifest of ours stands (none landed, or ours was
- *                       withdrawn because a shard it names had been removed
- *                       or a newer generation's seal leaves it out: err
- *                       says "fenced"): our shards of the step are removed;
+ *   CKPT_NOT_COMMITTED  no manifest of ours counts (none landed; ours was
+ *                       withdrawn because a shard it names had been removed;
+ *                       or a newer generation's seal leaves it out, err
+ *                       says "fenced", and it stays, dead): our shards of
+ *                       the step are removed;
  *   CKPT_OTHER          another writer's manifest holds the step (res->other,
  *                       free with ckpt_commit_result_free); ours are removed;
  *   CKPT_OTHER_UNREADABLE  the step is committed but its manifest does not
  *                       load; ours are removed;
+ *   CKPT_OTHER_DEAD     a fenced writer's late commit holds the step (not
+ *                       live, never replaced: fence.c); ours are removed;
  *   CKPT_UNKNOWN        it cannot be told (the store failed while we looked):
  *                       nothing is removed.
  * A put that failed or met EXISTS may still have been ours (an answer lost
- * after the server acted): the manifest is read back and compared. A
- * manifest in the way that is not live is removed and the put tried once
- * more, when m's generation is the one that sealed it out or newer. m's
- * generation must be the tag's. */
+ * after the server acted): the manifest is read back and compared. Our
+ * manifest in place counts only if it is live (fence.c) and no newer
+ * generation has claimed the store meanwhile (then: CKPT_UNKNOWN, err says
+ * "fenced"). m's generation must be the tag's. */
 enum ckpt_commit_outcome {
     CKPT_UNKNOWN,
     CKPT_COMMITTED,
     CKPT_NOT_COMMITTED,
     CKPT_OTHER,
     CKPT_OTHER_UNREADABLE,
+    CKPT_OTHER_DEAD,
 };
 struct ckpt_commit_result {
     enum ckpt_commit_outcome outcome;
@@ -355,9 +364,11 @@ int ckpt_fence_current(struct storage *st, uint64_t *gen, char *err);
  * launched with the generation before this returns 0. */
 int ckpt_fence_claim(struct storage *st, uint64_t *gen, char *err);
 int ckpt_fence_check(struct storage *st, uint64_t mine, char *err);
-/* Whether a manifest of generation gen at step is part of the run: 1 yes;
- * 0 no, it landed after generation *by sealed the store (a fenced writer's
- * late commit); -1 with err when the seals cannot be read. */
-int ckpt_step_live(struct storage *st, uint64_t step, uint64_t gen, uint64_t *by, char *err);
+/* Whether a manifest is part of the run: 1 yes; 0 no, it landed after
+ * generation *by sealed the store (a fenced writer's late commit, or
+ * another commit of a step the seal lists); -1 with err when the seals
+ * cannot be read (nothing may be concluded then). */
+int ckpt_manifest_live(struct storage *st, const struct ckpt_manifest *m, uint64_t *by,
+                       char *err);
 
 #endif

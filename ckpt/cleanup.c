@@ -17,12 +17,15 @@
  *   - a committed step's manifest is read to tell its shards from a losing
  *     writer's; if it cannot be read, nothing of that step is touched;
  *   - a manifest that is not live (a fenced writer's late commit, fence.c)
- *     is garbage like that writer's shards: the manifest goes first, and a
- *     writer of the sealing generation or a newer one may commit the step
- *     in its place (ckpt_commit_step);
+ *     is never removed on a judgement of the moment (whoever commits the
+ *     step next could be the one removed): it goes by retention like any
+ *     step, and its writer's shards are garbage by their generation; it is
+ *     never replaced either (ckpt_commit_step: CKPT_OTHER_DEAD);
  *   - names ckpt does not know are never deleted;
  *   - the store is listed once (the listing is sorted once), so start-up
- *     cleanup costs O(objects log objects), not a listing per step.
+ *     cleanup costs O(objects log objects), not a listing per step; each
+ *     manifest that is read costs a listing of fences/ and a seal's GET
+ *     too (fence.c), for the committed steps that need reading.
  */
 #include "ckpt.h"
 
@@ -132,9 +135,10 @@ static int drop_step(struct storage *st, const struct ckpt_step_objects *x,
 }
 
 /* A committed step whose objects are its manifest and one writer's
- * complete set of shards needs no reading, unless a seal says its commit
- * came too late (*gen: the shards' generation, its writer's). */
-static int looks_clean(const struct ckpt_step_objects *x, uint64_t *shard_gen)
+ * complete set of shards needs no reading: nothing in it is garbage (if it
+ * is a fenced writer's late commit, its shards are all that manifest
+ * names, and they go with it by retention). */
+static int looks_clean(const struct ckpt_step_objects *x)
 {
     char first[CKPT_TAG_LEN + 2] = "", tag[CKPT_TAG_LEN + 2];
     int shards = 0, world = 0;
@@ -149,7 +153,6 @@ static int looks_clean(const struct ckpt_step_objects *x, uint64_t *shard_gen)
         if (shards++ == 0) {
             snprintf(first, sizeof first, "%s", tag);
             world = w;
-            *shard_gen = gen;
         } else if (strcmp(tag, first) != 0 || w != world) {
             return 0;
         }
@@ -170,18 +173,18 @@ static int collect_garbage(struct storage *st, const struct ckpt_step_objects *x
                            struct ckpt_clean_report *rep, char *err)
 {
     struct ckpt_manifest m = {0};
-    int have_manifest = 0, dead = 0;
+    int have_manifest = 0;
     if (x->info.committed) {
-        uint64_t gen = 0, by;
-        char sub[CKPT_ERR_LEN];
-        if (looks_clean(x, &gen) && ckpt_step_live(st, x->info.step, gen, &by, sub) == 1)
+        if (looks_clean(x))
             return 0;
+        char sub[CKPT_ERR_LEN];
         int lr = ckpt_load_manifest(st, x->info.step, &m, sub);
         if (lr && lr != CKPT_NOT_LIVE)
             return 0; /* unreadable: nothing of it is ours to judge */
-        /* a fenced writer's late commit: its manifest and shards are garbage */
-        dead = lr == CKPT_NOT_LIVE;
-        have_manifest = !dead;
+        /* a fenced writer's late commit: its manifest stays (retention's to
+         * remove), its shards are garbage by their generation like any
+         * fenced writer's */
+        have_manifest = lr == 0;
     }
     char **names = calloc((size_t)x->nobj + 1, sizeof *names);
     if (!names) {
@@ -190,18 +193,12 @@ static int collect_garbage(struct storage *st, const struct ckpt_step_objects *x
         return -1;
     }
     int n = 0, left = 0;
-    if (dead) { /* the manifest first: never a live-looking step missing shards */
-        names[n++] = CKPT_MANIFEST;
-        rep->steps_removed++;
-    }
     for (int i = 0; i < x->nobj; i++) {
         const char *name = x->obj[i].name;
         uint64_t gen;
         enum obj_class c = classify(name, &gen, NULL, 0);
         int garbage = 0;
-        if (c == OBJ_MANIFEST)
-            garbage = 0; /* already first in names when dead */
-        else if (c == OBJ_SHARD)
+        if (c == OBJ_SHARD)
             garbage = gen < current && !(have_manifest && referenced(&m, name));
         else if (c == OBJ_MANIFEST_TEMP)
             garbage = have_manifest; /* a losing commit's leftover */
@@ -317,13 +314,38 @@ static int on_step_key(void *arg, const char *key, uint64_t size)
     return 0;
 }
 
-/* Our manifest is in place: it counts only if every shard it names is
- * still there (a newer launch's clean-up may have removed them while this
- * writer was stopped between its fence check and its commit). If one is
- * gone, the manifest - provably ours - is withdrawn. */
+/* Our manifest is in place: it counts only if it is live (no newer seal
+ * leaves it out: fence.c) and every shard it names is still there (a newer
+ * launch's clean-up may have removed them while this writer was stopped
+ * between its fence check and its commit). If one is gone, the manifest -
+ * provably ours, and live, so nobody else may touch it - is withdrawn; a
+ * dead one stays. */
 static int settle_ours(struct storage *st, const struct ckpt_manifest *m, const char *tag,
                        const char *key, struct ckpt_commit_result *res, char *err)
 {
+    char sub[CKPT_ERR_LEN];
+    uint64_t by;
+    int live = ckpt_manifest_live(st, m, &by, sub);
+    if (live < 0) {
+        res->outcome = CKPT_UNKNOWN; /* committed, most likely: nothing is touched */
+        snprintf(err, CKPT_ERR_LEN, "%s/%s: landed, but whether it is live cannot be told: %s",
+                 st->uri, key, sub);
+        return -1;
+    }
+    if (live == 0) {
+        /* a newer launch sealed the store before this commit landed: it
+         * is not part of the run. The manifest stays (a reader refuses
+         * it; removing it now could remove whatever replaced it), our
+         * shards go: nothing live names them. */
+        ckpt_discard_own(st, m->step, m->world, tag, sub);
+        res->outcome = CKPT_NOT_COMMITTED;
+        snprintf(err, CKPT_ERR_LEN,
+                 "fenced: generation %llu sealed %s before this commit of step %llu landed "
+                 "(this process belongs to generation %llu); the commit does not count",
+                 (unsigned long long)by, st->uri, (unsigned long long)m->step,
+                 (unsigned long long)m->generation);
+        return -1;
+    }
     char dir[32], prefix[40];
     ckpt_step_dir(m->step, dir, sizeof dir);
     snprintf(prefix, sizeof prefix, "%s/", dir);
@@ -341,40 +363,19 @@ static int settle_ours(struct storage *st, const struct ckpt_manifest *m, const 
         if (!seen[s])
             missing = s;
     free(seen);
-    char sub[CKPT_ERR_LEN];
     if (missing < 0) {
-        uint64_t by;
-        int live = ckpt_step_live(st, m->step, m->generation, &by, sub);
-        if (live == 1) {
-            res->outcome = CKPT_COMMITTED;
-            return 0;
-        }
-        if (live < 0) {
-            res->outcome = CKPT_UNKNOWN; /* committed, most likely: nothing is touched */
-            snprintf(err, CKPT_ERR_LEN, "%s/%s: landed, but whether it is live cannot be told: %s",
-                     st->uri, key, sub);
-            return -1;
-        }
-        /* a newer launch sealed the store before this commit landed: it is
-         * not part of the run, and it is ours to withdraw */
-        if (storage_delete(st, key, sub)) {
+        /* live now; but if a newer generation has claimed the store and not
+         * sealed it yet, its seal decides, and this writer is fenced anyway */
+        if (m->generation && ckpt_fence_check(st, m->generation, sub)) {
             res->outcome = CKPT_UNKNOWN;
             snprintf(err, CKPT_ERR_LEN,
-                     "fenced: generation %llu sealed %s before this commit of step %llu landed "
-                     "(this process belongs to generation %llu); withdrawing it failed (%s): it is "
-                     "garbage for the next clean-up",
-                     (unsigned long long)by, st->uri, (unsigned long long)m->step,
-                     (unsigned long long)m->generation, sub);
+                     "%s (step %llu landed as the newer generation took the store: its seal "
+                     "decides whether it counts; nothing removed)",
+                     sub, (unsigned long long)m->step);
             return -1;
         }
-        ckpt_discard_own(st, m->step, m->world, tag, sub);
-        res->outcome = CKPT_NOT_COMMITTED;
-        snprintf(err, CKPT_ERR_LEN,
-                 "fenced: generation %llu sealed %s before this commit of step %llu landed (this "
-                 "process belongs to generation %llu); the commit is withdrawn",
-                 (unsigned long long)by, st->uri, (unsigned long long)m->step,
-                 (unsigned long long)m->generation);
-        return -1;
+        res->outcome = CKPT_COMMITTED;
+        return 0;
     }
     if (storage_delete(st, key, sub)) {
         res->outcome = CKPT_UNKNOWN;
@@ -391,21 +392,6 @@ static int settle_ours(struct storage *st, const struct ckpt_manifest *m, const 
              "this writer is fenced); the commit is withdrawn",
              st->uri, dir, m->shards[missing].file);
     return -1;
-}
-
-/* 1 if the manifest in buf is a late commit of a fenced writer that the
- * committer of m may replace: m's generation is the sealing one or newer. */
-static int dead_for(struct storage *st, const struct ckpt_manifest *m, const void *buf,
-                    size_t len)
-{
-    struct ckpt_manifest other;
-    char sub[CKPT_ERR_LEN];
-    if (ckpt_manifest_parse(buf, len, &other, sub))
-        return 0;
-    uint64_t by;
-    int live = ckpt_step_live(st, m->step, other.generation, &by, sub);
-    ckpt_manifest_free(&other);
-    return live == 0 && m->generation >= by;
 }
 
 int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const char *tag,
@@ -437,35 +423,19 @@ int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const ch
     size_t len = strlen(doc);
     void *buf = NULL;
     size_t got = 0;
-    int gr;
-    for (int attempt = 0;; attempt++) {
-        if (storage_put_if_absent(st, key, doc, len, err) == 0) {
-            free(doc);
-            return settle_ours(st, m, tag, key, res, err);
-        }
-        /* EXISTS, or an error after which the put may or may not have landed
-         * (a lost answer, a failed directory sync): read what is there */
-        gr = storage_get_all(st, key, CKPT_MAX_MANIFEST_BYTES, &buf, &got, sub);
-        if (gr == 0 && got == len && memcmp(buf, doc, len) == 0) {
-            free(buf);
-            free(doc);
-            return settle_ours(st, m, tag, key, res, err);
-        }
-        if (gr || attempt > 0 || !dead_for(st, m, buf, got))
-            break;
-        /* a fenced writer's late commit holds the step: it is garbage, and
-         * this writer (of the sealing generation or a newer one) may take
-         * its place once */
-        free(buf);
-        buf = NULL;
-        if (storage_delete(st, key, sub)) {
-            free(doc);
-            snprintf(err, CKPT_ERR_LEN, "%s: a fenced writer's late commit holds step %llu and "
-                     "could not be removed: %s", st->uri, (unsigned long long)m->step, sub);
-            return -1;
-        }
+    if (storage_put_if_absent(st, key, doc, len, err) == 0) {
+        free(doc);
+        return settle_ours(st, m, tag, key, res, err);
     }
+    /* EXISTS, or an error after which the put may or may not have landed
+     * (a lost answer, a failed directory sync): read what is there */
+    int gr = storage_get_all(st, key, CKPT_MAX_MANIFEST_BYTES, &buf, &got, sub);
+    int ours = gr == 0 && got == len && memcmp(buf, doc, len) == 0;
     free(doc);
+    if (ours) {
+        free(buf);
+        return settle_ours(st, m, tag, key, res, err);
+    }
     if (gr == STORAGE_NOT_FOUND) { /* nothing landed */
         res->outcome = CKPT_NOT_COMMITTED;
         ckpt_discard_own(st, m->step, m->world, tag, sub);
@@ -480,8 +450,17 @@ int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const ch
     res->outcome =
         ckpt_manifest_parse(buf, got, &res->other, sub) == 0 ? CKPT_OTHER : CKPT_OTHER_UNREADABLE;
     free(buf);
+    uint64_t by;
+    if (res->outcome == CKPT_OTHER && ckpt_manifest_live(st, &res->other, &by, sub) == 0)
+        res->outcome = CKPT_OTHER_DEAD; /* never replaced: see fence.c */
     ckpt_discard_own(st, m->step, m->world, tag, sub);
-    if (res->outcome == CKPT_OTHER)
+    if (res->outcome == CKPT_OTHER_DEAD)
+        snprintf(err, CKPT_ERR_LEN,
+                 "%s: step %llu holds a fenced writer's late commit (generation %llu, not live: "
+                 "generation %llu sealed the store first); it is not replaced",
+                 st->uri, (unsigned long long)m->step, (unsigned long long)res->other.generation,
+                 (unsigned long long)by);
+    else if (res->outcome == CKPT_OTHER)
         snprintf(err, CKPT_ERR_LEN,
                  "%s: step %llu is already committed by another writer (generation %llu)", st->uri,
                  (unsigned long long)m->step, (unsigned long long)res->other.generation);
@@ -494,7 +473,7 @@ int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const ch
 
 void ckpt_commit_result_free(struct ckpt_commit_result *res)
 {
-    if (res->outcome == CKPT_OTHER)
+    if (res->outcome == CKPT_OTHER || res->outcome == CKPT_OTHER_DEAD)
         ckpt_manifest_free(&res->other);
     memset(res, 0, sizeof *res);
 }

@@ -9,15 +9,18 @@
  * process stopped between them (a frozen rank, a partitioned host) would
  * commit late, into a store a newer launch already trains in. So the
  * claim is also a seal: right after its claim, the launcher lists the
- * steps committed at that moment and writes them to fences/<20 digits>
- * (put-if-absent; ckpt_fence_claim returns only when the seal is written,
- * and nothing is launched before). A step's manifest of generation g is
- * live only if the seal of the first sealed generation after g lists the
- * step: a commit that landed after that seal, whatever the storage's
- * timing, is not part of the run. Readers (ckpt_load_manifest) refuse it
- * with a "fenced" line, the late writer finds it out when it reads its
- * commit back and withdraws it, and cleanup.c treats it as garbage of a
- * fenced generation.
+ * live manifests at that moment - each as its step and its writer's tag -
+ * and writes them to fences/<20 digits> (put-if-absent; ckpt_fence_claim
+ * returns only when the seal is written, and nothing is launched before).
+ * A manifest of generation g is live only if the seal of the first sealed
+ * generation after g lists its step with its writer's tag: a commit that
+ * landed after that seal, whatever the storage's timing, is not part of
+ * the run, and neither is another commit of the same step number. Readers
+ * (ckpt_load_manifest) refuse it with a "fenced" line, the late writer
+ * finds it out when it reads its commit back, and nobody deletes it but
+ * retention when the step ages out (deleting a manifest after judging it
+ * is a race with whoever commits the step next; a dead manifest harms no
+ * reader). Its shards are garbage of a fenced generation (cleanup.c).
  *
  * What this guarantees: on a filesystem (link/rename without replace) and
  * on S3 with conditional writes (If-None-Match: *), no commit of
@@ -33,7 +36,9 @@
  *
  * A claim whose launcher died before sealing fences nothing (nothing was
  * launched with it). Stores from before seals have claims and no seals:
- * every step in them is live.
+ * every step in them is live. A seal that cannot be read (a storage error,
+ * a damaged or foreign object under fences/) decides nothing: the caller
+ * is told it cannot judge (CKPT_CANNOT_JUDGE), never that a step is dead.
  */
 #include "ckpt.h"
 
@@ -80,7 +85,7 @@ static int on_gen(void *arg, const char *key, uint64_t size)
     (void)size;
     struct gen_scan *g = arg;
     const char *p = key + strlen(g->prefix);
-    if (strstr(p, ".tmp.")) /* a store's temporary: a claim or seal being written */
+    if (!*p || strstr(p, ".tmp.")) /* a folder marker; a claim or seal being written */
         return 0;
     uint64_t v;
     if (parse_gen_name(p, &v)) {
@@ -108,24 +113,54 @@ int ckpt_fence_current(struct storage *st, uint64_t *gen, char *err)
 
 /* ---- seals ---------------------------------------------------------------- */
 
-/* {"format": "fsdp-ckpt-seal", "generation": G, "committed": [steps...]} */
+/* The writer tag of a manifest's shards ("" when untagged). */
+static void manifest_tag(const struct ckpt_manifest *m, char *out, size_t n)
+{
+    const char *dot = m->nshards > 0 ? strchr(m->shards[0].file, '.') : NULL;
+    snprintf(out, n, "%s", dot ? dot + 1 : "");
+}
+
+/* {"format": "fsdp-ckpt-seal", "generation": G,
+ *  "live": [{"step": S, "tag": "g7-..."}, ...]}: every manifest live when G
+ * took the store. A manifest that cannot be read now (a storage error)
+ * fails the seal: leaving it out would kill a live step for good. One that
+ * is damaged or already dead is left out. */
 static int seal_write(struct storage *st, uint64_t gen, char *err)
 {
     struct ckpt_step_info *steps;
     int n;
     if (ckpt_list_steps(st, &steps, &n, err))
         return -1;
-    json_t *committed = json_array();
-    for (int i = 0; committed && i < n; i++)
-        if (steps[i].committed &&
-            json_array_append_new(committed, json_integer((json_int_t)steps[i].step)))
-            json_decref(committed), committed = NULL;
+    json_t *live = json_array();
+    int rc = live ? 0 : -1;
+    for (int i = 0; !rc && i < n; i++) {
+        if (!steps[i].committed)
+            continue;
+        struct ckpt_manifest m;
+        char sub[CKPT_ERR_LEN], tag[CKPT_TAG_LEN + 8];
+        int lr = ckpt_load_manifest(st, steps[i].step, &m, sub);
+        if (lr == CKPT_NOT_LIVE || lr == CKPT_DAMAGED)
+            continue;
+        if (lr) {
+            snprintf(err, CKPT_ERR_LEN, "cannot seal: %s", sub);
+            rc = 1;
+            break;
+        }
+        manifest_tag(&m, tag, sizeof tag);
+        ckpt_manifest_free(&m);
+        if (json_array_append_new(live, json_pack("{s:I, s:s}", "step",
+                                                  (json_int_t)steps[i].step, "tag", tag)))
+            rc = -1;
+    }
     free(steps);
-    json_t *doc = committed ? json_pack("{s:s, s:I, s:o}", "format", "fsdp-ckpt-seal",
-                                        "generation", (json_int_t)gen, "committed", committed)
-                            : NULL;
+    json_t *doc = !rc ? json_pack("{s:s, s:I, s:O}", "format", "fsdp-ckpt-seal", "generation",
+                                  (json_int_t)gen, "live", live)
+                      : NULL;
+    json_decref(live);
     char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
     json_decref(doc);
+    if (rc > 0)
+        return -1;
     if (!text) {
         snprintf(err, CKPT_ERR_LEN, "%s: out of memory while sealing generation %llu", st->uri,
                  (unsigned long long)gen);
@@ -133,15 +168,17 @@ static int seal_write(struct storage *st, uint64_t gen, char *err)
     }
     char key[64];
     snprintf(key, sizeof key, SEAL_PREFIX "%020llu", (unsigned long long)gen);
-    int rc = storage_put_if_absent(st, key, text, strlen(text), err);
+    rc = storage_put_if_absent(st, key, text, strlen(text), err);
     free(text);
     if (rc == STORAGE_EXISTS) /* only this claimant seals gen: a put retried after a lost answer */
         return 0;
     return rc ? -1 : 0;
 }
 
-/* The steps generation gen's seal lists, sorted, in *steps (*n of them). */
-static int seal_read(struct storage *st, uint64_t gen, uint64_t **steps, size_t *n, char *err)
+/* 1 if generation gen's seal lists (step, tag), 0 if not, -1 with err if
+ * it cannot be read. */
+static int seal_lists(struct storage *st, uint64_t gen, uint64_t step, const char *tag,
+                      char *err)
 {
     char key[64];
     snprintf(key, sizeof key, SEAL_PREFIX "%020llu", (unsigned long long)gen);
@@ -152,51 +189,44 @@ static int seal_read(struct storage *st, uint64_t gen, uint64_t **steps, size_t 
     json_error_t je;
     json_t *doc = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
     free(buf);
-    json_t *c = json_object_get(doc, "committed");
+    json_t *live = json_object_get(doc, "live");
     json_t *g = json_object_get(doc, "generation");
     const char *fmt = json_string_value(json_object_get(doc, "format"));
-    size_t k = json_array_size(c);
     int ok = fmt && strcmp(fmt, "fsdp-ckpt-seal") == 0 && json_is_integer(g) &&
-             json_integer_value(g) == (json_int_t)gen && json_is_array(c) && k <= SEAL_MAX_STEPS;
-    uint64_t *v = ok ? calloc(k + 1, sizeof *v) : NULL;
-    for (size_t i = 0; v && i < k; i++) {
-        json_t *x = json_array_get(c, i);
-        if (!json_is_integer(x) || json_integer_value(x) < 0) {
-            free(v);
-            v = NULL;
-            break;
-        }
-        v[i] = (uint64_t)json_integer_value(x);
+             json_integer_value(g) == (json_int_t)gen && json_is_array(live) &&
+             json_array_size(live) <= SEAL_MAX_STEPS;
+    int found = 0;
+    for (size_t i = 0; ok && i < json_array_size(live); i++) {
+        json_t *e = json_array_get(live, i), *s = json_object_get(e, "step");
+        const char *t = json_string_value(json_object_get(e, "tag"));
+        if (!json_is_integer(s) || json_integer_value(s) < 0 || !t)
+            ok = 0;
+        else if ((uint64_t)json_integer_value(s) == step && strcmp(t, tag) == 0)
+            found = 1;
     }
     json_decref(doc);
-    if (!v) {
-        snprintf(err, CKPT_ERR_LEN, "%s/%s: not a seal this build reads%s", st->uri, key,
-                 ok ? " (out of memory?)" : "");
+    if (!ok) {
+        snprintf(err, CKPT_ERR_LEN, "%s/%s: not a seal this build reads", st->uri, key);
         return -1;
     }
-    *steps = v;
-    *n = k;
-    return 0;
+    return found;
 }
 
-int ckpt_step_live(struct storage *st, uint64_t step, uint64_t gen, uint64_t *by, char *err)
+int ckpt_manifest_live(struct storage *st, const struct ckpt_manifest *m, uint64_t *by,
+                       char *err)
 {
     *by = 0;
     *err = 0;
-    struct gen_scan g = {.prefix = SEAL_PREFIX, .above = gen, .err = err, .uri = st->uri};
+    struct gen_scan g = {.prefix = SEAL_PREFIX, .above = m->generation, .err = err,
+                         .uri = st->uri};
     if (storage_list(st, SEAL_PREFIX, on_gen, &g, err))
         return -1;
-    if (!g.next) /* no launch sealed the store after gen's */
+    if (!g.next) /* no launch sealed the store after m's generation */
         return 1;
-    uint64_t *steps;
-    size_t n;
-    if (seal_read(st, g.next, &steps, &n, err))
-        return -1;
-    int live = 0;
-    for (size_t i = 0; i < n && !live; i++)
-        live = steps[i] == step;
-    free(steps);
-    if (!live)
+    char tag[CKPT_TAG_LEN + 8];
+    manifest_tag(m, tag, sizeof tag);
+    int live = seal_lists(st, g.next, m->step, tag, err);
+    if (live == 0)
         *by = g.next;
     return live;
 }

@@ -166,27 +166,27 @@ int ckpt_load_manifest(struct storage *st, uint64_t step, struct ckpt_manifest *
     free(buf);
     if (rc) {
         snprintf(err, CKPT_ERR_LEN, "%s/%s: %s", st->uri, key, sub);
-        return -1;
+        return CKPT_DAMAGED;
     }
     if (m->step != step) {
         snprintf(err, CKPT_ERR_LEN, "%s/%s: says step %llu", st->uri, key,
                  (unsigned long long)m->step);
         ckpt_manifest_free(m);
-        return -1;
+        return CKPT_DAMAGED;
     }
     uint64_t by;
-    int live = ckpt_step_live(st, step, m->generation, &by, sub);
+    int live = ckpt_manifest_live(st, m, &by, sub);
     if (live != 1) {
         if (live == 0)
             snprintf(err, CKPT_ERR_LEN,
                      "%s/%s: fenced: committed by generation %llu after generation %llu sealed "
-                     "the store; not part of the run (garbage for the next clean-up)",
+                     "the store; not part of the run (retention removes it)",
                      st->uri, key, (unsigned long long)m->generation, (unsigned long long)by);
         else
             snprintf(err, CKPT_ERR_LEN, "%s/%s: cannot tell whether it is live: %s", st->uri,
                      key, sub);
         ckpt_manifest_free(m);
-        return live == 0 ? CKPT_NOT_LIVE : -1;
+        return live == 0 ? CKPT_NOT_LIVE : CKPT_CANNOT_JUDGE;
     }
     return 0;
 }

@@ -319,6 +319,12 @@ static int commit(struct ckptr *c, uint64_t step, json_t *trainer, const char *a
                     "does not load (kept for fsdp-ckpt verify; not overwritten): this run's copy "
                     "is discarded\n", (unsigned long long)step, c->st->uri);
             rc = 1;
+        } else if (rc && res.outcome == CKPT_OTHER_DEAD) {
+            fprintf(stderr, "fsdp-train: checkpoint step %llu in %s holds a fenced writer's late "
+                    "commit (generation %llu, not part of the run; not overwritten): this run's "
+                    "copy is discarded, the next checkpoint counts\n", (unsigned long long)step,
+                    c->st->uri, (unsigned long long)res.other.generation);
+            rc = 1;
         } else if (rc && res.outcome == CKPT_OTHER && same_run(c, &res.other, trainer)) {
             fprintf(stderr, "fsdp-train: checkpoint step %llu is already committed in %s by an "
                     "earlier launch of this run (generation %llu; not overwritten): this run's "
@@ -782,7 +788,7 @@ static int load_step(struct ckptr *c, uint64_t step, struct ckpt_manifest *man,
 {
     int rc = ckpt_load_manifest(c->st, step, man, err);
     if (rc)
-        return -1;
+        return rc == CKPT_CANNOT_JUDGE ? CKPT_CANNOT_JUDGE : -1;
     if ((rc = check_model(c, man, err)))
         return rc;
     struct ckpt_reader r;
@@ -879,12 +885,20 @@ int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *loaded, char *err)
         rc = load_step(c, cand[i], &man, &bytes_read, err);
         double load_s = fsdp_now() - t0;
         int refused = rc == CKPTR_REFUSED;
-        double votes[2] = {rc != 0, refused};
+        double votes[3] = {rc != 0, refused, rc == CKPT_CANNOT_JUDGE};
         char sub[ERR_LEN];
-        if (comm->allreduce_sum_f64(comm, votes, 2, sub)) {
+        if (comm->allreduce_sum_f64(comm, votes, 3, sub)) {
             ckpt_manifest_free(&man);
             free(cand);
             return fsdp_err(err, "%s", sub);
+        }
+        if (votes[2] > 0) { /* the seals cannot be read: no step may be judged, none skipped */
+            ckpt_manifest_free(&man);
+            if (rc != CKPT_CANNOT_JUDGE)
+                fsdp_err(err, "another rank could not tell whether step %llu is live",
+                         (unsigned long long)cand[i]);
+            free(cand);
+            return -1;
         }
         if (votes[1] > 0) { /* same verdict on every rank: the model differs */
             ckpt_manifest_free(&man);

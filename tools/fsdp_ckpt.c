@@ -80,22 +80,28 @@ static int open_store(const char *uri, struct storage **st, char *err)
     return storage_open(uri, st, err) ? -1 : 0;
 }
 
-static int newest_committed(struct storage *st, uint64_t *step, char *err)
+/* Loads the newest committed step that is live (a fenced writer's late
+ * commit is passed over, as the trainer passes over it); any other failure
+ * of the newest is the answer. */
+static int load_newest(struct storage *st, struct ckpt_manifest *m, char *err)
 {
     struct ckpt_step_info *steps;
     int n;
     if (ckpt_list_steps(st, &steps, &n, err))
         return -1;
-    int found = 0;
-    for (int i = 0; i < n; i++)
-        if (steps[i].committed) {
-            *step = steps[i].step;
-            found = 1;
-        }
+    int rc = -1, found = 0;
+    for (int i = n - 1; i >= 0; i--) {
+        if (!steps[i].committed)
+            continue;
+        found = 1;
+        rc = ckpt_load_manifest(st, steps[i].step, m, err);
+        if (rc != CKPT_NOT_LIVE)
+            break;
+    }
     free(steps);
     if (!found)
         snprintf(err, CKPT_ERR_LEN, "%s: no committed checkpoint", st->uri);
-    return found ? 0 : -1;
+    return rc ? -1 : 0;
 }
 
 /* Opens URI[@STEP] and loads the manifest. */
@@ -107,8 +113,7 @@ static int load(const char *arg, struct storage **st, struct ckpt_manifest *m, c
     split_uri(arg, uri, sizeof uri, &step, &has_step);
     if (open_store(uri, st, err))
         return -1;
-    if ((!has_step && newest_committed(*st, &step, err)) ||
-        ckpt_load_manifest(*st, step, m, err)) {
+    if (has_step ? ckpt_load_manifest(*st, step, m, err) : load_newest(*st, m, err)) {
         storage_close(*st);
         *st = NULL;
         return -1;
@@ -141,9 +146,11 @@ static int cmd_ls(const char *uri)
             continue;
         }
         struct ckpt_manifest m;
-        if (ckpt_load_manifest(st, steps[i].step, &m, err)) {
-            printf("%-14s %-11s %5s %12.2f %12s %6s  (%s)\n", dir, "damaged", "-",
-                   mib(steps[i].stored_bytes), "-", "-", err);
+        int lr = ckpt_load_manifest(st, steps[i].step, &m, err);
+        if (lr) {
+            printf("%-14s %-11s %5s %12.2f %12s %6s  (%s)\n", dir,
+                   lr == CKPT_NOT_LIVE ? "fenced" : lr == CKPT_CANNOT_JUDGE ? "unknown" : "damaged",
+                   "-", mib(steps[i].stored_bytes), "-", "-", err);
             continue;
         }
         uint64_t raw = 0, stored = 0;
@@ -363,7 +370,12 @@ static int cmd_cp(const char *src_arg, const char *dst_uri)
         if (!steps[i].committed)
             continue;
         struct ckpt_manifest m;
-        if ((rc = ckpt_load_manifest(st, steps[i].step, &m, err)))
+        if ((rc = ckpt_load_manifest(st, steps[i].step, &m, err)) == CKPT_NOT_LIVE && !has_step) {
+            printf("%s: step %llu skipped: %s\n", st->uri, (unsigned long long)steps[i].step, err);
+            rc = 0;
+            continue;
+        }
+        if (rc)
             break;
         rc = ckpt_copy_step(st, &m, dst, err);
         ckpt_manifest_free(&m);

@@ -131,8 +131,10 @@ def a_read_error_at_resume_never_deletes_the_newer_step(tmp):
     run(args(data, ck, 6))
     assert committed_steps(ck) == [3, 6]
     before = {k: v for k, v in files_of(ck).items() if k.startswith("step-00000006")}
-    # the second get of the resume is step 6's first shard chunk
-    p = run(args(data, f"fault:get=ETIMEDOUT@2;{ck}", 4), check=False)
+    # gets: the start's claim seals the store with the live manifests (3,
+    # 6), then the resume reads step 6's manifest, the seal that judges it
+    # (generation 2's), and step 6's first shard chunk: the fifth
+    p = run(args(data, f"fault:get=ETIMEDOUT@5;{ck}", 4), check=False)
     assert p.returncode == 0, p.stderr[-2000:]
     line = [l for l in p.stderr.splitlines() if "checkpoint step 6 is unusable" in l]
     assert line and "timed out" in line[0].lower() and "stays in the store" in line[0], p.stderr
@@ -236,18 +238,17 @@ def a_writer_frozen_past_its_fence_check_commits_nothing_live(tmp):
     (generation 2, sealed with step 3), resumes, commits step 4 and dies;
     then A thaws and commits step 6. Before: A's late step 6 was live, A
     exited 0, and the next resume continued from a step of a generation
-    that had been fenced. Now A reads its commit back, finds that it does
-    not stand (its shards were garbage to B, or B's seal leaves the step
-    out: test_cleanup.c has the case where the shards survive), withdraws
-    it, says "fenced" and exits non-zero; the next run resumes from B's
-    step 4 and reaches the same bits as a run never interrupted."""
+    that had been fenced. Now A reads its commit back, finds that the seal
+    leaves it out, says "fenced" and exits non-zero; its manifest stays,
+    dead (ls: fenced); the next run resumes from B's step 4, passes over
+    step 6 and reaches the same bits as a run never interrupted."""
     data, _ = prepare_corpus(tmp)
     ck, ref = f"{tmp}/ck", f"{tmp}/ref"
-    mpirun(1, args(data, ref, 6))  # as launched below: same threads
-    a = launch(1, args(data, ck, 6), {"FSDP_TEST_STOP_AT": "fence-checked:2"})
+    mpirun(1, args(data, ref, 9))  # as launched below: same threads
+    a = launch(1, args(data, ck, 9), {"FSDP_TEST_STOP_AT": "fence-checked:2"})
     assert wait_stopped_or_exit(a), "run A did not reach its second commit"
     assert committed_steps(ck) == [3], committed_steps(ck)
-    b = launch(1, args(data, ck, 6, every=4, extra=["--resume", "auto"]),
+    b = launch(1, args(data, ck, 9, every=4, extra=["--resume", "auto"]),
                {"FSDP_TEST_STOP_AT": "after-commit:1"})
     assert wait_stopped_or_exit(b), "run B did not commit step 4"
     for pid, _ in job_pids(b.pid):
@@ -261,13 +262,14 @@ def a_writer_frozen_past_its_fence_check_commits_nothing_live(tmp):
     line = [l for l in a_err.splitlines() if "fenced" in l]
     print(f"  run A: exit {a.returncode}: {line[:1]}")
     assert a.returncode != 0 and line and "step 6" in line[0], a_err[-2000:]
-    assert committed_steps(ck) == [3, 4], committed_steps(ck)
-    assert verifies(ck)
-    c = mpirun(1, args(data, ck, 6, extra=["--resume", "auto"]))
+    ls = run([CKPT, "ls", ck]).stdout
+    assert [l.split()[1] for l in ls.splitlines() if l.startswith("step-")] == \
+        ["committed", "committed", "fenced"], ls
+    c = mpirun(1, args(data, ck, 9, extra=["--resume", "auto"]))
     resumed = [l for l in c.stderr.splitlines() if "resum" in l]
     assert any("step 4" in l for l in resumed), c.stderr[-2000:]
-    assert committed_steps(ck)[-1] == 6 and verifies(ck)
-    assert digest(f"{ck}@6") == digest(f"{ref}@6"), "step 6 differs from an uninterrupted run"
+    assert verifies(f"{ck}@9")
+    assert digest(f"{ck}@9") == digest(f"{ref}@9"), "step 9 differs from an uninterrupted run"
 
 
 FAKE_MPIRUN = """#!/bin/sh
@@ -276,26 +278,27 @@ exec sleep 600
 """
 
 
-def a_commit_landing_after_a_new_launch_sealed_the_store_is_withdrawn(tmp):
+def a_commit_landing_after_a_new_launch_sealed_the_store_does_not_count(tmp):
     """The window the shard check cannot see: fsdp-super has claimed
     generation 2 for a new launch (its mpirun, a stand-in here, has not
     started a rank, so nothing has cleaned up yet), and run A of generation
     1, frozen past its fence check, thaws and commits step 6 with every
     shard in place. Before: that commit was live, A exited 0, and the new
     launch would have resumed from a fenced generation's late step. Now the
-    claim sealed the store with the steps committed then (3); A reads its
-    commit back, finds the seal leaves step 6 out, withdraws it and exits
-    non-zero saying "fenced"; the next run resumes from step 3."""
+    claim sealed the store with the live steps then (3); A reads its commit
+    back, finds the seal leaves step 6 out and exits non-zero saying
+    "fenced"; the next run resumes from step 3, passes over the dead step 6
+    (not replaced) and reaches the same bits at step 9."""
     data, _ = prepare_corpus(tmp)
     ck, ref = f"{tmp}/ck", f"{tmp}/ref"
-    mpirun(1, args(data, ref, 6))
-    a = launch(1, args(data, ck, 6), {"FSDP_TEST_STOP_AT": "fence-checked:2"})
+    mpirun(1, args(data, ref, 9))
+    a = launch(1, args(data, ck, 9), {"FSDP_TEST_STOP_AT": "fence-checked:2"})
     assert wait_stopped_or_exit(a), "run A did not reach its second commit"
     fake = f"{tmp}/mpirun-fake"
     open(fake, "w").write(FAKE_MPIRUN)
     os.chmod(fake, 0o755)
     sup = subprocess.Popen([SUPER, "--np", "1", "--max-restarts", "0", "--startup-timeout", "600",
-                            "--mpirun", fake, "--"] + args(data, ck, 6),
+                            "--mpirun", fake, "--"] + args(data, ck, 9),
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)
     try:
@@ -314,10 +317,37 @@ def a_commit_landing_after_a_new_launch_sealed_the_store_is_withdrawn(tmp):
     line = [l for l in a_err.splitlines() if "fenced" in l]
     print(f"  run A: exit {a.returncode}: {line[:1]}")
     assert a.returncode != 0 and line and "generation 2 sealed" in line[0], a_err[-2000:]
-    assert committed_steps(ck) == [3], committed_steps(ck)
-    c = mpirun(1, args(data, ck, 6, extra=["--resume", "auto"]))
+    c = mpirun(1, args(data, ck, 9, extra=["--resume", "auto"]))
     assert any("step 3" in l for l in c.stderr.splitlines() if "resum" in l), c.stderr[-2000:]
-    assert digest(f"{ck}@6") == digest(f"{ref}@6"), "step 6 differs from an uninterrupted run"
+    assert any("fenced writer's late commit" in l for l in c.stderr.splitlines()), \
+        c.stderr[-2000:]
+    assert verifies(f"{ck}@9")
+    assert digest(f"{ck}@9") == digest(f"{ref}@9"), "step 9 differs from an uninterrupted run"
+
+
+def an_unreadable_seal_stops_the_resume_and_skips_no_step(tmp):
+    """A file under fences/ that is not a seal (or a seal that cannot be
+    read) leaves every manifest's liveness unknown. Before, the resume
+    treated that like a damaged step: it skipped every step, started from
+    scratch and trained over them. Now the run stops before training with
+    one line naming the object (its claim cannot seal the store), no step
+    is touched, and it resumes once the object is gone."""
+    data, _ = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    run(args(data, ck, 6))
+    before = files_of(ck)
+    open(f"{ck}/fences/notes.txt", "w").write("x")
+    p = run(args(data, ck, 9, extra=["--resume", "auto"]), check=False)
+    line = [l for l in p.stderr.splitlines() if "notes.txt" in l]
+    print(f"  {line[:1]}")
+    assert p.returncode != 0 and line and "scratch" not in p.stderr, p.stderr[-2000:]
+    after = {k: v for k, v in files_of(ck).items()  # a claim that never sealed fences nothing
+             if k != "fences/notes.txt" and not k.startswith("generations/")}
+    assert after == {k: v for k, v in before.items() if not k.startswith("generations/")}, \
+        f"the store changed: {set(after) ^ set(before)}"
+    os.unlink(f"{ck}/fences/notes.txt")
+    p = run(args(data, ck, 9, extra=["--resume", "auto"]))
+    assert any("step 6" in l for l in p.stderr.splitlines() if "resum" in l), p.stderr[-2000:]
 
 
 if __name__ == "__main__":
@@ -332,4 +362,5 @@ if __name__ == "__main__":
           prune_leaves_a_live_writers_step,
           an_unwritable_store_is_found_before_training,
           a_writer_frozen_past_its_fence_check_commits_nothing_live,
-          a_commit_landing_after_a_new_launch_sealed_the_store_is_withdrawn])
+          a_commit_landing_after_a_new_launch_sealed_the_store_does_not_count,
+          an_unreadable_seal_stops_the_resume_and_skips_no_step])

@@ -492,8 +492,8 @@ static void a_commit_whose_answer_was_lost_is_found_to_be_ours(void)
 }
 
 /* A writer of generation 1 stopped past its fence check while generation 2
- * claimed and sealed the store (steps 3 then); its shards survive. */
-static void a_commit_landing_after_a_newer_seal_is_withdrawn(void)
+ * claimed and sealed the store (step 3 then); its shards survive. */
+static void a_commit_landing_after_a_newer_seal_does_not_count(void)
 {
     char err[CKPT_ERR_LEN], *root = new_root();
     struct storage *st;
@@ -509,10 +509,12 @@ static void a_commit_landing_after_a_newer_seal_is_withdrawn(void)
               res.outcome == CKPT_NOT_COMMITTED && strstr(err, "fenced: generation 2 sealed"),
           "outcome %d: %s", res.outcome, err);
     ckpt_commit_result_free(&res);
-    CHECK(!exists(root, "step-00000006/MANIFEST.json") &&
-              !exists(root, "step-00000006/shard-00000-of-00002.g1-00000000000000aa"),
-          "the late commit stands");
+    /* the manifest stays, dead (removing it could remove a successor's);
+     * the writer's shards go */
+    CHECK(!exists(root, "step-00000006/shard-00000-of-00002.g1-00000000000000aa"), "shards left");
     struct ckpt_manifest back;
+    CHECK(ckpt_load_manifest(st, 6, &back, err) == CKPT_NOT_LIVE && strstr(err, "fenced"),
+          "step 6 loads: %s", err);
     CHECK(ckpt_load_manifest(st, 3, &back, err) == 0, "step 3, sealed: %s", err);
     ckpt_manifest_free(&back);
     ckpt_manifest_free(&m);
@@ -520,11 +522,9 @@ static void a_commit_landing_after_a_newer_seal_is_withdrawn(void)
     remove_root(root);
 }
 
-/* The same late commit, landed with no read-back (its writer died after
- * the put): no reader loads it, retention does not count it, the newer
- * generation's clean-up removes it, and its own commit of the step takes
- * the place. */
-static void a_late_commit_that_stands_is_dead_to_every_reader(void)
+/* A late commit that stands: no reader loads it, retention does not count
+ * it, nobody replaces it, retention removes it when it ages out. */
+static void a_late_commit_is_dead_to_every_reader_until_retention(void)
 {
     char err[CKPT_ERR_LEN], *root = new_root();
     struct storage *st;
@@ -540,30 +540,87 @@ static void a_late_commit_that_stands_is_dead_to_every_reader(void)
     struct ckpt_clean_report rep;
     REQUIRE(ckpt_clean(st, &p, &rep, err) == 0, "%s", err);
     CHECK(exists(root, "step-00000003/MANIFEST.json"), "retention counted the late commit");
-    CHECK(!exists(root, "step-00000006/MANIFEST.json") &&
-              !exists(root, "step-00000006/shard-00001-of-00002.g1-00000000000000aa"),
-          "the late commit was not cleaned up");
-    /* once more, and generation 2 commits the step over it */
-    REQUIRE(commit_step(st, 6, 2, "g1-00000000000000aa", err) == 0, "%s", err);
+    CHECK(exists(root, "step-00000006/MANIFEST.json"), "the dead manifest was removed");
+    /* generation 2 reaching step 6 does not replace it */
     struct ckpt_manifest m;
+    REQUIRE(prepare_step(st, 6, 1, "g2-00000000000000bb", &m, err) != 0, "step 6 loaded");
     REQUIRE(prepare_step(st, 7, 1, "g2-00000000000000bb", &m, err) == 0, "%s", err);
     m.step = 6;
-    char key[96];
-    snprintf(key, sizeof key, "step-00000007/%s", m.shards[0].file);
-    char to[96];
-    snprintf(to, sizeof to, "step-00000006/%s", m.shards[0].file);
-    void *buf;
-    size_t len;
-    REQUIRE(storage_get_all(st, key, 1 << 20, &buf, &len, err) == 0, "%s", err);
-    REQUIRE(storage_put(st, to, buf, len, err) == 0, "%s", err);
-    free(buf);
+    REQUIRE(storage_put(st, "step-00000006/shard-00000-of-00001.g2-00000000000000bb", "x", 1,
+                        err) == 0, "%s", err);
     struct ckpt_commit_result res;
-    CHECK(ckpt_commit_step(st, &m, "g2-00000000000000bb", &res, err) == 0 &&
-              res.outcome == CKPT_COMMITTED,
+    CHECK(ckpt_commit_step(st, &m, "g2-00000000000000bb", &res, err) != 0 &&
+              res.outcome == CKPT_OTHER_DEAD,
           "outcome %d: %s", res.outcome, err);
     ckpt_commit_result_free(&res);
-    CHECK(ckpt_load_manifest(st, 6, &back, err) == 0 && back.generation == 2, "step 6: %s", err);
-    ckpt_manifest_free(&back);
+    ckpt_manifest_free(&m);
+    /* step 9 committed: retention keeps 9 and drops the rest, the dead 6 too */
+    REQUIRE(commit_step(st, 9, 1, "g2-00000000000000cc", err) == 0, "%s", err);
+    struct ckpt_clean_policy p9 = {.generation = 2, .keep = 1, .upto = 9};
+    REQUIRE(ckpt_clean(st, &p9, &rep, err) == 0, "%s", err);
+    CHECK(!exists(root, "step-00000006") && !exists(root, "step-00000003") &&
+              exists(root, "step-00000009/MANIFEST.json"),
+          "retention: removed %d", rep.steps_removed);
+    storage_close(st);
+    remove_root(root);
+}
+
+/* A seal names each live manifest by step and writer tag: another writer's
+ * commit of a listed step number, landed later, is not live. */
+static void a_seal_names_the_writer_not_only_the_step(void)
+{
+    char err[CKPT_ERR_LEN], *root = new_root();
+    struct storage *st;
+    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    claim_generations(st, 1);
+    REQUIRE(commit_step(st, 6, 1, "g1-00000000000000aa", err) == 0, "%s", err);
+    claim_generations(st, 1); /* seals (6, g1-...aa) */
+    REQUIRE(storage_delete(st, "step-00000006/MANIFEST.json", err) == 0, "%s", err);
+    REQUIRE(commit_step(st, 6, 1, "g1-00000000000000dd", err) == 0, "%s", err);
+    struct ckpt_manifest back;
+    CHECK(ckpt_load_manifest(st, 6, &back, err) == CKPT_NOT_LIVE, "another writer's step 6: %s",
+          err);
+    storage_close(st);
+    remove_root(root);
+}
+
+/* Seals that cannot be read decide nothing: not dead, not live. */
+static void an_unreadable_seal_decides_nothing(void)
+{
+    char err[CKPT_ERR_LEN], *root = new_root();
+    struct storage *st;
+    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    claim_generations(st, 1);
+    REQUIRE(commit_step(st, 3, 1, "g1-00000000000000aa", err) == 0, "%s", err);
+    claim_generations(st, 1);
+    REQUIRE(storage_delete(st, "fences/00000000000000000002", err) == 0, "%s", err);
+    REQUIRE(storage_put(st, "fences/00000000000000000002", "{}", 2, err) == 0, "%s", err);
+    struct ckpt_manifest back;
+    CHECK(ckpt_load_manifest(st, 3, &back, err) == CKPT_CANNOT_JUDGE, "damaged seal: %s", err);
+    REQUIRE(storage_put(st, "fences/notes.txt", "x", 1, err) == 0, "%s", err);
+    CHECK(ckpt_load_manifest(st, 3, &back, err) == CKPT_CANNOT_JUDGE && strstr(err, "notes.txt"),
+          "junk under fences/: %s", err);
+    storage_close(st);
+    remove_root(root);
+}
+
+/* A commit that lands while a newer generation has claimed the store but
+ * not sealed it yet is not reported committed. */
+static void a_commit_under_a_newer_claim_is_not_reported_committed(void)
+{
+    char err[CKPT_ERR_LEN], *root = new_root();
+    struct storage *st;
+    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    claim_generations(st, 1);
+    struct ckpt_manifest m;
+    REQUIRE(prepare_step(st, 3, 1, "g1-00000000000000aa", &m, err) == 0, "%s", err);
+    REQUIRE(storage_put(st, "generations/00000000000000000002", "2 x\n", 4, err) == 0, "%s",
+            err);
+    struct ckpt_commit_result res;
+    CHECK(ckpt_commit_step(st, &m, "g1-00000000000000aa", &res, err) != 0 &&
+              res.outcome == CKPT_UNKNOWN && strstr(err, "fenced"),
+          "outcome %d: %s", res.outcome, err);
+    ckpt_commit_result_free(&res);
     ckpt_manifest_free(&m);
     storage_close(st);
     remove_root(root);
@@ -580,5 +637,8 @@ CHECK_MAIN(TEST(retention_keeps_the_newest_k_and_every_step_above_upto),
            TEST(thousands_of_incomplete_steps_take_one_listing),
            TEST(junk_generation_names_are_refused_not_parsed_loosely),
            TEST(shard_names_parse_strictly),
-           TEST(a_commit_landing_after_a_newer_seal_is_withdrawn),
-           TEST(a_late_commit_that_stands_is_dead_to_every_reader))
+           TEST(a_commit_landing_after_a_newer_seal_does_not_count),
+           TEST(a_late_commit_is_dead_to_every_reader_until_retention),
+           TEST(a_seal_names_the_writer_not_only_the_step),
+           TEST(an_unreadable_seal_decides_nothing),
+           TEST(a_commit_under_a_newer_claim_is_not_reported_committed))
