@@ -290,9 +290,9 @@ int ckpt_new_writer_tag(struct storage *st, uint64_t generation, char *tag, size
  * losing writer's shards, a temporary) is garbage only when its writer can
  * no longer commit it: its tag names a generation older than the store's
  * current one (such writers are fenced). A manifest that is not live
- * (fence.c) goes only by retention. A writer removes its own objects of a
- * step it failed to commit with ckpt_discard_own. Names ckpt does not know
- * are never deleted. */
+ * (fence.c) is removed by the current generation only. A writer removes its
+ * own objects of a step it failed to commit with ckpt_discard_own. Names
+ * ckpt does not know are never deleted. */
 struct ckpt_clean_policy {
     uint64_t generation; /* the caller's, fence-checked first; 0: a tool, judged
                             against the store's current generation */
@@ -325,15 +325,18 @@ int ckpt_discard_own(struct storage *st, uint64_t step, int world, const char *t
  *                       free with ckpt_commit_result_free); ours are removed;
  *   CKPT_OTHER_UNREADABLE  the step is committed but its manifest does not
  *                       load; ours are removed;
- *   CKPT_OTHER_DEAD     a fenced writer's late commit holds the step (not
- *                       live, never replaced: fence.c); ours are removed;
+ *   CKPT_OTHER_DEAD     a fenced writer's late commit holds the step and
+ *                       could not be removed (we are not the current
+ *                       generation); ours are removed;
  *   CKPT_UNKNOWN        it cannot be told (the store failed while we looked):
  *                       nothing is removed.
  * A put that failed or met EXISTS may still have been ours (an answer lost
- * after the server acted): the manifest is read back and compared. Our
- * manifest in place counts only if it is live (fence.c) and no newer
- * generation has claimed the store meanwhile (then: CKPT_UNKNOWN, err says
- * "fenced"). m's generation must be the tag's. */
+ * after the server acted): the manifest is read back and compared. A
+ * fenced writer's late commit in the way is removed (if m's generation is
+ * the store's current one) and the put tried once more. Our manifest in
+ * place counts only if it is live (fence.c) and no newer generation has
+ * claimed the store meanwhile (then: CKPT_UNKNOWN, err says "fenced"). m's
+ * generation must be the tag's. */
 enum ckpt_commit_outcome {
     CKPT_UNKNOWN,
     CKPT_COMMITTED,
@@ -364,6 +367,8 @@ int ckpt_fence_current(struct storage *st, uint64_t *gen, char *err);
  * launched with the generation before this returns 0. */
 int ckpt_fence_claim(struct storage *st, uint64_t *gen, char *err);
 int ckpt_fence_check(struct storage *st, uint64_t mine, char *err);
+/* The newest sealed generation (0: none). */
+int ckpt_fence_sealed_max(struct storage *st, uint64_t *gen, char *err);
 /* Whether a manifest is part of the run: 1 yes; 0 no, it landed after
  * generation *by sealed the store (a fenced writer's late commit, or
  * another commit of a step the seal lists); -1 with err when the seals

@@ -17,10 +17,10 @@
  *   - a committed step's manifest is read to tell its shards from a losing
  *     writer's; if it cannot be read, nothing of that step is touched;
  *   - a manifest that is not live (a fenced writer's late commit, fence.c)
- *     is never removed on a judgement of the moment (whoever commits the
- *     step next could be the one removed): it goes by retention like any
- *     step, and its writer's shards are garbage by their generation; it is
- *     never replaced either (ckpt_commit_step: CKPT_OTHER_DEAD);
+ *     is removed by the store's current generation only, judged dead again
+ *     right before the delete (remove_dead): at clean-up, and when that
+ *     generation's own save of the step meets it; its writer's shards are
+ *     garbage by their generation;
  *   - names ckpt does not know are never deleted;
  *   - the store is listed once (the listing is sorted once), so start-up
  *     cleanup costs O(objects log objects), not a listing per step; each
@@ -135,10 +135,9 @@ static int drop_step(struct storage *st, const struct ckpt_step_objects *x,
 }
 
 /* A committed step whose objects are its manifest and one writer's
- * complete set of shards needs no reading: nothing in it is garbage (if it
- * is a fenced writer's late commit, its shards are all that manifest
- * names, and they go with it by retention). */
-static int looks_clean(const struct ckpt_step_objects *x)
+ * complete set of shards, written after the newest seal, needs no reading:
+ * nothing in it is garbage (*shard_gen: that writer's generation). */
+static int looks_clean(const struct ckpt_step_objects *x, uint64_t *shard_gen)
 {
     char first[CKPT_TAG_LEN + 2] = "", tag[CKPT_TAG_LEN + 2];
     int shards = 0, world = 0;
@@ -153,6 +152,7 @@ static int looks_clean(const struct ckpt_step_objects *x)
         if (shards++ == 0) {
             snprintf(first, sizeof first, "%s", tag);
             world = w;
+            *shard_gen = gen;
         } else if (strcmp(tag, first) != 0 || w != world) {
             return 0;
         }
@@ -168,22 +168,55 @@ static int referenced(const struct ckpt_manifest *m, const char *name)
     return 0;
 }
 
+/* A fenced writer's late commit at step: removed by the store's current
+ * generation only (current: the caller's, fence-checked here), judged dead
+ * once more right before the delete. 0 when it is gone. The window left:
+ * a remover stopped between that judgement and its delete while a newer
+ * generation claims, seals and commits this very step (README). */
+static int remove_dead(struct storage *st, uint64_t step, uint64_t current, char *err)
+{
+    if (current && ckpt_fence_check(st, current, err))
+        return -1;
+    struct ckpt_manifest m;
+    int lr = ckpt_load_manifest(st, step, &m, err);
+    if (lr != CKPT_NOT_LIVE) {
+        if (lr == 0) {
+            ckpt_manifest_free(&m);
+            snprintf(err, CKPT_ERR_LEN, "%s: step %llu is live now: left", st->uri,
+                     (unsigned long long)step);
+        }
+        return -1;
+    }
+    char *man = CKPT_MANIFEST;
+    return delete_names(st, step, &man, 1, err);
+}
+
 /* Removes the objects of one step that are garbage by the rules above. */
 static int collect_garbage(struct storage *st, const struct ckpt_step_objects *x, uint64_t current,
-                           struct ckpt_clean_report *rep, char *err)
+                           uint64_t sealed, struct ckpt_clean_report *rep, char *err)
 {
     struct ckpt_manifest m = {0};
     int have_manifest = 0;
     if (x->info.committed) {
-        if (looks_clean(x))
+        uint64_t gen = 0;
+        if (looks_clean(x, &gen) && gen >= sealed)
             return 0;
         char sub[CKPT_ERR_LEN];
         int lr = ckpt_load_manifest(st, x->info.step, &m, sub);
         if (lr && lr != CKPT_NOT_LIVE)
             return 0; /* unreadable: nothing of it is ours to judge */
-        /* a fenced writer's late commit: its manifest stays (retention's to
-         * remove), its shards are garbage by their generation like any
-         * fenced writer's */
+        if (lr == 0 && looks_clean(x, &gen)) {
+            ckpt_manifest_free(&m);
+            return 0;
+        }
+        /* a fenced writer's late commit: the manifest goes first (judged
+         * again), then its shards are garbage by their generation */
+        if (lr == CKPT_NOT_LIVE) {
+            if (remove_dead(st, x->info.step, current, sub))
+                return 0;
+            rep->steps_removed++;
+            rep->objects_removed++;
+        }
         have_manifest = lr == 0;
     }
     char **names = calloc((size_t)x->nobj + 1, sizeof *names);
@@ -242,6 +275,9 @@ int ckpt_clean(struct storage *st, const struct ckpt_clean_policy *p, struct ckp
     } else if (ckpt_fence_current(st, &current, err)) {
         return -1;
     }
+    uint64_t sealed; /* steps written after the newest seal are live */
+    if (ckpt_fence_sealed_max(st, &sealed, err))
+        return -1;
     struct ckpt_step_objects *s;
     int n;
     if (ckpt_list_step_objects(st, &s, &n, err))
@@ -264,7 +300,7 @@ int ckpt_clean(struct storage *st, const struct ckpt_clean_policy *p, struct ckp
     }
     for (int i = 0; !rc && i < n; i++)
         if (s[i].info.objects >= 0)
-            rc = collect_garbage(st, &s[i], current, rep, err);
+            rc = collect_garbage(st, &s[i], current, sealed, rep, err);
     ckpt_step_objects_free(s, n);
     return rc;
 }
@@ -423,19 +459,28 @@ int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const ch
     size_t len = strlen(doc);
     void *buf = NULL;
     size_t got = 0;
-    if (storage_put_if_absent(st, key, doc, len, err) == 0) {
-        free(doc);
-        return settle_ours(st, m, tag, key, res, err);
-    }
-    /* EXISTS, or an error after which the put may or may not have landed
-     * (a lost answer, a failed directory sync): read what is there */
-    int gr = storage_get_all(st, key, CKPT_MAX_MANIFEST_BYTES, &buf, &got, sub);
-    int ours = gr == 0 && got == len && memcmp(buf, doc, len) == 0;
-    free(doc);
-    if (ours) {
+    int gr;
+    for (int attempt = 0;; attempt++) {
+        if (storage_put_if_absent(st, key, doc, len, err) == 0) {
+            free(doc);
+            return settle_ours(st, m, tag, key, res, err);
+        }
+        /* EXISTS, or an error after which the put may or may not have landed
+         * (a lost answer, a failed directory sync): read what is there */
+        gr = storage_get_all(st, key, CKPT_MAX_MANIFEST_BYTES, &buf, &got, sub);
+        if (gr == 0 && got == len && memcmp(buf, doc, len) == 0) {
+            free(buf);
+            free(doc);
+            return settle_ours(st, m, tag, key, res, err);
+        }
+        /* a fenced writer's late commit in the way: the current generation
+         * removes it (remove_dead judges it again) and puts once more */
+        if (gr || attempt > 0 || !m->generation || remove_dead(st, m->step, m->generation, sub))
+            break;
         free(buf);
-        return settle_ours(st, m, tag, key, res, err);
+        buf = NULL;
     }
+    free(doc);
     if (gr == STORAGE_NOT_FOUND) { /* nothing landed */
         res->outcome = CKPT_NOT_COMMITTED;
         ckpt_discard_own(st, m->step, m->world, tag, sub);
@@ -452,12 +497,12 @@ int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const ch
     free(buf);
     uint64_t by;
     if (res->outcome == CKPT_OTHER && ckpt_manifest_live(st, &res->other, &by, sub) == 0)
-        res->outcome = CKPT_OTHER_DEAD; /* never replaced: see fence.c */
+        res->outcome = CKPT_OTHER_DEAD; /* and remove_dead could not remove it */
     ckpt_discard_own(st, m->step, m->world, tag, sub);
     if (res->outcome == CKPT_OTHER_DEAD)
         snprintf(err, CKPT_ERR_LEN,
                  "%s: step %llu holds a fenced writer's late commit (generation %llu, not live: "
-                 "generation %llu sealed the store first); it is not replaced",
+                 "generation %llu sealed the store first) that this writer may not remove",
                  st->uri, (unsigned long long)m->step, (unsigned long long)res->other.generation,
                  (unsigned long long)by);
     else if (res->outcome == CKPT_OTHER)

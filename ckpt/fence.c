@@ -17,10 +17,12 @@
  * landed after that seal, whatever the storage's timing, is not part of
  * the run, and neither is another commit of the same step number. Readers
  * (ckpt_load_manifest) refuse it with a "fenced" line, the late writer
- * finds it out when it reads its commit back, and nobody deletes it but
- * retention when the step ages out (deleting a manifest after judging it
- * is a race with whoever commits the step next; a dead manifest harms no
- * reader). Its shards are garbage of a fenced generation (cleanup.c).
+ * finds it out when it reads its commit back. Only the store's current
+ * generation removes it (cleanup.c: at its clean-ups, and when its own
+ * save of that step meets it), judging it again right before the delete;
+ * a writer never removes a manifest it judged dead, since whoever commits
+ * the step next could be the one removed. Its shards are garbage of a
+ * fenced generation.
  *
  * What this guarantees: on a filesystem (link/rename without replace) and
  * on S3 with conditional writes (If-None-Match: *), no commit of
@@ -111,6 +113,15 @@ int ckpt_fence_current(struct storage *st, uint64_t *gen, char *err)
     return rc ? -1 : 0;
 }
 
+int ckpt_fence_sealed_max(struct storage *st, uint64_t *gen, char *err)
+{
+    struct gen_scan g = {.prefix = SEAL_PREFIX, .err = err, .uri = st->uri};
+    *err = 0;
+    int rc = storage_list(st, SEAL_PREFIX, on_gen, &g, err);
+    *gen = g.max;
+    return rc ? -1 : 0;
+}
+
 /* ---- seals ---------------------------------------------------------------- */
 
 /* The writer tag of a manifest's shards ("" when untagged). */
@@ -124,7 +135,7 @@ static void manifest_tag(const struct ckpt_manifest *m, char *out, size_t n)
  *  "live": [{"step": S, "tag": "g7-..."}, ...]}: every manifest live when G
  * took the store. A manifest that cannot be read now (a storage error)
  * fails the seal: leaving it out would kill a live step for good. One that
- * is damaged or already dead is left out. */
+ * is damaged, already dead or gone since the listing is left out. */
 static int seal_write(struct storage *st, uint64_t gen, char *err)
 {
     struct ckpt_step_info *steps;
@@ -139,8 +150,8 @@ static int seal_write(struct storage *st, uint64_t gen, char *err)
         struct ckpt_manifest m;
         char sub[CKPT_ERR_LEN], tag[CKPT_TAG_LEN + 8];
         int lr = ckpt_load_manifest(st, steps[i].step, &m, sub);
-        if (lr == CKPT_NOT_LIVE || lr == CKPT_DAMAGED)
-            continue;
+        if (lr == CKPT_NOT_LIVE || lr == CKPT_DAMAGED || lr == STORAGE_NOT_FOUND)
+            continue; /* dead, damaged, or removed since the listing */
         if (lr) {
             snprintf(err, CKPT_ERR_LEN, "cannot seal: %s", sub);
             rc = 1;
