@@ -81,7 +81,13 @@ struct fsdp_kernels {
 void fsdp_kernels_cpu_fix_blas_core(char **argv);
 /* Sets the number of compute threads for the CPU backend (OpenMP + BLAS). */
 void fsdp_kernels_cpu_threads(int n);
+/* The CPU kernel table: the one fsdp_kernels_cpu_select chose, else the
+ * widest this CPU supports (see kernels_cpu.c). */
 const struct fsdp_kernels *fsdp_kernels_cpu(void);
+/* Picks the table by instruction set: "auto", or one of this build's
+ * ("x86-64", "x86-64-v3", "x86-64-v4"; "native" in a -Dnative=true build).
+ * -1 with err when the name is unknown or the CPU cannot run that table. */
+int fsdp_kernels_cpu_select(const char *want, char *err, size_t errlen);
 /* A one-line description of the CPU math library in use. */
 const char *fsdp_kernels_cpu_blas(void);
 

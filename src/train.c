@@ -86,11 +86,11 @@ static void print_banner(const struct trainer *t)
         full += t->model.units[u].numel * sizeof(float);
     fprintf(stderr,
             "fsdp-train: model %s (L%d C%d H%d T%d V%d), %.2fM parameters; %d rank%s, shard %s, "
-            "%d thread%s per rank; %s\n",
+            "%d thread%s per rank; %s kernels; %s\n",
             t->o.model_label, c->layers, c->dim, c->heads, c->seq, c->vocab,
             (double)t->model.numel / 1e6, t->comm.world, t->comm.world > 1 ? "s" : "",
             fsdp_shard_name(t->o.shard), t->threads, t->threads > 1 ? "s" : "",
-            fsdp_kernels_cpu_blas());
+            fsdp_kernels_cpu()->name, fsdp_kernels_cpu_blas());
     fprintf(stderr,
             "fsdp-train: per rank: params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB "
             "(unsharded %.2f / %.2f / %.2f MiB); gathered params %.2f MiB, full grads %.2f MiB, "
@@ -587,6 +587,10 @@ int main(int argc, char **argv)
         return 0;
     }
     if (rc) {
+        fprintf(stderr, "fsdp-train: %s (see fsdp-train --help)\n", err);
+        return 2;
+    }
+    if (fsdp_kernels_cpu_select(t.o.cpu_kernels, err, sizeof err)) {
         fprintf(stderr, "fsdp-train: %s (see fsdp-train --help)\n", err);
         return 2;
     }

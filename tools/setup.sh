@@ -11,7 +11,8 @@ PKGS="build-essential pkg-config meson ninja-build python3 curl
       libzstd-dev libssl-dev libjansson-dev libcurl4-openssl-dev libexpat1-dev
       awscli ceph-mon ceph-osd radosgw ceph-common
       fortunes-min fortunes
-      iproute2 procps clang libclang-rt-14-dev"
+      iproute2 procps clang libclang-rt-14-dev
+      qemu-user"
 if [ "${1:-}" = "--bench" ]; then
     PKGS="$PKGS python3-torch"
 fi

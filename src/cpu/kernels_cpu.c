@@ -1,12 +1,14 @@
 /*
- * kernels_cpu.c - the CPU compute backend: OpenMP loops and OpenBLAS sgemm.
+ * kernels_cpu.c - the CPU compute backend's set-up: which kernel table this
+ * CPU gets, OpenBLAS's kernel choice and thread count.
  *
- * Matmuls and the attention products go to sgemm; everything else is a loop
- * that the compiler vectorises. Two rules keep results reproducible:
- * reductions never depend on the number of threads (each output element is
- * owned by one thread, or partial sums are taken over fixed blocks and added
- * in order), and the transcendental functions are our own polynomial exp, so
- * they vectorise and give the same bits everywhere.
+ * The kernels themselves are in kernels_cpu_isa.c, compiled once per
+ * instruction set (see there). A default x86-64 build carries x86-64 (SSE2),
+ * x86-64-v3 (AVX2, FMA) and x86-64-v4 (AVX-512) tables; fsdp_kernels_cpu()
+ * returns the widest one the CPU and its OS support, decided once from
+ * CPUID, so a binary built on one host of a mixed fleet neither dies with
+ * SIGILL on an older one nor runs SSE2 loops on a newer one. -Dnative=true
+ * builds one table with -march=native instead (named "native").
  */
 #include "../kernels.h"
 
@@ -30,30 +32,67 @@ char *openblas_get_corename(void);
  * Sapphire Rapids model that 0.3.21 does not know) falls back to the SSE3
  * "Prescott" kernels: 45 GFLOP/s instead of 180 on a 2048x768x256 sgemm
  * here. OPENBLAS_CORETYPE overrides the choice but is read only at load time,
- * so the program re-executes itself once with it set. */
+ * so the program re-executes itself once with it set.
+ *
+ * The override is not checked by OpenBLAS: a core type forced in the
+ * environment (fsdp-super carries OPENBLAS_* to every host) that this CPU
+ * cannot run would die with SIGILL in the first matmul, so such a value is
+ * replaced, with one line on stderr, by the widest core this CPU runs. */
+static const char *widest_blas_core(void)
+{
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+        return "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return "Haswell";
+    return NULL; /* OpenBLAS's own choice */
+}
+
+static int blas_core_runs_here(const char *core)
+{
+    static const struct {
+        const char *core;
+        int level; /* 3: AVX2 + FMA; 4: AVX-512 F/BW/DQ/VL; 5: and AVX512_BF16 */
+    } needs[] = {{"SkylakeX", 4}, {"Cooperlake", 5}, {"SapphireRapids", 5},
+                 {"Haswell", 3},  {"Zen", 3}};
+    const char *widest = widest_blas_core();
+    int have = !widest ? 0 : strcmp(widest, "SkylakeX") == 0 ? 4 : 3;
+    if (have == 4 && __builtin_cpu_supports("avx512bf16"))
+        have = 5;
+    for (size_t i = 0; i < sizeof needs / sizeof needs[0]; i++)
+        if (strcasecmp(core, needs[i].core) == 0)
+            return have >= needs[i].level;
+    if (strcasecmp(core, "Sandybridge") == 0)
+        return __builtin_cpu_supports("avx");
+    return 1; /* older cores, or names we do not know: OpenBLAS decides */
+}
+
 void fsdp_kernels_cpu_fix_blas_core(char **argv)
 {
     static const char *weak[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem",
                                  "Atom",     "Katmai", "Coppermine", "Northwood", "Banias",
                                  "Sandybridge"};
-    if (getenv("OPENBLAS_CORETYPE"))
-        return;
-    const char *core = openblas_get_corename();
-    int is_weak = 0;
-    for (size_t i = 0; i < sizeof weak / sizeof weak[0]; i++)
-        is_weak |= core && strcasecmp(core, weak[i]) == 0;
-    if (!is_weak)
-        return;
-    __builtin_cpu_init();
-    const char *want = NULL;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-        want = "SkylakeX";
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        want = "Haswell";
-    if (!want)
-        return;
-    setenv("OPENBLAS_CORETYPE", want, 1);
+    const char *forced = getenv("OPENBLAS_CORETYPE");
+    const char *want = widest_blas_core();
+    if (forced) {
+        if (blas_core_runs_here(forced))
+            return;
+        fprintf(stderr, "fsdp: OPENBLAS_CORETYPE=%.40s needs instructions this CPU lacks; "
+                "using %s\n", forced, want ? want : "OpenBLAS's own choice");
+        if (want)
+            setenv("OPENBLAS_CORETYPE", want, 1);
+        else
+            unsetenv("OPENBLAS_CORETYPE");
+    } else {
+        const char *core = openblas_get_corename();
+        int is_weak = 0;
+        for (size_t i = 0; i < sizeof weak / sizeof weak[0]; i++)
+            is_weak |= core && strcasecmp(core, weak[i]) == 0;
+        if (!is_weak || !want)
+            return;
+        setenv("OPENBLAS_CORETYPE", want, 1);
+    }
     /* exec the real path, not /proc/self/exe, so the process keeps its name */
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -61,7 +100,7 @@ void fsdp_kernels_cpu_fix_blas_core(char **argv)
         return;
     self[n] = 0;
     execv(self, argv);
-    /* exec failed: carry on with the slow kernels */
+    /* exec failed: carry on with the kernels OpenBLAS loaded */
 }
 
 void fsdp_kernels_cpu_threads(int n)
@@ -79,442 +118,85 @@ const char *fsdp_kernels_cpu_blas(void)
     return desc;
 }
 
-/* ---- memory ---------------------------------------------------------------- */
 
-static void *cpu_alloc(size_t bytes)
-{
-    size_t n = (bytes + 63) & ~(size_t)63;
-    void *p = aligned_alloc(64, n ? n : 64);
-    if (p)
-        memset(p, 0, n ? n : 64); /* first touch now, not in the first step */
-    return p;
-}
+/* ---- which kernel table ---------------------------------------------------- */
 
-static void cpu_free(void *p) { free(p); }
-static void cpu_zero(float *p, size_t n) { memset(p, 0, n * sizeof *p); }
-static void cpu_copy(float *dst, const float *src, size_t n) { memcpy(dst, src, n * sizeof *dst); }
-static void cpu_memcpy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
-
-/* ---- math helpers ---------------------------------------------------------- */
-
-/* exp(x) for float, about 1 ulp on [-87, 88]: x = n ln2 + r, |r| <= ln2/2,
- * a degree-6 polynomial for e^r, scaled by 2^n through the exponent bits.
- * Plain arithmetic, so loops calling it vectorise. */
-/* min/max without libm's NaN rules, so they inline and vectorise */
-static inline float clampf(float x, float lo, float hi) { return x < lo ? lo : x > hi ? hi : x; }
-
-static inline float fexp(float x)
-{
-    x = clampf(x, -87.0f, 88.0f);
-    /* round to nearest through the 1.5 * 2^23 trick: no libm call */
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    union {
-        float f;
-        int i;
-    } s = {.i = ((int)n + 127) << 23};
-    return p * s.f;
-}
-
-static inline float ftanh(float x)
-{
-    x = clampf(x, -9.0f, 9.0f);
-    return 1.0f - 2.0f / (fexp(2.0f * x) + 1.0f);
-}
-
-/* ---- embeddings ------------------------------------------------------------ */
-
-static void cpu_encoder_forward(float *out, const int32_t *tok, const float *wte,
-                                const float *wpe, int B, int T, int C)
-{
-#pragma omp parallel for schedule(static)
-    for (int bt = 0; bt < B * T; bt++) {
-        const float *we = wte + (size_t)tok[bt] * C, *pe = wpe + (size_t)(bt % T) * C;
-        float *o = out + (size_t)bt * C;
-#pragma omp simd
-        for (int c = 0; c < C; c++)
-            o[c] = we[c] + pe[c];
-    }
-}
-
-static void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout,
-                                 const int32_t *tok, int B, int T, int C)
-{
-    /* Threads own channel slices, so the scatter into dwte has no races and
-     * the order of additions is fixed. */
-#pragma omp parallel
-    {
-        int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        int c0 = (int)((long)C * id / nt), c1 = (int)((long)C * (id + 1) / nt);
-        for (int bt = 0; bt < B * T; bt++) {
-            float *dw = dwte + (size_t)tok[bt] * C;
-            const float *d = dout + (size_t)bt * C;
-            for (int c = c0; c < c1; c++)
-                dw[c] += d[c];
-        }
-        for (int t = 0; t < T; t++) {
-            float *dp = dwpe + (size_t)t * C;
-            for (int b = 0; b < B; b++) {
-                const float *d = dout + ((size_t)b * T + t) * C;
-                for (int c = c0; c < c1; c++)
-                    dp[c] += d[c];
-            }
-        }
-    }
-}
-
-/* ---- layernorm ------------------------------------------------------------- */
-
-static void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                                  const float *w, const float *b, size_t N, int C)
-{
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < N; i++) {
-        const float *x = inp + i * C;
-        float m = 0.0f;
-#pragma omp simd reduction(+ : m)
-        for (int c = 0; c < C; c++)
-            m += x[c];
-        m /= (float)C;
-        float v = 0.0f;
-#pragma omp simd reduction(+ : v)
-        for (int c = 0; c < C; c++)
-            v += (x[c] - m) * (x[c] - m);
-        v /= (float)C;
-        float s = 1.0f / sqrtf(v + 1e-5f);
-        float *o = out + i * C;
-#pragma omp simd
-        for (int c = 0; c < C; c++)
-            o[c] = (x[c] - m) * s * w[c] + b[c];
-        mean[i] = m;
-        rstd[i] = s;
-    }
-}
-
-static void cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                                   const float *inp, const float *w, const float *mean,
-                                   const float *rstd, size_t N, int C)
-{
-#pragma omp parallel
-    {
-#pragma omp for schedule(static)
-        for (size_t i = 0; i < N; i++) {
-            const float *x = inp + i * C, *d = dout + i * C;
-            float m = mean[i], s = rstd[i];
-            float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
-            for (int c = 0; c < C; c++) {
-                float dn = w[c] * d[c];
-                dnorm_mean += dn;
-                dnorm_norm_mean += dn * (x[c] - m) * s;
-            }
-            dnorm_mean /= (float)C;
-            dnorm_norm_mean /= (float)C;
-            float *di = dinp + i * C;
-#pragma omp simd
-            for (int c = 0; c < C; c++) {
-                float norm = (x[c] - m) * s;
-                di[c] += (w[c] * d[c] - dnorm_mean - norm * dnorm_norm_mean) * s;
-            }
-        }
-        /* parameter gradients: each thread owns a slice of channels */
-        int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        int c0 = (int)((long)C * id / nt), c1 = (int)((long)C * (id + 1) / nt);
-        for (size_t i = 0; i < N; i++) {
-            const float *x = inp + i * C, *d = dout + i * C;
-            float m = mean[i], s = rstd[i];
-            for (int c = c0; c < c1; c++) {
-                dw[c] += (x[c] - m) * s * d[c];
-                db[c] += d[c];
-            }
-        }
-    }
-}
-
-/* ---- matmul ---------------------------------------------------------------- */
-
-static void cpu_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
-                               size_t N, int C, int OC)
-{
-    float beta = 0.0f;
-    if (bias) {
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < N; i++)
-            memcpy(out + i * OC, bias, (size_t)OC * sizeof *out);
-        beta = 1.0f;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, OC, C, 1.0f, inp, C, w, C, beta,
-                out, OC);
-}
-
-static void cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
-                                const float *inp, const float *w, size_t N, int C, int OC)
-{
-    if (dinp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, C, OC, 1.0f, dout, OC, w, C,
-                    0.0f, dinp, C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, (int)N, 1.0f, dout, OC, inp, C,
-                1.0f, dw, C);
-    if (dbias) {
-#pragma omp parallel
-        {
-            int nt = omp_get_num_threads(), id = omp_get_thread_num();
-            int o0 = (int)((long)OC * id / nt), o1 = (int)((long)OC * (id + 1) / nt);
-            for (size_t i = 0; i < N; i++) {
-                const float *d = dout + i * OC;
-                for (int o = o0; o < o1; o++)
-                    dbias[o] += d[o];
-            }
-        }
-    }
-}
-
-/* ---- attention ------------------------------------------------------------- */
-
-/* Rows are processed in blocks so the products skip the masked upper
- * triangle beyond each block's diagonal. */
-#define ATT_BLOCK 64
-
-static void cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
-                                  int NH)
-{
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-            const float *k = q + C, *v = q + 2 * C;
-            float *A = att + ((size_t)b * NH + h) * T * T;
-            float *o = out + (size_t)b * T * C + (size_t)h * hs;
-            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-                int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale,
-                            q + (size_t)r0 * C3, C3, k, C3, 0.0f, A + (size_t)r0 * T, T);
-            }
-            for (int t = 0; t < T; t++) {
-                float *a = A + (size_t)t * T;
-                float mx = -INFINITY;
-                for (int t2 = 0; t2 <= t; t2++)
-                    mx = a[t2] > mx ? a[t2] : mx;
-                float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-                for (int t2 = 0; t2 <= t; t2++) {
-                    a[t2] = fexp(a[t2] - mx);
-                    sum += a[t2];
-                }
-                float inv = 1.0f / sum;
-#pragma omp simd
-                for (int t2 = 0; t2 <= t; t2++)
-                    a[t2] *= inv;
-                for (int t2 = t + 1; t2 < T; t2++)
-                    a[t2] = 0.0f;
-            }
-            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-                int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f,
-                            A + (size_t)r0 * T, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
-            }
-        }
-    }
-}
-
-static void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
-                                   const float *att, int B, int T, int C, int NH)
-{
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            const size_t qo = (size_t)b * T * C3 + (size_t)h * hs;
-            const float *q = qkv + qo, *k = q + C, *v = q + 2 * C;
-            float *dq = dqkv + qo, *dk = dq + C, *dv = dq + 2 * C;
-            const float *A = att + ((size_t)b * NH + h) * T * T;
-            float *dA = datt + ((size_t)b * NH + h) * T * T;
-            const float *d = dout + (size_t)b * T * C + (size_t)h * hs;
-            /* dA = dout V^T (lower blocks only) */
-            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-                int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, 1.0f,
-                            d + (size_t)r0 * C, C, v, C3, 0.0f, dA + (size_t)r0 * T, T);
-            }
-            /* dV = A^T dout */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, A, T, d, C, 0.0f,
-                        dv, C3);
-            /* softmax backward, in place: dpre = A * (dA - sum(A * dA)) * scale */
-            for (int t = 0; t < T; t++) {
-                const float *a = A + (size_t)t * T;
-                float *g = dA + (size_t)t * T;
-                float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                for (int t2 = 0; t2 <= t; t2++)
-                    dot += a[t2] * g[t2];
-#pragma omp simd
-                for (int t2 = 0; t2 <= t; t2++)
-                    g[t2] = a[t2] * (g[t2] - dot) * scale;
-                for (int t2 = t + 1; t2 < T; t2++)
-                    g[t2] = 0.0f;
-            }
-            /* dQ = dpre K, dK = dpre^T Q */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, dA, T, k, C3,
-                        0.0f, dq, C3);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, dA, T, q, C3,
-                        0.0f, dk, C3);
-        }
-    }
-}
-
-/* ---- pointwise ------------------------------------------------------------- */
-
-#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
-
-static void cpu_gelu_forward(float *out, const float *inp, size_t n)
-{
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + ftanh(GELU_K * (x + 0.044715f * x * x * x)));
-    }
-}
-
-static void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
-{
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        float u = GELU_K * (x + 0.044715f * x * x * x);
-        float th = ftanh(u);
-        float sech2 = 1.0f - th * th;
-        float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] = g * dout[i];
-    }
-}
-
-static void cpu_residual_forward(float *out, const float *a, const float *b, size_t n)
-{
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++)
-        out[i] = a[i] + b[i];
-}
-
-static void cpu_add(float *dst, const float *src, size_t n)
-{
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++)
-        dst[i] += src[i];
-}
-
-/* ---- loss ------------------------------------------------------------------ */
-
-static void cpu_softmax_crossentropy_forward(float *p, float *losses, const int32_t *targets,
-                                             size_t N, int V, int Vp)
-{
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < N; i++) {
-        float *row = p + i * Vp;
-        float mx = -INFINITY;
-        for (int j = 0; j < V; j++)
-            mx = row[j] > mx ? row[j] : mx;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < V; j++) {
-            row[j] = fexp(row[j] - mx);
-            sum += row[j];
-        }
-        float inv = 1.0f / sum;
-#pragma omp simd
-        for (int j = 0; j < V; j++)
-            row[j] *= inv;
-        for (int j = V; j < Vp; j++)
-            row[j] = 0.0f;
-        losses[i] = -logf(row[targets[i]]);
-    }
-}
-
-static void cpu_softmax_crossentropy_backward(float *p, const int32_t *targets, float dloss,
-                                              size_t N, int V, int Vp)
-{
-    (void)V;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < N; i++) {
-        float *row = p + i * Vp;
-        row[targets[i]] -= 1.0f;
-#pragma omp simd
-        for (int j = 0; j < Vp; j++)
-            row[j] *= dloss;
-    }
-}
-
-/* ---- optimizer ------------------------------------------------------------- */
-
-static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                      float beta1, float beta2, float eps, float wd, float bc1, float bc2,
-                      float gscale)
-{
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float gi = g[i] * gscale;
-        float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-        float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        float mhat = mi / bc1, vhat = vi / bc2;
-        p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
-    }
-}
-
-/* Sixteen fixed blocks summed in order: the same bits for any thread count. */
-static double cpu_sumsq(const float *x, size_t n)
-{
-    enum { NB = 16 };
-    double part[NB];
-#pragma omp parallel for schedule(static)
-    for (int blk = 0; blk < NB; blk++) {
-        size_t i0 = n * blk / NB, i1 = n * (blk + 1) / NB;
-        double s = 0.0;
-        for (size_t i = i0; i < i1; i++)
-            s += (double)x[i] * x[i];
-        part[blk] = s;
-    }
-    double s = 0.0;
-    for (int blk = 0; blk < NB; blk++)
-        s += part[blk];
-    return s;
-}
-
-static const struct fsdp_kernels cpu_kernels = {
-    .name = "cpu",
-    .alloc = cpu_alloc,
-    .free = cpu_free,
-    .zero = cpu_zero,
-    .copy = cpu_copy,
-    .upload = cpu_memcpy,
-    .download = cpu_memcpy,
-    .encoder_forward = cpu_encoder_forward,
-    .encoder_backward = cpu_encoder_backward,
-    .layernorm_forward = cpu_layernorm_forward,
-    .layernorm_backward = cpu_layernorm_backward,
-    .matmul_forward = cpu_matmul_forward,
-    .matmul_backward = cpu_matmul_backward,
-    .attention_forward = cpu_attention_forward,
-    .attention_backward = cpu_attention_backward,
-    .gelu_forward = cpu_gelu_forward,
-    .gelu_backward = cpu_gelu_backward,
-    .residual_forward = cpu_residual_forward,
-    .softmax_crossentropy_forward = cpu_softmax_crossentropy_forward,
-    .softmax_crossentropy_backward = cpu_softmax_crossentropy_backward,
-    .adamw = cpu_adamw,
-    .sumsq = cpu_sumsq,
-    .add = cpu_add,
+struct cpu_isa {
+    const char *name; /* as --cpu-kernels takes it */
+    const struct fsdp_kernels *(*table)(void);
 };
 
-const struct fsdp_kernels *fsdp_kernels_cpu(void) { return &cpu_kernels; }
+#ifdef FSDP_KERNELS_X86_DISPATCH
+const struct fsdp_kernels *fsdp_kernels_cpu_x86_64_v4(void);
+const struct fsdp_kernels *fsdp_kernels_cpu_x86_64_v3(void);
+const struct fsdp_kernels *fsdp_kernels_cpu_x86_64(void);
+/* widest first: auto takes the first one the CPU supports */
+static const struct cpu_isa isas[] = {
+    {"x86-64-v4", fsdp_kernels_cpu_x86_64_v4},
+    {"x86-64-v3", fsdp_kernels_cpu_x86_64_v3},
+    {"x86-64", fsdp_kernels_cpu_x86_64},
+};
+#else
+const struct fsdp_kernels *fsdp_kernels_cpu_native(void);
+static const struct cpu_isa isas[] = {{"native", fsdp_kernels_cpu_native}};
+#endif
+enum { NISAS = sizeof isas / sizeof isas[0] };
+
+static int isa_supported(const struct cpu_isa *isa)
+{
+#ifdef FSDP_KERNELS_X86_DISPATCH
+    /* the levels include the OS check (XCR0) that AVX and AVX-512 need */
+    __builtin_cpu_init();
+    if (strcmp(isa->name, "x86-64-v4") == 0)
+        return __builtin_cpu_supports("x86-64-v4");
+    if (strcmp(isa->name, "x86-64-v3") == 0)
+        return __builtin_cpu_supports("x86-64-v3");
+#endif
+    (void)isa;
+    return 1;
+}
+
+static const struct fsdp_kernels *chosen;
+
+static void isa_list(char *out, size_t len, int supported_only)
+{
+    out[0] = 0;
+    for (int i = 0; i < NISAS; i++)
+        if (!supported_only || isa_supported(&isas[i]))
+            snprintf(out + strlen(out), len - strlen(out), "%s%s", out[0] ? ", " : "",
+                     isas[i].name);
+}
+
+int fsdp_kernels_cpu_select(const char *want, char *err, size_t errlen)
+{
+    int any = strcmp(want, "auto") == 0;
+    char list[128];
+    for (int i = 0; i < NISAS; i++) {
+        if (!any && strcmp(want, isas[i].name) != 0)
+            continue;
+        if (!isa_supported(&isas[i])) {
+            if (any)
+                continue;
+            isa_list(list, sizeof list, 1);
+            snprintf(err, errlen, "--cpu-kernels %s: this CPU lacks instructions they use "
+                     "(it runs: %s)", want, list);
+            return -1;
+        }
+        chosen = isas[i].table();
+        return 0;
+    }
+    isa_list(list, sizeof list, 0);
+    snprintf(err, errlen, "--cpu-kernels '%s' is not auto or one of this build's: %s", want,
+             list);
+    return -1;
+}
+
+const struct fsdp_kernels *fsdp_kernels_cpu(void)
+{
+    if (!chosen) {
+        char err[256];
+        if (fsdp_kernels_cpu_select("auto", err, sizeof err)) /* the last table fits any CPU */
+            abort();
+    }
+    return chosen;
+}

@@ -28,6 +28,7 @@ def bad_flags_give_one_line_and_the_usage_hint(tmp):
         ([TRAIN, "--data", train, "--compress", "lz4"], "--compress 'lz4'"),
         ([TRAIN, "--data", train, "--resume", "maybe"], "--resume 'maybe'"),
         ([TRAIN, "--data", train, "--ckpt-every", "5"], "--ckpt-every needs --ckpt"),
+        ([TRAIN, "--data", train, "--cpu-kernels", "avx9"], "--cpu-kernels 'avx9'"),
     ]
     for args, needle in cases:
         p = run(args, check=False)
