@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- test hook --------------------------------------------------------------- */
 
@@ -369,6 +370,31 @@ static void discard_own(struct ckptr *c, uint64_t step)
     (void)ckpt_discard_own(c->st, step, c->world, c->tag, sub);
 }
 
+/* Rank 0, after a commit that did not count: if a newer generation has
+ * claimed the store, this launch is fenced (see CKPTR_FENCED_EXIT). The
+ * verdict is said here, before any collective: the other ranks of a stale
+ * launch (a host frozen through a partition, thawed after the job moved
+ * on) may be gone, and waiting for them in agree() would hang unheard. A
+ * store that cannot be read decides nothing: the caller reports its error. */
+static void exit_if_fenced(struct ckptr *c, uint64_t step, const char *why)
+{
+    uint64_t cur;
+    char sub[ERR_LEN];
+    if (!c->generation || ckpt_fence_current(c->st, &cur, sub) || cur <= c->generation)
+        return;
+    if (strncmp(why, "fenced", 6) == 0)
+        fprintf(stderr, "fsdp-train: %s; stopping\n", why);
+    else
+        fprintf(stderr, "fsdp-train: fenced: checkpoint step %llu of generation %llu does not "
+                "count: %s now belongs to generation %llu (%s); stopping\n",
+                (unsigned long long)step, (unsigned long long)c->generation, c->st->uri,
+                (unsigned long long)cur, why);
+    fflush(stderr);
+    hb_event("fenced step=%llu by=%llu", (unsigned long long)step, (unsigned long long)cur);
+    hb_stop();
+    _exit(CKPTR_FENCED_EXIT);
+}
+
 /* Collective, after every rank wrote (or failed to write) its shard: the
  * agreement, the chunk tables to rank 0, the commit, retention. Takes mine. */
 static int finish_save(struct ckptr *c, uint64_t step, json_t *trainer, char *mine, int rc,
@@ -400,6 +426,8 @@ static int finish_save(struct ckptr *c, uint64_t step, json_t *trainer, char *mi
         } else if (rc < 0 && !attempted) { /* never committed: our shards are garbage */
             discard_own(c, step);
         }
+        if (rc < 0)
+            exit_if_fenced(c, step, err);
         if (rc == 1)
             rc = 0;
     }

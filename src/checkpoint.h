@@ -44,6 +44,13 @@ struct ckptr {
 /* Result codes beyond 0 / -1. */
 #define CKPTR_REFUSED -2 /* the checkpoint belongs to another model: do not fall back */
 
+/* The exit status of a rank 0 that found its launch fenced at a commit: a
+ * newer generation claimed the store, so nothing this launch does counts
+ * any more, and the ranks it would wait for may be gone with its old
+ * launch. It says "fenced" on stderr (and to the supervisor) and exits at
+ * once, from inside the save. */
+#define CKPTR_FENCED_EXIT 4
+
 int ckptr_open(struct ckptr *c, const struct ckptr_opts *o, struct fsdp_engine *e,
                struct fsdp_comm *comm, const struct model_layout *m, char *err);
 void ckptr_close(struct ckptr *c);

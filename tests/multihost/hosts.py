@@ -199,6 +199,7 @@ class Host:
         self.init = None       # the unshare process (root PID namespace)
         self.init_pid = None   # pid 1 of the host, as the root namespace sees it
         self.pidns = self.utsns = None
+        self.login_env = {}    # more of the login environment (host_env), this host only
         self.netns = None
 
     # -- building
@@ -223,7 +224,7 @@ class Host:
             ["ip", "netns", "exec", self.ns, "unshare", "--pid", "--fork", "--mount-proc",
              "--uts", "--kill-child", PY, os.path.join(HERE, "hosts.py"), "init",
              self.hostname, self.addr],
-            env=host_env(self.cluster.hostmap), stdin=subprocess.DEVNULL,
+            env=dict(host_env(self.cluster.hostmap), **self.login_env), stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=open(self.cluster.path(f"{self.name}.init.log"), "a"),
             preexec_fn=_pdeathsig)
         deadline = time.monotonic() + 10
@@ -330,7 +331,10 @@ class Cluster:
     and n_workers workers (cluster.workers). Use as a context manager, or call
     teardown() in a finally."""
 
-    def __init__(self, n_workers, tmp, start=True):
+    def __init__(self, n_workers, tmp, start=True, login_env=None):
+        """login_env: {worker name: {variable: value}} added to what commands
+        started through the remote shell on that worker see (what a
+        host's own profile would set)."""
         assert 1 <= n_workers <= 8
         clean_stale()
         self.id = f"{PREFIX}{os.getpid()}-{next(_counter)}"
@@ -342,6 +346,8 @@ class Cluster:
         self.controller = Host(self, "c", f"{SUBNET}.2")
         self.workers = [Host(self, f"w{i}", f"{SUBNET}.{10 + i}") for i in range(1, n_workers + 1)]
         self.hosts = [self.controller] + self.workers
+        for h in self.hosts:
+            h.login_env = dict((login_env or {}).get(h.name, {}))
         with open(self.hostmap, "w") as f:
             for h in self.hosts:
                 f.write(f"{h.hostname} {h.addr}\n")

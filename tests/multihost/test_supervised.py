@@ -20,6 +20,12 @@ would be.
   job relaunches once on the other worker with the smaller world size
   (resharded), finishes, and the final checkpoint verifies.
 
+- A partition: detected in time, the stranded rank and daemon stop by
+  themselves, the final step holds only the last generation's objects.
+- A stale rank: rank 0 frozen past its fence check on a host that is then
+  paused and cut off; thawed after the job moved on, it says "fenced" and
+  exits at once instead of committing or hanging.
+
 Faults are triggered by events (a committed checkpoint), never by sleeps.
 Every test deletes its hosts and checks that no process is left in them,
 pass or fail (hosts.Cluster), and that no process of the job is left on
@@ -430,6 +436,106 @@ def a_partitioned_host_is_left_out_and_its_processes_stop(tmp):
           f"relaunched without it; the final step holds only generation {last}'s objects")
 
 
+def state_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def a_frozen_stale_rank_thawed_after_healing_is_fenced(tmp):
+    """Worker 2 holds rank 0. It passes its fence check for the checkpoint
+    of step 20 and freezes there (the test hook, set in worker 2's login
+    environment only, so the next launch on worker 1 does not stop); then the
+    whole host is paused (every process stopped, its Open MPI daemon too,
+    so nothing on it can act) and cut off. fsdp-super detects the loss,
+    relaunches on worker 1 (a new generation, resuming from step 10) and
+    the new launch commits. Then the link comes back and the frozen rank
+    alone is thawed: its commit of step 20 must not count. It says
+    "fenced" on its stderr and exits at once (status 4) instead of
+    committing or hanging in a collective with ranks that are gone; the
+    rest of the host, thawed, stops too; the job finishes and its final
+    step holds only the last generation's objects."""
+    data, _ = prepare_corpus(tmp)
+    steps, timeout = 400, 3
+    with hosts.Cluster(2, tmp, login_env={"w2": {"FSDP_TEST_STOP_AT": "fence-checked:2"}}) as c:
+        w1, w2 = c.workers
+        ck = os.path.join(tmp, "ck")
+        p, ev = start_super(c, tmp, ["--hosts", c.hostfile(hosts=[w2, w1]), "--np", "2",
+                                     "--min-np", "1", "--heartbeat-timeout", str(timeout),
+                                     "--rank-silence", "30", "--max-restarts", "3"],
+                            train_args(data, ck, steps))
+        deadline = time.monotonic() + 120
+        while True:  # the event: rank 0 stopped itself past its fence check
+            stale = ranks_on(w2)
+            if stale and state_of(stale[0]) == "T":
+                break
+            assert p.poll() is None and time.monotonic() < deadline, \
+                f"rank 0 on {w2.name} did not stop at its fence check:\n{output(tmp)[1][-2000:]}"
+            time.sleep(0.05)
+        stale = stale[0]
+        w2.signal_all(signal.SIGSTOP)
+        w2.link(False)
+        try:
+            wait_event(p, tmp, ev, "a launch without worker 2",
+                       lambda e: e["event"] == "launch" and e["launch"] == 2, 60)
+            wait_event(p, tmp, ev, "a commit of the new launch",
+                       lambda e: e["event"] == "checkpoint_committed" and
+                       e.get("generation", 0) > 1, 120)
+        finally:
+            w2.link(True)
+        # the stale rank's stderr is a pipe to its frozen daemon: read it
+        # from here, then thaw the rank alone
+        assert os.readlink(f"/proc/{stale}/fd/2").startswith("pipe:"), \
+            os.readlink(f"/proc/{stale}/fd/2")
+        fd = os.open(f"/proc/{stale}/fd/2", os.O_RDONLY | os.O_NONBLOCK)
+        said = b""
+        try:
+            os.kill(stale, signal.SIGCONT)
+            deadline = time.monotonic() + 60
+            while state_of(stale) not in ("gone", "Z", "X"):
+                assert time.monotonic() < deadline, \
+                    f"the thawed stale rank is still running ({state_of(stale)}): {said!r}"
+                try:
+                    said += os.read(fd, 65536)
+                except BlockingIOError:
+                    time.sleep(0.02)
+            while True:
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    break
+                said += chunk
+        finally:
+            os.close(fd)
+        said = said.decode(errors="replace")
+        fenced = [l for l in said.splitlines() if "fenced" in l]
+        assert fenced and "step 20" in fenced[0], f"the stale rank said: {said!r}"
+        w2.signal_all(signal.SIGCONT)
+        left = c.wait_no_job_processes([w2], limit=30)
+        assert not left, f"processes of the stale launch left on {w2.name}: {left}"
+        rc = finish(p, tmp, 600)
+        out, err = output(tmp)
+        assert rc == 0, f"fsdp-super exited {rc}:\n{err[-3000:]}"
+        evs = events_of(ev)
+        launches = [e for e in evs if e["event"] == "launch"]
+        assert [e["np"] for e in launches] == [2, 1], launches
+        assert [e["step"] for e in evs if e["event"] == "finished"] == [steps]
+        left = c.wait_no_job_processes()
+        assert not left, f"processes of the job left: {left}"
+    assert committed_steps(ck)[-1] == steps
+    run([CKPT, "verify", ck])
+    last = launches[-1]["generation"]
+    for step in committed_steps(ck):
+        man = json.loads(run([CKPT, "inspect", f"{ck}@{step}", "--json"]).stdout)
+        assert man["generation"] == last, (step, man["generation"], last)
+    print(f"  the stale rank of generation {launches[0]['generation']}, thawed after the new "
+          f"launch committed, said: {fenced[0].strip()[:160]}")
+
+
 if __name__ == "__main__":
     why = hosts.unsupported()
     if why:
@@ -440,4 +546,5 @@ if __name__ == "__main__":
           a_powered_off_host_is_detected_and_the_job_finishes_without_it,
           a_host_removed_from_the_host_file_gets_a_planned_restart,
           a_new_supervisor_takes_over_from_a_killed_one,
-          a_partitioned_host_is_left_out_and_its_processes_stop])
+          a_partitioned_host_is_left_out_and_its_processes_stop,
+          a_frozen_stale_rank_thawed_after_healing_is_fenced])
