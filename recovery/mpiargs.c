@@ -24,6 +24,9 @@
  * message, never on a command line): OpenBLAS's kernel and thread
  * settings (a remote rank whose OpenBLAS picked another kernel computed
  * other bits), OpenMP's, MKL's and BLIS's, and the trainer's FSDP_DIRECT_IO.
+ * A user who sets Open MPI's own list (OMPI_MCA_mca_base_env_list) gets
+ * ours appended to it instead: mpirun refuses -x beside it, which would
+ * fail every launch.
  */
 #include "super.h"
 
@@ -54,6 +57,15 @@ static int env_has(char *const *env, const char *name)
     return 0;
 }
 
+static const char *env_get(char *const *env, const char *name)
+{
+    size_t n = strlen(name);
+    for (char *const *e = env; e && *e; e++)
+        if (strncmp(*e, name, n) == 0 && (*e)[n] == '=')
+            return *e + n + 1;
+    return NULL;
+}
+
 static int is_forwarded(const char *kv)
 {
     for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
@@ -80,13 +92,36 @@ void mpiargs_build(struct mpiargs *m, double hb_timeout, char *const *env)
         m->argv[m->argc++] = m->num[i];
         m->keepalive_set++;
     }
+    const char *list = env_get(env, "OMPI_MCA_mca_base_env_list");
+    if (list) {
+        const char *d = env_get(env, "OMPI_MCA_mca_base_env_list_delimiter");
+        m->use_env_list = 1;
+        m->delim = d && strlen(d) == 1 ? d[0] : ';';
+        snprintf(m->env_list, sizeof m->env_list, "%s", list);
+    }
     for (char *const *e = env; e && *e && m->nforward < MPIARGS_MAX_FORWARD; e++) {
         size_t n = strcspn(*e, "=");
         if (!(*e)[n] || n == 0 || n >= sizeof m->names[0] || !is_forwarded(*e))
             continue;
         memcpy(m->names[m->nforward], *e, n);
         m->names[m->nforward][n] = 0;
-        m->argv[m->argc++] = "-x";
-        m->argv[m->argc++] = m->names[m->nforward++];
+        mpiargs_export(m, m->names[m->nforward++]);
     }
+}
+
+int mpiargs_export(struct mpiargs *m, const char *name)
+{
+    if (!m->use_env_list) {
+        if (m->argc + 2 > (int)(sizeof m->argv / sizeof m->argv[0]))
+            return -1;
+        m->argv[m->argc++] = "-x";
+        m->argv[m->argc++] = name;
+        return 0;
+    }
+    size_t at = strlen(m->env_list);
+    if (at + strlen(name) + 2 > sizeof m->env_list)
+        return -1;
+    const char sep[2] = {m->delim, 0};
+    snprintf(m->env_list + at, sizeof m->env_list - at, "%s%s", at ? sep : "", name);
+    return 0;
 }

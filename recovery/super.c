@@ -311,8 +311,17 @@ static int claim_generation(struct super *s)
 static char **launch_argv(struct super *s, const char *hostfile, const char *npstr)
 {
     const struct chaos *c = &s->chaos;
-    const struct mpiargs *m = &s->mpiargs;
-    char **argv = calloc((size_t)s->o.targc + (size_t)m->argc + 20, sizeof *argv);
+    struct mpiargs *m = &s->mpiargs;
+    /* -x NAME exports the variable's value; the value is never on a line */
+    static const char *const ours[] = {"FSDP_SUPER_ADDR", "FSDP_GENERATION", "FSDP_SUPER_TOKEN",
+                                       "FSDP_SUPER_SILENCE_S"};
+    for (size_t k = 0; k < sizeof ours / sizeof ours[0]; k++)
+        mpiargs_export(m, ours[k]); /* room for these is reserved (MPIARGS_MAX_EXPORT) */
+    if (c->hold[0])
+        mpiargs_export(m, "FSDP_TEST_HOLD_AT");
+    if (c->stop[0])
+        mpiargs_export(m, "FSDP_TEST_STOP_AT");
+    char **argv = calloc((size_t)s->o.targc + (size_t)m->argc + 8, sizeof *argv);
     if (!argv)
         return NULL;
     int a = 0;
@@ -321,24 +330,8 @@ static char **launch_argv(struct super *s, const char *hostfile, const char *nps
     argv[a++] = (char *)hostfile;
     argv[a++] = "-np";
     argv[a++] = (char *)npstr;
-    argv[a++] = "-x";
-    argv[a++] = "FSDP_SUPER_ADDR";
-    argv[a++] = "-x";
-    argv[a++] = "FSDP_GENERATION";
-    argv[a++] = "-x"; /* -x NAME exports the variable's value; the value is never on a line */
-    argv[a++] = "FSDP_SUPER_TOKEN";
-    argv[a++] = "-x";
-    argv[a++] = "FSDP_SUPER_SILENCE_S";
     for (int k = 0; k < m->argc; k++) /* keepalives, the environment every host needs */
         argv[a++] = (char *)m->argv[k];
-    if (c->hold[0]) {
-        argv[a++] = "-x";
-        argv[a++] = "FSDP_TEST_HOLD_AT";
-    }
-    if (c->stop[0]) {
-        argv[a++] = "-x";
-        argv[a++] = "FSDP_TEST_STOP_AT";
-    }
     for (int k = 0; k < s->o.targc; k++) {
         int is_ckpt_value = k > 0 && strcmp(s->o.targv[k - 1], "--ckpt") == 0;
         argv[a++] = is_ckpt_value && c->ckpt[0] ? (char *)c->ckpt : s->o.targv[k];
@@ -370,6 +363,8 @@ static void exec_mpirun(struct super *s, char **argv, int errfd)
         setenv("FSDP_TEST_STOP_AT", s->chaos.stop, 1);
     else
         unsetenv("FSDP_TEST_STOP_AT");
+    if (s->mpiargs.use_env_list) /* the user's list, ours appended (mpiargs.c) */
+        setenv("OMPI_MCA_mca_base_env_list", s->mpiargs.env_list, 1);
     if (getuid() == 0) { /* Open MPI refuses root without both */
         setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
         setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);

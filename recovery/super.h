@@ -273,19 +273,30 @@ struct keepalive {
 /* time + intvl x probes about hb_timeout, each at least 1. */
 void mpi_keepalive(double hb_timeout, struct keepalive *k);
 #define MPIARGS_MAX_FORWARD 64
+#define MPIARGS_MAX_EXPORT  (MPIARGS_MAX_FORWARD + 8)
 /* mpirun's arguments of every launch: --mca for the keepalive (those the
- * environment does not set) and -x NAME for each variable that must be
- * equal on every host. The strings live in the struct. */
+ * environment does not set) and, for each variable that must reach every
+ * host, -x NAME - or, when the environment sets Open MPI's own list of
+ * such variables (OMPI_MCA_mca_base_env_list, which mpirun refuses to mix
+ * with -x), NAME appended to that list (env_list: the value mpirun's
+ * environment gets). Values never go on the command line. The strings
+ * live in the struct. */
 struct mpiargs {
-    const char *argv[9 + 2 * MPIARGS_MAX_FORWARD];
+    const char *argv[9 + 2 * MPIARGS_MAX_EXPORT];
     int argc;
     struct keepalive keepalive;
     int keepalive_set; /* how many of the three went on the command line */
     char num[3][16];
     char names[MPIARGS_MAX_FORWARD][128];
     int nforward;
+    int use_env_list;   /* the environment sets OMPI_MCA_mca_base_env_list */
+    char env_list[8192]; /* its value with ours appended (use_env_list) */
+    char delim;          /* its delimiter (mca_base_env_list_delimiter, ';') */
 };
 void mpiargs_build(struct mpiargs *m, double hb_timeout, char *const *env);
+/* One more variable for every host (name must outlive m): -x NAME, or
+ * NAME appended to env_list. -1 when there is no room. */
+int mpiargs_export(struct mpiargs *m, const char *name);
 
 /* ---- proc.c ---- */
 /* Pids of every live process in the session sid (zombies excluded). */

@@ -473,6 +473,24 @@ def open_mpi_explains_a_failed_launch_without_an_event_log(tmp):
     print("  " + "\n  ".join(said))
 
 
+def a_users_open_mpi_env_list_does_not_break_the_launch(tmp):
+    """OMPI_MCA_mca_base_env_list is Open MPI's own way to carry variables
+    to every host, and mpirun refuses it beside -x. Before, every launch
+    failed ("does not support mixing these two methods") until fsdp-super
+    gave up; now its variables are appended to the user's list, and the
+    user's variables arrive too."""
+    data, _ = prepare_corpus(tmp)
+    log = f"{tmp}/log.jsonl"
+    rc, err, _ = run_super(["--np", "2", "--max-restarts", "0"],
+                           trainer(data, f"{tmp}/ck", 4, ["--log", log]),
+                           env={"OMPI_MCA_mca_base_env_list": "FSDP_DIRECT_IO=0;SITE_VAR",
+                                "SITE_VAR": "1"})
+    assert rc == 0 and "launches        1" in err, err[-2000:]
+    gens = {r.get("generation") for r in read_log(log)}
+    assert len(gens) == 1 and None not in gens, gens  # the ranks got FSDP_GENERATION
+    print("  one launch with the user's list; the ranks got the supervisor's variables")
+
+
 def the_work_directory_is_private_and_removed(tmp):
     data, _ = prepare_corpus(tmp)
     tmpdir = f"{tmp}/tmpdir"
@@ -824,6 +842,7 @@ if __name__ == "__main__":
           a_store_without_a_claimable_generation_is_not_launched_on,
           a_malformed_generation_stops_the_trainer_at_start,
           open_mpi_explains_a_failed_launch_without_an_event_log,
+          a_users_open_mpi_env_list_does_not_break_the_launch,
           the_work_directory_is_private_and_removed,
           hostile_network_bytes_cannot_break_the_event_log,
           a_forged_or_replayed_datagram_is_dropped_and_cannot_blind_the_supervisor,

@@ -256,6 +256,30 @@ static void every_host_gets_the_environment_its_bits_depend_on_by_name_only(void
         CHECK(strcmp(m.argv[i], "oob_tcp_keepalive_time") != 0, "overrode the user's setting");
 }
 
+/* Open MPI refuses -x beside its own list (OMPI_MCA_mca_base_env_list):
+ * with the list set, ours are appended to it and no -x is used. */
+static void a_users_env_list_gets_ours_appended_instead_of_x(void)
+{
+    char *env[] = {"OMP_NUM_THREADS=1", "OMPI_MCA_mca_base_env_list=SITE_A;SITE_B=x", NULL};
+    static struct mpiargs m;
+    mpiargs_build(&m, 10, env);
+    CHECK(m.use_env_list, "the list was not noticed");
+    CHECK(mpiargs_export(&m, "FSDP_SUPER_TOKEN") == 0, "export");
+    for (int i = 0; i < m.argc; i++)
+        CHECK(strcmp(m.argv[i], "-x") != 0, "-x beside the list: %s", m.argv[i + 1]);
+    CHECK(strcmp(m.env_list, "SITE_A;SITE_B=x;OMP_NUM_THREADS;FSDP_SUPER_TOKEN") == 0,
+          "env_list: %s", m.env_list);
+    char *env2[] = {"OMPI_MCA_mca_base_env_list=A:B",
+                    "OMPI_MCA_mca_base_env_list_delimiter=:", NULL};
+    mpiargs_build(&m, 10, env2);
+    mpiargs_export(&m, "X");
+    CHECK(strcmp(m.env_list, "A:B:X") == 0, "delimiter: %s", m.env_list);
+    char *env3[] = {"OMPI_MCA_mca_base_env_list=", NULL};
+    mpiargs_build(&m, 10, env3);
+    mpiargs_export(&m, "X");
+    CHECK(strcmp(m.env_list, "X") == 0, "empty list: %s", m.env_list);
+}
+
 static void clean_dir(void)
 {
     char cmd[128];
@@ -279,6 +303,7 @@ int main(int argc, char **argv)
         TEST(hosts_that_do_not_answer_are_left_out_until_they_do),
         TEST(the_oob_keepalive_adds_up_to_the_heartbeat_timeout),
         TEST(every_host_gets_the_environment_its_bits_depend_on_by_name_only),
+        TEST(a_users_env_list_gets_ours_appended_instead_of_x),
     };
     int rc = check_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
     clean_dir();
