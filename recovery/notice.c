@@ -7,6 +7,9 @@
  * longer one is not a notice), parsed by jansson from (buffer, length),
  * and the time is kept only when it is short printable ASCII, because it
  * is printed on the terminal.
+ *
+ * Per-host notices: a URL with "{host}" in it is polled once per host of
+ * the launch (each name substituted, percent-encoded), all at once.
  */
 #include "super.h"
 
@@ -55,24 +58,102 @@ int super_parse_notice(const char *body, size_t len, char *when, size_t n)
     return rc;
 }
 
+/* tmpl with every "{host}" replaced by host, percent-encoded outside
+ * RFC 3986's unreserved characters (a name from the host file is not
+ * trusted to be URL-safe); -1 when it does not fit. */
+int super_notice_url(const char *tmpl, const char *host, char *out, size_t n)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t at = 0;
+    for (const char *p = tmpl; *p;) {
+        if (strncmp(p, "{host}", 6) == 0) {
+            for (const unsigned char *h = (const unsigned char *)host; *h; h++) {
+                int plain = (*h >= 'a' && *h <= 'z') || (*h >= 'A' && *h <= 'Z') ||
+                            (*h >= '0' && *h <= '9') || strchr("-._~", *h);
+                if (at + 4 > n)
+                    return -1;
+                if (plain) {
+                    out[at++] = (char)*h;
+                } else {
+                    out[at++] = '%';
+                    out[at++] = hex[*h >> 4];
+                    out[at++] = hex[*h & 15];
+                }
+            }
+            p += 6;
+            continue;
+        }
+        if (at + 2 > n)
+            return -1;
+        out[at++] = *p++;
+    }
+    out[at] = 0;
+    return 0;
+}
+
+/* All the URLs at once (one curl multi handle, 1 s for all of them):
+ * found[i] is 1 with when[i] when URL i says terminate/stop/hibernate. A
+ * URL that fails, times out or answers anything else has no notice. */
+void super_poll_notices(const char *const *urls, int n, int *found, char (*when)[64])
+{
+    CURLM *multi = curl_multi_init();
+    CURL *h[SUPER_MAX_HOSTS] = {0};
+    static struct body b[SUPER_MAX_HOSTS];
+    for (int i = 0; i < n; i++) {
+        found[i] = 0;
+        when[i][0] = 0;
+    }
+    if (!multi)
+        return;
+    for (int i = 0; i < n && i < SUPER_MAX_HOSTS; i++) {
+        b[i].len = 0;
+        b[i].overflow = 0;
+        if (!(h[i] = curl_easy_init()))
+            continue;
+        curl_easy_setopt(h[i], CURLOPT_URL, urls[i]);
+        curl_easy_setopt(h[i], CURLOPT_TIMEOUT_MS, 1000L);
+        curl_easy_setopt(h[i], CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(h[i], CURLOPT_WRITEFUNCTION, collect);
+        curl_easy_setopt(h[i], CURLOPT_WRITEDATA, (void *)&b[i]);
+        curl_multi_add_handle(multi, h[i]);
+    }
+    int running = 1;
+    while (running) {
+        if (curl_multi_perform(multi, &running) != CURLM_OK)
+            break;
+        if (running)
+            curl_multi_poll(multi, NULL, 0, 100, NULL);
+    }
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(multi, &left))) {
+        if (m->msg != CURLMSG_DONE || m->data.result != CURLE_OK)
+            continue;
+        for (int i = 0; i < n && i < SUPER_MAX_HOSTS; i++) {
+            long status = 0;
+            if (h[i] != m->easy_handle ||
+                curl_easy_getinfo(h[i], CURLINFO_RESPONSE_CODE, &status) != CURLE_OK ||
+                status != 200 || b[i].overflow)
+                continue;
+            found[i] = super_parse_notice(b[i].buf, b[i].len, when[i], sizeof when[i]) == 1;
+        }
+    }
+    for (int i = 0; i < n && i < SUPER_MAX_HOSTS; i++) {
+        if (h[i]) {
+            curl_multi_remove_handle(multi, h[i]);
+            curl_easy_cleanup(h[i]);
+        }
+    }
+    curl_multi_cleanup(multi);
+}
+
 /* 1 with the notice's time when the URL says terminate/stop/hibernate. */
 int super_poll_notice(const char *url, char *when, size_t n)
 {
-    CURL *h = curl_easy_init();
-    if (!h)
-        return 0;
-    struct body b = {.len = 0};
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 1000L);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, collect);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, (void *)&b);
-    long status = 0;
-    int found = 0;
-    if (curl_easy_perform(h) == CURLE_OK &&
-        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status) == CURLE_OK && status == 200 &&
-        !b.overflow)
-        found = super_parse_notice(b.buf, b.len, when, n) == 1;
-    curl_easy_cleanup(h);
+    int found;
+    char w[1][64];
+    super_poll_notices(&url, 1, &found, w);
+    if (found && n)
+        snprintf(when, n, "%s", w[0]);
     return found;
 }

@@ -141,6 +141,11 @@ static void say(const char *fmt, ...)
 
 /* ---- state ------------------------------------------------------------------ */
 
+enum cause { C_EXIT, C_DIED, C_HUNG, C_PREEMPT, C_CHAOS, C_STARTUP, C_HOSTS, C_NOTICE, C_NCAUSE };
+static const char *cause_names[] = {"exit",          "rank-died",       "heartbeat-lost",
+                                    "preemption",    "chaos-restart",   "startup-timeout",
+                                    "host-removed",  "host-notice"};
+
 struct super {
     struct super_opts o;
     struct link link; /* the datagrams: socket, secret, answers (link.c) */
@@ -152,7 +157,7 @@ struct super {
     /* accounting */
     double start, downtime, fail_at;
     int launches, restarts_in_a_row, prev_np;
-    int by_cause[8];
+    int by_cause[C_NCAUSE];
     uint64_t steps_lost, last_committed, max_step_seen, final_step;
     double step_time_sum;
     uint64_t step_count;
@@ -170,19 +175,21 @@ struct super {
     struct host launched[SUPER_MAX_HOSTS];
     int nlaunched;
     double next_hosts_check;
+    /* per-host spot notices (--preempt-url with {host}): the hosts whose
+     * notice stands, left out of launches until it is gone */
+    struct {
+        char name[128], time[64];
+    } noticed[SUPER_MAX_HOSTS];
+    int nnoticed;
 };
 
-enum cause { C_EXIT, C_DIED, C_HUNG, C_PREEMPT, C_CHAOS, C_STARTUP, C_HOSTS, C_NCAUSE };
-static const char *cause_names[] = {"exit",          "rank-died",       "heartbeat-lost",
-                                    "preemption",    "chaos-restart",   "startup-timeout",
-                                    "host-removed"};
 
 /* How one launch ended. */
 struct outcome {
     int cause; /* enum cause, -1 for none */
     int done;  /* mpirun exited 0 */
     int preempting;
-    int planned; /* why the emergency checkpoint was asked for: C_PREEMPT or C_HOSTS */
+    int planned; /* why the emergency checkpoint was asked for: C_PREEMPT, C_HOSTS, C_NOTICE */
     char why[512];
 };
 
@@ -227,6 +234,81 @@ static json_t *host_names(const struct host *h, int n)
     return names;
 }
 
+/* ---- per-host spot notices ----------------------------------------------------------- */
+
+static int per_host_notices(const struct super *s)
+{
+    return s->o.preempt_url && strstr(s->o.preempt_url, "{host}");
+}
+
+static int noticed_index(const struct super *s, const char *name)
+{
+    for (int i = 0; i < s->nnoticed; i++)
+        if (strcmp(s->noticed[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* Polls the notice of every host of h at once and updates the standing
+ * ones: a notice that appears (or changes its time) is said once and
+ * counted in the return value, one that is gone is said too. */
+static int poll_host_notices(struct super *s, const struct host *h, int nh)
+{
+    static char urls[SUPER_MAX_HOSTS][2048];
+    const char *u[SUPER_MAX_HOSTS] = {0};
+    int idx[SUPER_MAX_HOSTS], n = 0, found[SUPER_MAX_HOSTS], fresh = 0;
+    char when[SUPER_MAX_HOSTS][64];
+    for (int i = 0; i < nh && n < SUPER_MAX_HOSTS; i++) {
+        if (super_notice_url(s->o.preempt_url, h[i].name, urls[n], sizeof urls[n]))
+            continue; /* too long to poll: no notice */
+        u[n] = urls[n];
+        idx[n++] = i;
+    }
+    super_poll_notices(u, n, found, when);
+    for (int k = 0; k < n; k++) {
+        const char *name = h[idx[k]].name;
+        int i = noticed_index(s, name);
+        if (!found[k]) {
+            if (i >= 0) {
+                say("host %s: its spot notice is gone; it may be used again", name);
+                ev_emit("host_notice_gone", "{s:o}", "host", ev_text(name));
+                s->noticed[i] = s->noticed[--s->nnoticed];
+            }
+            continue;
+        }
+        if (i >= 0 && strcmp(s->noticed[i].time, when[k]) == 0)
+            continue; /* the one already acted on */
+        if (i < 0)
+            i = s->nnoticed++;
+        snprintf(s->noticed[i].name, sizeof s->noticed[i].name, "%s", name);
+        snprintf(s->noticed[i].time, sizeof s->noticed[i].time, "%s", when[k]);
+        say("preemption notice for host %s (time %s): it is left out of launches while the "
+            "notice stands", name, when[k][0] ? when[k] : "not given");
+        ev_emit("preemption_notice", "{s:s, s:o, s:o}", "source", "url", "host", ev_text(name),
+                "time", ev_text(when[k]));
+        fresh++;
+    }
+    return fresh;
+}
+
+/* Moves the hosts of h whose notice stands to left; returns the slots kept. */
+static int leave_out_noticed(struct super *s, struct host *h, int *nh, struct host *left,
+                             int *nleft)
+{
+    poll_host_notices(s, h, *nh);
+    int m = 0, slots = 0;
+    for (int i = 0; i < *nh; i++) {
+        if (noticed_index(s, h[i].name) >= 0 && *nleft < SUPER_MAX_HOSTS) {
+            left[(*nleft)++] = h[i];
+            continue;
+        }
+        h[m++] = h[i];
+        slots += h[i].slots;
+    }
+    *nh = m;
+    return slots;
+}
+
 /* Waits until the hosts of the host file that answer a probe (all of them
  * when there is none: this host) offer at least --min-np slots; returns the
  * world size to launch with those hosts in h, the others in s->left; -1 if
@@ -241,6 +323,8 @@ static int wait_capacity(struct super *s, struct host *h, int *nh)
         if (s->o.hosts && offered >= s->o.min_np)
             cap = hosts_reachable(&s->suspects, &s->agent, s->o.probe_timeout, h, nh, s->left,
                                   &s->nleft);
+        if (s->o.hosts && cap >= s->o.min_np && per_host_notices(s))
+            cap = leave_out_noticed(s, h, nh, s->left, &s->nleft);
         int np = s->o.np && s->o.np < cap ? s->o.np : cap;
         if (np >= s->o.min_np)
             return np;
@@ -627,19 +711,27 @@ static int check_job(struct super *s, char *why, size_t n, int *done)
 
 /* ---- watching one launch ------------------------------------------------------------ */
 
-/* 1 when a preemption starts now: a signal to fsdp-super or a new notice. */
+/* Why a preemption starts now: C_PREEMPT (a signal to fsdp-super or a new
+ * notice for the job), C_NOTICE (a new notice for a host of the launch),
+ * 0 for none. */
 static int preemption_due(struct super *s, double now, double *next_poll)
 {
     if (got_signal) {
         say("%s: preemption: asking the ranks for an emergency checkpoint",
             got_signal == SIGINT ? "SIGINT" : "SIGTERM");
         ev_emit("preemption_notice", "{s:s}", "source", "signal");
-        return 1;
+        return C_PREEMPT;
     }
     if (!s->o.preempt_url || now < *next_poll)
         return 0;
     char when[128];
     *next_poll = now + s->o.preempt_poll;
+    if (per_host_notices(s)) {
+        if (!poll_host_notices(s, s->launched, s->nlaunched))
+            return 0;
+        say("emergency checkpoint, then a relaunch without the noticed host");
+        return C_NOTICE;
+    }
     if (!super_poll_notice(s->o.preempt_url, when, sizeof when) ||
         (s->notice_seen && strcmp(when, s->notice_time) == 0))
         return 0; /* none, or the one already acted on */
@@ -648,7 +740,7 @@ static int preemption_due(struct super *s, double now, double *next_poll)
     say("preemption notice from %s (time %s): emergency checkpoint", s->o.preempt_url,
         when[0] ? when : "not given");
     ev_emit("preemption_notice", "{s:s, s:o}", "source", "url", "time", ev_text(when));
-    return 1;
+    return C_PREEMPT;
 }
 
 /* 1 when a host of the running launch has left the host file (read once a
@@ -707,10 +799,11 @@ static void watch(struct super *s, struct outcome *out, int *preempt_from_signal
         account_progress(s, now);
         int from_signal = got_signal != 0;
         int action = CHAOS_NONE;
-        if (!out->preempting && preemption_due(s, now, &next_poll)) {
+        int due = out->preempting ? 0 : preemption_due(s, now, &next_poll);
+        if (due) {
             action = CHAOS_PREEMPT;
-            out->planned = C_PREEMPT;
-            *preempt_from_signal |= from_signal;
+            out->planned = due;
+            *preempt_from_signal |= from_signal && due == C_PREEMPT;
         } else if (!out->preempting && host_removed(s, now)) {
             action = CHAOS_PREEMPT;
             out->planned = C_HOSTS;

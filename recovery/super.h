@@ -123,6 +123,11 @@ const char *line_tail_get(const struct line_tail *t, int i);
 int super_parse_notice(const char *body, size_t len, char *when, size_t n);
 /* Polls the URL: 1 with the time when a notice is up, else 0. */
 int super_poll_notice(const char *url, char *when, size_t n);
+/* tmpl with each "{host}" replaced by host (percent-encoded); -1 if it
+ * does not fit in n. */
+int super_notice_url(const char *tmpl, const char *host, char *out, size_t n);
+/* The n URLs at once (n <= SUPER_MAX_HOSTS, 1 s for all): found[i], when[i]. */
+void super_poll_notices(const char *const *urls, int n, int *found, char (*when)[64]);
 
 /* ---- events.c ---- */
 /* 1 if an event log is open. */

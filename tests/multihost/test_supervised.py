@@ -436,6 +436,80 @@ def a_partitioned_host_is_left_out_and_its_processes_stop(tmp):
           f"relaunched without it; the final step holds only generation {last}'s objects")
 
 
+NOTICE_SERVER = r"""
+import http.server, os, sys
+addr, port, flag = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+class Notice(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # /spot/HOST: a notice for the host named in the flag file
+        host = self.path.rsplit("/", 1)[-1]
+        up = os.path.exists(flag) and open(flag).read().strip() == host
+        body = b'{"action": "terminate", "time": "2026-12-04T12:00:00Z"}' if up else b""
+        self.send_response(200 if up else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer((addr, port), Notice).serve_forever()
+"""
+
+
+def a_spot_notice_for_one_host_moves_the_job_off_it(tmp):
+    """--preempt-url with {host}: each host of the launch has its own spot
+    notice (AWS gives one per instance), served here by an HTTP server on
+    the controller. When worker 2's notice appears, fsdp-super asks for an
+    emergency checkpoint and relaunches on worker 1 alone, leaving worker 2
+    out while its notice stands (no step lost); the job finishes and
+    verifies."""
+    data, _ = prepare_corpus(tmp)
+    steps = 150
+    with hosts.Cluster(2, tmp) as c:
+        w1, w2 = c.workers
+        ck = os.path.join(tmp, "ck")
+        flag = os.path.join(tmp, "noticed-host")
+        server = c.controller.popen([sys.executable, "-c", NOTICE_SERVER, c.controller.addr,
+                                     "8780", flag])
+        try:
+            url = f"http://{c.controller.addr}:8780/spot/{{host}}"
+            p, ev = start_super(c, tmp, ["--hosts", c.hostfile(), "--np", "2", "--min-np", "1",
+                                         "--heartbeat-timeout", "5", "--max-restarts", "0",
+                                         "--preempt-url", url, "--preempt-poll", "0.2"],
+                                train_args(data, ck, steps))
+            wait_event(p, tmp, ev, "a committed checkpoint at step 20",
+                       lambda e: e["event"] == "checkpoint_committed" and e["step"] >= 20, 120)
+            with open(flag + ".new", "w") as f:
+                f.write(w2.addr)
+            os.rename(flag + ".new", flag)
+            notice = wait_event(p, tmp, ev, "the notice for worker 2",
+                                lambda e: e["event"] == "preemption_notice", 30)
+            rc = finish(p, tmp, 600)
+        finally:
+            server.kill()
+            server.wait()
+        out, err = output(tmp)
+        assert rc == 0, f"fsdp-super exited {rc}:\n{err[-3000:]}"
+        evs = events_of(ev)
+        assert notice.get("host") == w2.addr, notice
+        restarts = [e for e in evs if e["event"] == "restart"]
+        launches = [e for e in evs if e["event"] == "launch"]
+        emergency = [e for e in evs if e["event"] == "emergency_checkpoint"]
+        resumed = [e for e in evs if e["event"] == "resumed"]
+        assert [e["cause"] for e in restarts] == ["host-notice"], restarts
+        assert [(e["np"], e["hosts"], e["left_out"]) for e in launches] == \
+            [(2, [w1.addr, w2.addr], []), (1, [w1.addr], [w2.addr])], launches
+        assert len(emergency) == 1 and resumed[-1]["step"] == emergency[0]["step"], \
+            (emergency, resumed)
+        assert [e["step"] for e in evs if e["event"] == "finished"] == [steps]
+        assert "steps lost      0" in err, err[-1500:]
+        left = c.wait_no_job_processes()
+        assert not left, f"processes of the job left: {left}"
+    assert committed_steps(ck)[-1] == steps
+    run([CKPT, "verify", ck])
+    print(f"  notice for {notice['host']}: emergency checkpoint at step {emergency[0]['step']}; "
+          f"relaunched on {launches[1]['hosts']} ({launches[1]['left_out']} left out); "
+          f"finished at step {steps}, verified")
+
+
 def state_of(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -545,6 +619,7 @@ if __name__ == "__main__":
           a_killed_host_is_detected_and_the_job_finishes_without_it,
           a_powered_off_host_is_detected_and_the_job_finishes_without_it,
           a_host_removed_from_the_host_file_gets_a_planned_restart,
+          a_spot_notice_for_one_host_moves_the_job_off_it,
           a_new_supervisor_takes_over_from_a_killed_one,
           a_partitioned_host_is_left_out_and_its_processes_stop,
           a_frozen_stale_rank_thawed_after_healing_is_fenced])
