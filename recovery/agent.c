@@ -20,6 +20,18 @@
  * one. Hosts that are this one (net.c) are not probed: Open MPI starts no
  * agent for them.
  *
+ * The probe also clears the host of this job's earlier launches
+ * (agent_probe_clears): a rank that outlived its launch there - its
+ * daemon killed before it could kill it, or the rank frozen while mpirun
+ * went away - would share the host's cores (a GPU's memory) with the next
+ * launch and could still act. Each launch gives its ranks FSDP_SUPER_JOB
+ * (a job id: a digest of the checkpoint store's address, so a new
+ * fsdp-super that takes over the job clears the old one's ranks too); the
+ * probe's POSIX shell command SIGKILLs every process whose environment
+ * holds it, waits up to 2 s until none is left, says how many it killed,
+ * and fails (the host is suspect) when some would not die. What Open MPI
+ * can tear down it still tears down first; this is the confirmation.
+ *
  * The probe is the agent's own answer, so it is as good as Open MPI's
  * view of the host at that moment and no better: a host that answers can
  * still fail to start a daemon a second later (a failed launch then, as
@@ -194,6 +206,23 @@ static void first_line(const char *s, char *out, size_t n)
     out[k] = 0;
 }
 
+void agent_probe_clears(struct agent *a, const char *job)
+{
+    /* one shell line without quotes (ssh and rsh hand it to a login
+     * shell as it is); the job id is hex, so nothing in it is special */
+#define SCAN "for p in /proc/[0-9]*; do grep -qzx FSDP_SUPER_JOB=%s $p/environ 2>/dev/null && %s; done; "
+    char kill_all[256], count[256];
+    snprintf(kill_all, sizeof kill_all, SCAN, job,
+             "{ kill -9 ${p#/proc/} 2>/dev/null; n=$((n+1)); }");
+    snprintf(count, sizeof count, SCAN, job, "left=$((left+1))");
+#undef SCAN
+    snprintf(a->probe, sizeof a->probe,
+             "n=0; %sfor t in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do left=0; "
+             "%s[ $left = 0 ] && { echo fsdp-cleaned $n >&2; exit 0; }; sleep 0.1; done; "
+             "echo $left processes of an earlier launch of this job would not die >&2; exit 1",
+             kill_all, count);
+}
+
 static void verdict(const struct agent *a, const struct probe_run *r, int bound,
                     struct probe *out)
 {
@@ -201,6 +230,9 @@ static void verdict(const struct agent *a, const struct probe_run *r, int bound,
     first_line(r->err, line, sizeof line);
     int code = WIFEXITED(r->status) ? WEXITSTATUS(r->status) : -1;
     out->ok = !r->killed && code == 0;
+    out->cleaned = 0;
+    if (out->ok && strncmp(line, "fsdp-cleaned ", 13) == 0)
+        out->cleaned = atoi(line + 13);
     if (out->ok)
         out->why[0] = 0;
     else if (r->killed)
@@ -230,7 +262,7 @@ void agent_probe(const struct agent *a, const char *const *names, int n, double 
         argv[k++] = "BatchMode=yes";
     }
     int host_at = k++;
-    argv[k++] = "true";
+    argv[k++] = a->probe[0] ? (char *)a->probe : "true";
     argv[k] = NULL;
 
     struct probe_run run[SUPER_MAX_HOSTS];
@@ -323,6 +355,11 @@ static int suspect_index(const struct suspects *sp, const char *name)
 static void note(struct suspects *sp, const char *name, const struct probe *p)
 {
     int i = suspect_index(sp, name);
+    if (p->ok && p->cleaned > 0) {
+        fprintf(stderr, "fsdp-super: host %s: killed %d process%s of an earlier launch\n", name,
+                p->cleaned, p->cleaned == 1 ? "" : "es");
+        ev_emit("host_cleaned", "{s:o, s:i}", "host", ev_text(name), "killed", p->cleaned);
+    }
     if (p->ok) {
         if (i < 0)
             return;

@@ -116,7 +116,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <openssl/evp.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -174,6 +176,7 @@ struct super {
     /* the hosts of the running launch, and when the host file is read next */
     struct host launched[SUPER_MAX_HOSTS];
     int nlaunched;
+    char job_id[33]; /* FSDP_SUPER_JOB of every rank (agent.c: the probe clears them) */
     double next_hosts_check;
     /* per-host spot notices (--preempt-url with {host}): the hosts whose
      * notice stands, left out of launches until it is gone */
@@ -398,7 +401,7 @@ static char **launch_argv(struct super *s, const char *hostfile, const char *nps
     struct mpiargs *m = &s->mpiargs;
     /* -x NAME exports the variable's value; the value is never on a line */
     static const char *const ours[] = {"FSDP_SUPER_ADDR", "FSDP_GENERATION", "FSDP_SUPER_TOKEN",
-                                       "FSDP_SUPER_SILENCE_S"};
+                                       "FSDP_SUPER_SILENCE_S", "FSDP_SUPER_JOB"};
     for (size_t k = 0; k < sizeof ours / sizeof ours[0]; k++)
         mpiargs_export(m, ours[k]); /* room for these is reserved (MPIARGS_MAX_EXPORT) */
     if (c->hold[0])
@@ -438,6 +441,7 @@ static void exec_mpirun(struct super *s, char **argv, int errfd)
     setenv("FSDP_GENERATION", gen, 1);
     setenv("FSDP_SUPER_SILENCE_S", silence, 1);
     setenv("FSDP_SUPER_TOKEN", token, 1);
+    setenv("FSDP_SUPER_JOB", s->job_id, 1);
     /* the test hooks are the supervisor's to set, never inherited */
     if (s->chaos.hold[0])
         setenv("FSDP_TEST_HOLD_AT", s->chaos.hold, 1);
@@ -997,6 +1001,33 @@ static int end_launch(struct super *s, struct outcome *out, int preempt_from_sig
 
 /* Everything that can be refused before the first launch, with one line:
  * 2 for a SPEC that cannot be used (like any bad option), 1 otherwise. */
+/* The job's id, in every rank's environment (FSDP_SUPER_JOB): with --ckpt
+ * a digest of the store's address, so that a new fsdp-super taking over
+ * the job recognises the ranks of the one it replaces; else random. */
+static int job_id(struct super *s)
+{
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    if (s->o.ckpt) {
+        static const char salt[] = "fsdp-super job\n";
+        EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+        int ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) &&
+                 EVP_DigestUpdate(ctx, salt, sizeof salt - 1) &&
+                 EVP_DigestUpdate(ctx, s->o.ckpt, strlen(s->o.ckpt)) &&
+                 EVP_DigestFinal_ex(ctx, d, &n);
+        EVP_MD_CTX_free(ctx);
+        if (!ok) {
+            errno = EIO;
+            return -1;
+        }
+    } else if (getrandom(d, 16, 0) != 16) {
+        return -1;
+    }
+    for (int i = 0; i < 16; i++)
+        snprintf(s->job_id + 2 * i, 3, "%02x", d[i]);
+    return 0;
+}
+
 static int set_up(struct super *s)
 {
     char err[SUPER_ERR_LEN];
@@ -1016,6 +1047,11 @@ static int set_up(struct super *s)
         say("%s", err);
         return 1;
     }
+    if (job_id(s)) {
+        say("cannot make a job id: %s", strerror(errno));
+        return 1;
+    }
+    agent_probe_clears(&s->agent, s->job_id);
     if (net_listen(&s->link.net, s->o.listen, err, sizeof err)) {
         say("%s", err);
         return 1;

@@ -237,6 +237,7 @@ struct agent {
     char *word[AGENT_MAX_WORDS];
     int nwords;
     int is_ssh; /* the command is ssh: it takes -o ConnectTimeout, BatchMode */
+    char probe[1024]; /* the command a probe runs on each host ("" : true) */
 };
 /* From the values of plm_rsh_agent (NULL or empty: ssh; "A : B": the first
  * alternative whose command is found, else the first) and plm_rsh_args
@@ -248,7 +249,13 @@ struct probe {
     int ok;
     double took;
     char why[224];
+    int cleaned; /* processes of an earlier launch the probe killed */
 };
+/* Makes a's probe also clear the host of this job's earlier launches: it
+ * kills every process whose environment holds FSDP_SUPER_JOB=job (what
+ * each launch gives its ranks) and answers only when none is left. job
+ * must be 1..32 hex digits. */
+void agent_probe_clears(struct agent *a, const char *job);
 /* Runs `AGENT HOST true` for the n hosts at once (at most SUPER_MAX_HOSTS),
  * each bounded by timeout seconds (ssh: ConnectTimeout, BatchMode) and
  * killed with its process group a second after that; fills out[i]. */

@@ -540,7 +540,8 @@ def exec_main(init_pid, cwd, argv):
             continue
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # those cannot be caught anyway
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     sys.exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
 

@@ -436,6 +436,55 @@ def a_partitioned_host_is_left_out_and_its_processes_stop(tmp):
           f"relaunched without it; the final step holds only generation {last}'s objects")
 
 
+def a_process_an_earlier_launch_left_on_a_host_is_cleared_before_a_launch(tmp):
+    """Something of an earlier launch of this job still runs on worker 2: a
+    rank stuck in the kernel when its daemon died, or a process a rank
+    started (Open MPI kills a rank whose daemon dies only if the rank can
+    still act: a frozen rank gets SIGHUP and SIGCONT from the kernel, one
+    in uninterruptible sleep nothing). Here a process of the job's id
+    (FSDP_SUPER_JOB, the digest of the checkpoint store's address) stands
+    for it. Before launching, the probe through the launch agent finds it
+    by that id in its environment, kills it and says so (host_cleaned);
+    the launch uses both workers, and nothing is left anywhere."""
+    import hashlib
+    data, _ = prepare_corpus(tmp)
+    steps = 60
+    with hosts.Cluster(2, tmp) as c:
+        w1, w2 = c.workers
+        ck = os.path.join(tmp, "ck")
+        job = hashlib.sha256(b"fsdp-super job\n" + ck.encode()).hexdigest()[:32]
+        other = hashlib.sha256(b"another job").hexdigest()[:32]
+        left_over = w2.popen(["env", f"FSDP_SUPER_JOB={job}", "sleep", "600"])
+        bystander = w2.popen(["env", f"FSDP_SUPER_JOB={other}", "sleep", "600"])
+        deadline = time.monotonic() + 10
+        while len([pid for pid, comm in w2.job_pids() if comm == "sleep"]) < 2:
+            assert time.monotonic() < deadline, w2.job_pids()
+            time.sleep(0.02)
+        p, ev = start_super(c, tmp, ["--hosts", c.hostfile(), "--np", "2",
+                                     "--heartbeat-timeout", "5", "--max-restarts", "0"],
+                            train_args(data, ck, steps))
+        rc = finish(p, tmp, 600)
+        out, err = output(tmp)
+        assert rc == 0, f"fsdp-super exited {rc}:\n{err[-3000:]}"
+        left_over.wait(timeout=10)
+        assert bystander.poll() is None, "another job's process was killed"
+        bystander.kill()
+        bystander.wait()
+        evs = events_of(ev)
+        cleaned = [e for e in evs if e["event"] == "host_cleaned"]
+        assert [(e["host"], e["killed"]) for e in cleaned] == [(w2.addr, 1)], cleaned
+        order = [e["event"] for e in evs if e["event"] in ("host_cleaned", "launch")]
+        assert order == ["host_cleaned", "launch"], order
+        launches = [e for e in evs if e["event"] == "launch"]
+        assert launches[0]["hosts"] == [w1.addr, w2.addr], launches
+        assert f"host {w2.addr}: killed 1 process of an earlier launch" in err, err[-1500:]
+        left = c.wait_no_job_processes()
+        assert not left, f"processes of the job left: {left}"
+    run([CKPT, "verify", ck])
+    print(f"  the probe killed the left-over process on {w2.name} before the launch "
+          f"(another job's process untouched); trained on both workers, verified")
+
+
 NOTICE_SERVER = r"""
 import http.server, os, sys
 addr, port, flag = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -620,6 +669,7 @@ if __name__ == "__main__":
           a_powered_off_host_is_detected_and_the_job_finishes_without_it,
           a_host_removed_from_the_host_file_gets_a_planned_restart,
           a_spot_notice_for_one_host_moves_the_job_off_it,
+          a_process_an_earlier_launch_left_on_a_host_is_cleared_before_a_launch,
           a_new_supervisor_takes_over_from_a_killed_one,
           a_partitioned_host_is_left_out_and_its_processes_stop,
           a_frozen_stale_rank_thawed_after_healing_is_fenced])

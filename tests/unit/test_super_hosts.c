@@ -17,6 +17,7 @@
 #include "super.h"
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,6 +161,58 @@ static void an_agent_that_cannot_be_run_is_a_reason(void)
     CHECK(!p.ok && strstr(p.why, "exited 127: cannot run /nonexistent/agent"), "%s", p.why);
 }
 
+/* The probe that clears a host: an agent that runs the command here (as
+ * ssh would run it there) finds a stopped process of an earlier launch
+ * of this job by its environment, kills it, says so, and leaves the
+ * processes of other jobs alone. */
+static void the_probe_kills_what_an_earlier_launch_left_on_the_host(void)
+{
+    struct agent a;
+    memset(&a, 0, sizeof a);
+    a.word[0] = "sh";
+    a.word[1] = "-c";
+    a.word[2] = "exec /bin/sh -c \"$1\""; /* $0: the host, $1: the command */
+    a.nwords = 3;
+    agent_probe_clears(&a, "0123456789abcdef0123456789abcdef");
+    pid_t ours = fork(), other = -1;
+    if (ours == 0) {
+        setenv("FSDP_SUPER_JOB", "0123456789abcdef0123456789abcdef", 1);
+        execlp("sleep", "sleep", "60", (char *)NULL);
+        _exit(127);
+    }
+    other = fork();
+    if (other == 0) {
+        setenv("FSDP_SUPER_JOB", "0123456789abcdef0123456789abcdee", 1); /* another job */
+        execlp("sleep", "sleep", "60", (char *)NULL);
+        _exit(127);
+    }
+    /* the event: both have exec'd sleep (the probe reads /proc/PID/environ) */
+    for (pid_t *pp = (pid_t[]){ours, other, 0}; *pp; pp++) {
+        char path[64], comm[32] = "";
+        snprintf(path, sizeof path, "/proc/%d/comm", (int)*pp);
+        for (double until = super_now() + 10; strncmp(comm, "sleep", 5) && super_now() < until;) {
+            FILE *f = fopen(path, "r");
+            if (!f || !fgets(comm, sizeof comm, f))
+                comm[0] = 0;
+            if (f)
+                fclose(f);
+        }
+    }
+    kill(ours, SIGSTOP);
+    const char *names[] = {"h1"};
+    struct probe p;
+    agent_probe(&a, names, 1, 5, &p);
+    int st = 0;
+    CHECK(p.ok && p.cleaned == 1, "ok %d cleaned %d why %s", p.ok, p.cleaned, p.why);
+    CHECK(waitpid(ours, &st, WNOHANG) == ours && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL,
+          "the stale process was not killed");
+    CHECK(running(other), "another job's process was killed");
+    agent_probe(&a, names, 1, 5, &p);
+    CHECK(p.ok && p.cleaned == 0, "second probe: ok %d cleaned %d", p.ok, p.cleaned);
+    kill(other, SIGKILL);
+    waitpid(other, &st, 0);
+}
+
 static void hosts_that_do_not_answer_are_left_out_until_they_do(void)
 {
     struct agent a;
@@ -300,6 +353,7 @@ int main(int argc, char **argv)
         TEST(probes_run_at_once_and_say_why_a_host_does_not_answer),
         TEST(a_probe_that_hangs_is_killed_with_what_it_started),
         TEST(an_agent_that_cannot_be_run_is_a_reason),
+        TEST(the_probe_kills_what_an_earlier_launch_left_on_the_host),
         TEST(hosts_that_do_not_answer_are_left_out_until_they_do),
         TEST(the_oob_keepalive_adds_up_to_the_heartbeat_timeout),
         TEST(every_host_gets_the_environment_its_bits_depend_on_by_name_only),
