@@ -28,7 +28,7 @@
  * (a job id: a digest of the checkpoint store's address, so a new
  * fsdp-super that takes over the job clears the old one's ranks too); the
  * probe's POSIX shell command SIGKILLs every process whose environment
- * holds it, waits up to 2 s until none is left, says how many it killed,
+ * holds it, waits about 1 s until none is left, says how many it killed,
  * and fails (the host is suspect) when some would not die. What Open MPI
  * can tear down it still tears down first; this is the confirmation.
  *
@@ -208,19 +208,21 @@ static void first_line(const char *s, char *out, size_t n)
 
 void agent_probe_clears(struct agent *a, const char *job)
 {
-    /* one shell line without quotes (ssh and rsh hand it to a login
-     * shell as it is); the job id is hex, so nothing in it is special */
-#define SCAN "for p in /proc/[0-9]*; do grep -qzx FSDP_SUPER_JOB=%s $p/environ 2>/dev/null && %s; done; "
-    char kill_all[256], count[256];
-    snprintf(kill_all, sizeof kill_all, SCAN, job,
-             "{ kill -9 ${p#/proc/} 2>/dev/null; n=$((n+1)); }");
-    snprintf(count, sizeof count, SCAN, job, "left=$((left+1))");
-#undef SCAN
+    /* One grep over every process's environment per round (a process per
+     * process would take seconds on a busy host), the pids cut from the
+     * file names it lists. The whole line goes to /bin/sh in single quotes
+     * (the login shell may be csh or fish; the line has no single quote
+     * and the job id is hex). Rounds: the kill, then up to 10 checks 0.1 s
+     * apart (about 1 s in all), well inside the probe's bound. */
+    char find[160];
+    snprintf(find, sizeof find, "grep -lsxzF FSDP_SUPER_JOB=%s /proc/[0-9]*/environ", job);
     snprintf(a->probe, sizeof a->probe,
-             "n=0; %sfor t in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do left=0; "
-             "%s[ $left = 0 ] && { echo fsdp-cleaned $n >&2; exit 0; }; sleep 0.1; done; "
-             "echo $left processes of an earlier launch of this job would not die >&2; exit 1",
-             kill_all, count);
+             "exec /bin/sh -c 'n=0; for f in $(%s); do p=${f#/proc/}; "
+             "kill -9 ${p%%/environ} 2>/dev/null && n=$((n+1)); done; "
+             "for t in 1 2 3 4 5 6 7 8 9 10; do [ -z \"$(%s)\" ] && "
+             "{ echo fsdp-cleaned $n >&2; exit 0; }; sleep 0.1; done; "
+             "echo processes of an earlier launch of this job would not die: $(%s) >&2; exit 1'",
+             find, find, find);
 }
 
 static void verdict(const struct agent *a, const struct probe_run *r, int bound,
@@ -231,8 +233,9 @@ static void verdict(const struct agent *a, const struct probe_run *r, int bound,
     int code = WIFEXITED(r->status) ? WEXITSTATUS(r->status) : -1;
     out->ok = !r->killed && code == 0;
     out->cleaned = 0;
-    if (out->ok && strncmp(line, "fsdp-cleaned ", 13) == 0)
-        out->cleaned = atoi(line + 13);
+    const char *said = strstr(r->err, "fsdp-cleaned "); /* after any warning of the agent's */
+    if (out->ok && said)
+        out->cleaned = atoi(said + 13);
     if (out->ok)
         out->why[0] = 0;
     else if (r->killed)

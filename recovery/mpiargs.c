@@ -97,6 +97,9 @@ void mpiargs_build(struct mpiargs *m, double hb_timeout, char *const *env)
         const char *d = env_get(env, "OMPI_MCA_mca_base_env_list_delimiter");
         m->use_env_list = 1;
         m->delim = d && strlen(d) == 1 ? d[0] : ';';
+        if (strlen(list) >= sizeof m->user_list)
+            m->overflow = 1;
+        snprintf(m->user_list, sizeof m->user_list, "%s", list);
         snprintf(m->env_list, sizeof m->env_list, "%s", list);
     }
     for (char *const *e = env; e && *e && m->nforward < MPIARGS_MAX_FORWARD; e++) {
@@ -112,16 +115,24 @@ void mpiargs_build(struct mpiargs *m, double hb_timeout, char *const *env)
 int mpiargs_export(struct mpiargs *m, const char *name)
 {
     if (!m->use_env_list) {
-        if (m->argc + 2 > (int)(sizeof m->argv / sizeof m->argv[0]))
+        if (m->argc + 2 > (int)(sizeof m->argv / sizeof m->argv[0])) {
+            m->overflow = 1;
             return -1;
+        }
         m->argv[m->argc++] = "-x";
         m->argv[m->argc++] = name;
         return 0;
     }
-    size_t at = strlen(m->env_list);
-    if (at + strlen(name) + 2 > sizeof m->env_list)
+    /* env_list = our names, then the user's list */
+    size_t ours = strlen(m->our_list);
+    if (ours + strlen(name) + 2 + strlen(m->user_list) > sizeof m->env_list ||
+        ours + strlen(name) + 2 > sizeof m->our_list) {
+        m->overflow = 1;
         return -1;
+    }
     const char sep[2] = {m->delim, 0};
-    snprintf(m->env_list + at, sizeof m->env_list - at, "%s%s", at ? sep : "", name);
+    snprintf(m->our_list + ours, sizeof m->our_list - ours, "%s%s", ours ? sep : "", name);
+    snprintf(m->env_list, sizeof m->env_list, "%s%s%s", m->our_list, m->user_list[0] ? sep : "",
+             m->user_list);
     return 0;
 }

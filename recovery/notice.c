@@ -92,15 +92,18 @@ int super_notice_url(const char *tmpl, const char *host, char *out, size_t n)
 }
 
 /* All the URLs at once (one curl multi handle, 1 s for all of them):
- * found[i] is 1 with when[i] when URL i says terminate/stop/hibernate. A
- * URL that fails, times out or answers anything else has no notice. */
+ * found[i] is 1 with when[i] when URL i says terminate/stop/hibernate, 0
+ * when it says there is none (404, or another action), -1 when it cannot
+ * be told (no answer in time, a transport error, another status, a body
+ * that is not a notice): a standing notice is not lifted by a failed
+ * poll. */
 void super_poll_notices(const char *const *urls, int n, int *found, char (*when)[64])
 {
     CURLM *multi = curl_multi_init();
     CURL *h[SUPER_MAX_HOSTS] = {0};
     static struct body b[SUPER_MAX_HOSTS];
     for (int i = 0; i < n; i++) {
-        found[i] = 0;
+        found[i] = -1;
         when[i][0] = 0;
     }
     if (!multi)
@@ -132,10 +135,12 @@ void super_poll_notices(const char *const *urls, int n, int *found, char (*when)
         for (int i = 0; i < n && i < SUPER_MAX_HOSTS; i++) {
             long status = 0;
             if (h[i] != m->easy_handle ||
-                curl_easy_getinfo(h[i], CURLINFO_RESPONSE_CODE, &status) != CURLE_OK ||
-                status != 200 || b[i].overflow)
+                curl_easy_getinfo(h[i], CURLINFO_RESPONSE_CODE, &status) != CURLE_OK)
                 continue;
-            found[i] = super_parse_notice(b[i].buf, b[i].len, when[i], sizeof when[i]) == 1;
+            if (status == 404)
+                found[i] = 0;
+            else if (status == 200 && !b[i].overflow)
+                found[i] = super_parse_notice(b[i].buf, b[i].len, when[i], sizeof when[i]);
         }
     }
     for (int i = 0; i < n && i < SUPER_MAX_HOSTS; i++) {
@@ -153,6 +158,7 @@ int super_poll_notice(const char *url, char *when, size_t n)
     int found;
     char w[1][64];
     super_poll_notices(&url, 1, &found, w);
+    found = found == 1;
     if (found && n)
         snprintf(when, n, "%s", w[0]);
     return found;

@@ -195,6 +195,11 @@ int super_parse(struct super_opts *o, int argc, char **argv)
         fprintf(stderr, "fsdp-super: --min-np %d exceeds --np %d\n", o->min_np, o->np);
         return -1;
     }
+    if (o->preempt_url && strstr(o->preempt_url, "{host}") && !o->hosts) {
+        fprintf(stderr, "fsdp-super: --preempt-url with {host} needs --hosts (a notice per host "
+                "of a host file; without one, use a URL for this host alone)\n");
+        return -1;
+    }
     return 0;
 }
 

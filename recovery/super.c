@@ -109,6 +109,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
@@ -252,6 +253,27 @@ static int noticed_index(const struct super *s, const char *name)
     return -1;
 }
 
+/* Forgets the notices of hosts that have left the host file (a noticed
+ * instance usually goes away and never answers a poll again). */
+static void forget_gone_notices(struct super *s)
+{
+    struct host h[SUPER_MAX_HOSTS];
+    int nh, total;
+    char err[SUPER_ERR_LEN];
+    if (!s->o.hosts || super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, &nh, &total, err,
+                                        sizeof err))
+        return;
+    for (int i = 0; i < s->nnoticed;) {
+        int listed = 0;
+        for (int k = 0; k < nh && !listed; k++)
+            listed = strcmp(h[k].name, s->noticed[i].name) == 0;
+        if (listed)
+            i++;
+        else
+            s->noticed[i] = s->noticed[--s->nnoticed];
+    }
+}
+
 /* Polls the notice of every host of h at once and updates the standing
  * ones: a notice that appears (or changes its time) is said once and
  * counted in the return value, one that is gone is said too. */
@@ -271,6 +293,8 @@ static int poll_host_notices(struct super *s, const struct host *h, int nh)
     for (int k = 0; k < n; k++) {
         const char *name = h[idx[k]].name;
         int i = noticed_index(s, name);
+        if (found[k] < 0)
+            continue; /* cannot be told: a standing notice stands */
         if (!found[k]) {
             if (i >= 0) {
                 say("host %s: its spot notice is gone; it may be used again", name);
@@ -281,6 +305,10 @@ static int poll_host_notices(struct super *s, const struct host *h, int nh)
         }
         if (i >= 0 && strcmp(s->noticed[i].time, when[k]) == 0)
             continue; /* the one already acted on */
+        if (i < 0 && s->nnoticed == SUPER_MAX_HOSTS)
+            forget_gone_notices(s);
+        if (i < 0 && s->nnoticed == SUPER_MAX_HOSTS)
+            continue; /* cannot happen: at most SUPER_MAX_HOSTS hosts in the file */
         if (i < 0)
             i = s->nnoticed++;
         snprintf(s->noticed[i].name, sizeof s->noticed[i].name, "%s", name);
@@ -298,6 +326,7 @@ static int poll_host_notices(struct super *s, const struct host *h, int nh)
 static int leave_out_noticed(struct super *s, struct host *h, int *nh, struct host *left,
                              int *nleft)
 {
+    forget_gone_notices(s);
     poll_host_notices(s, h, *nh);
     int m = 0, slots = 0;
     for (int i = 0; i < *nh; i++) {
@@ -489,6 +518,12 @@ static int launch(struct super *s, int np, const struct host *hosts, int nh)
     chaos_launching(&s->chaos, np);
     mpiargs_build(&s->mpiargs, s->o.hb_timeout, environ);
     char **argv = launch_argv(s, hostfile, npstr);
+    if (s->mpiargs.overflow) {
+        say("too many variables to carry to every host (OMPI_MCA_mca_base_env_list is limited to "
+            "%zu bytes here): not launching", sizeof s->mpiargs.user_list - 1);
+        free(argv);
+        return -1;
+    }
     int errpipe[2];
     if (!argv || pipe2(errpipe, O_CLOEXEC)) {
         say("cannot start mpirun: %s", argv ? strerror(errno) : "out of memory");
@@ -938,6 +973,24 @@ static int teardown(struct super *s, int cause)
 
 enum { NEXT_LAUNCH, STOP_OK, STOP_FAILED };
 
+/* 1 when another launcher has claimed the store since this launch (its
+ * current generation is newer than ours): the launch was fenced. A store
+ * that cannot be read decides nothing. */
+static int store_taken(struct super *s, uint64_t *owner)
+{
+    if (!s->o.ckpt)
+        return 0;
+    char err[STORAGE_ERR_LEN];
+    struct storage *st;
+    uint64_t cur = 0;
+    if (storage_open(s->o.ckpt, &st, err))
+        return 0;
+    int rc = ckpt_fence_current(st, &cur, err);
+    storage_close(st);
+    *owner = cur;
+    return rc == 0 && cur > s->generation;
+}
+
 /* After a launch: finished, relaunch, or give up. */
 static int end_launch(struct super *s, struct outcome *out, int preempt_from_signal)
 {
@@ -978,6 +1031,17 @@ static int end_launch(struct super *s, struct outcome *out, int preempt_from_sig
     say("generation %llu failed: %s; stopped every process of the job",
         (unsigned long long)s->generation, out->why);
     job_show_hidden_tail(&s->job, s->ev_on);
+    uint64_t owner;
+    if (store_taken(s, &owner)) { /* relaunching would fence the other launcher in turn */
+        say("%s now belongs to generation %llu, claimed by another launcher (a second "
+            "fsdp-super or an unsupervised fsdp-train on the same store): this fsdp-super stops "
+            "rather than take it back", s->o.ckpt, (unsigned long long)owner);
+        ev_emit("fenced", "{s:I, s:I}", "generation", (json_int_t)s->generation, "by",
+                (json_int_t)owner);
+        s->final_step = reached;
+        summary(s, "fenced");
+        return STOP_FAILED;
+    }
     account_failure(s);
     s->by_cause[out->cause]++;
     if (++s->restarts_in_a_row > s->o.max_restarts) {
@@ -1001,20 +1065,56 @@ static int end_launch(struct super *s, struct outcome *out, int preempt_from_sig
 
 /* Everything that can be refused before the first launch, with one line:
  * 2 for a SPEC that cannot be used (like any bad option), 1 otherwise. */
+/* The store's address, the same whatever the working directory and
+ * whether the store exists yet: a path's directory made absolute and
+ * resolved (when it exists) and its last name; an S3 address with its
+ * endpoint. */
+static void store_address(const char *uri, char *out, size_t n)
+{
+    if (strncmp(uri, "s3://", 5) == 0) {
+        const char *ep = getenv("AWS_ENDPOINT_URL");
+        snprintf(out, n, "%s %s", uri, ep ? ep : "");
+        return;
+    }
+    char path[PATH_MAX], dir[PATH_MAX], cwd[PATH_MAX] = "";
+    snprintf(path, sizeof path, "%s", strncmp(uri, "file://", 7) == 0 ? uri + 7 : uri);
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/')
+        path[--len] = 0;
+    char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else if (slash) {
+        *slash = 0;
+        snprintf(dir, sizeof dir, "%s", path);
+    } else
+        snprintf(dir, sizeof dir, ".");
+    char resolved[PATH_MAX];
+    if (realpath(dir, resolved))
+        snprintf(out, n, "file://%s/%s", strcmp(resolved, "/") ? resolved : "", base);
+    else if (dir[0] != '/' && getcwd(cwd, sizeof cwd))
+        snprintf(out, n, "file://%s/%s/%s", cwd, dir, base);
+    else
+        snprintf(out, n, "file://%s/%s", dir, base);
+}
+
 /* The job's id, in every rank's environment (FSDP_SUPER_JOB): with --ckpt
- * a digest of the store's address, so that a new fsdp-super taking over
- * the job recognises the ranks of the one it replaces; else random. */
+ * a digest of the store's address (store_address), so that a new
+ * fsdp-super taking over the job recognises the ranks of the one it
+ * replaces, and two jobs on two stores never share an id; else random. */
 static int job_id(struct super *s)
 {
     unsigned char d[EVP_MAX_MD_SIZE];
     unsigned int n = 0;
     if (s->o.ckpt) {
         static const char salt[] = "fsdp-super job\n";
+        char addr[2 * PATH_MAX + 64];
+        store_address(s->o.ckpt, addr, sizeof addr);
         EVP_MD_CTX *ctx = EVP_MD_CTX_new();
         int ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) &&
                  EVP_DigestUpdate(ctx, salt, sizeof salt - 1) &&
-                 EVP_DigestUpdate(ctx, s->o.ckpt, strlen(s->o.ckpt)) &&
-                 EVP_DigestFinal_ex(ctx, d, &n);
+                 EVP_DigestUpdate(ctx, addr, strlen(addr)) && EVP_DigestFinal_ex(ctx, d, &n);
         EVP_MD_CTX_free(ctx);
         if (!ok) {
             errno = EIO;

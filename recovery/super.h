@@ -126,7 +126,8 @@ int super_poll_notice(const char *url, char *when, size_t n);
 /* tmpl with each "{host}" replaced by host (percent-encoded); -1 if it
  * does not fit in n. */
 int super_notice_url(const char *tmpl, const char *host, char *out, size_t n);
-/* The n URLs at once (n <= SUPER_MAX_HOSTS, 1 s for all): found[i], when[i]. */
+/* The n URLs at once (n <= SUPER_MAX_HOSTS, 1 s for all): found[i] 1 (a
+ * notice, its time in when[i]), 0 (none) or -1 (cannot be told). */
 void super_poll_notices(const char *const *urls, int n, int *found, char (*when)[64]);
 
 /* ---- events.c ---- */
@@ -301,13 +302,17 @@ struct mpiargs {
     char num[3][16];
     char names[MPIARGS_MAX_FORWARD][128];
     int nforward;
-    int use_env_list;   /* the environment sets OMPI_MCA_mca_base_env_list */
-    char env_list[8192]; /* its value with ours appended (use_env_list) */
+    int use_env_list;    /* the environment sets OMPI_MCA_mca_base_env_list */
+    char env_list[8192]; /* ours, then the user's list (use_env_list) */
+    char user_list[4096], our_list[4096];
     char delim;          /* its delimiter (mca_base_env_list_delimiter, ';') */
+    int overflow;        /* a variable did not fit: the launch must not go */
 };
 void mpiargs_build(struct mpiargs *m, double hb_timeout, char *const *env);
 /* One more variable for every host (name must outlive m): -x NAME, or
- * NAME appended to env_list. -1 when there is no room. */
+ * NAME added to env_list (ours go first: Open MPI stops reading the list
+ * at a name it cannot find, and the user's may name one). -1, and
+ * m->overflow set, when there is no room. */
 int mpiargs_export(struct mpiargs *m, const char *name);
 
 /* ---- proc.c ---- */

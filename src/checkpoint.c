@@ -385,10 +385,10 @@ static void exit_if_fenced(struct ckptr *c, uint64_t step, const char *why)
     if (strncmp(why, "fenced", 6) == 0)
         fprintf(stderr, "fsdp-train: %s; stopping\n", why);
     else
-        fprintf(stderr, "fsdp-train: fenced: checkpoint step %llu of generation %llu does not "
-                "count: %s now belongs to generation %llu (%s); stopping\n",
-                (unsigned long long)step, (unsigned long long)c->generation, c->st->uri,
-                (unsigned long long)cur, why);
+        fprintf(stderr, "fsdp-train: fenced: %s now belongs to generation %llu, not this launch's "
+                "(%llu); its checkpoint of step %llu: %s; stopping\n", c->st->uri,
+                (unsigned long long)cur, (unsigned long long)c->generation,
+                (unsigned long long)step, why);
     fflush(stderr);
     hb_event("fenced step=%llu by=%llu", (unsigned long long)step, (unsigned long long)cur);
     hb_stop();

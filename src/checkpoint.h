@@ -47,8 +47,9 @@ struct ckptr {
 /* The exit status of a rank 0 that found its launch fenced at a commit: a
  * newer generation claimed the store, so nothing this launch does counts
  * any more, and the ranks it would wait for may be gone with its old
- * launch. It says "fenced" on stderr (and to the supervisor) and exits at
- * once, from inside the save. */
+ * launch. It says "fenced" on stderr (and in an event, which a supervisor
+ * of its own generation still hears) and exits at once, from inside the
+ * save. */
 #define CKPTR_FENCED_EXIT 4
 
 int ckptr_open(struct ckptr *c, const struct ckptr_opts *o, struct fsdp_engine *e,

@@ -55,7 +55,7 @@ static int blas_core_runs_here(const char *core)
         const char *core;
         int level; /* 3: AVX2 + FMA; 4: AVX-512 F/BW/DQ/VL; 5: and AVX512_BF16 */
     } needs[] = {{"SkylakeX", 4}, {"Cooperlake", 5}, {"SapphireRapids", 5},
-                 {"Haswell", 3},  {"Zen", 3}};
+                 {"Haswell", 3},  {"Zen", 3},        {"Excavator", 3}};
     const char *widest = widest_blas_core();
     int have = !widest ? 0 : strcmp(widest, "SkylakeX") == 0 ? 4 : 3;
     if (have == 4 && __builtin_cpu_supports("avx512bf16"))
@@ -65,6 +65,10 @@ static int blas_core_runs_here(const char *core)
             return have >= needs[i].level;
     if (strcasecmp(core, "Sandybridge") == 0)
         return __builtin_cpu_supports("avx");
+    if (strcasecmp(core, "Bulldozer") == 0) /* AMD's FMA4 */
+        return __builtin_cpu_supports("avx") && __builtin_cpu_supports("fma4");
+    if (strcasecmp(core, "Piledriver") == 0 || strcasecmp(core, "Steamroller") == 0)
+        return __builtin_cpu_supports("avx") && __builtin_cpu_supports("fma");
     return 1; /* older cores, or names we do not know: OpenBLAS decides */
 }
 
@@ -142,15 +146,24 @@ static const struct cpu_isa isas[] = {{"native", fsdp_kernels_cpu_native}};
 #endif
 enum { NISAS = sizeof isas / sizeof isas[0] };
 
+/* The features that -march=x86-64-v3 and -v4 let the compiler use, by the
+ * names GCC and clang both know (clang 14 has no "x86-64-v3" here); every
+ * CPU with AVX2, FMA and BMI2 also has the level's MOVBE, LZCNT and F16C.
+ * libgcc and compiler-rt report AVX and AVX-512 only when the OS saves
+ * their registers (XCR0). */
 static int isa_supported(const struct cpu_isa *isa)
 {
 #ifdef FSDP_KERNELS_X86_DISPATCH
-    /* the levels include the OS check (XCR0) that AVX and AVX-512 need */
     __builtin_cpu_init();
+    int v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+    int v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vl");
     if (strcmp(isa->name, "x86-64-v4") == 0)
-        return __builtin_cpu_supports("x86-64-v4");
+        return v4;
     if (strcmp(isa->name, "x86-64-v3") == 0)
-        return __builtin_cpu_supports("x86-64-v3");
+        return v3;
 #endif
     (void)isa;
     return 1;

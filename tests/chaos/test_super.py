@@ -320,6 +320,37 @@ def older_generation_cannot_commit(tmp):
     assert committed_steps(ck) == [5, 10], committed_steps(ck)
 
 
+def a_supervisor_whose_store_another_launcher_took_stops(tmp):
+    """While fsdp-super trains, another launcher claims the store (here an
+    unsupervised fsdp-train on it, which claims generation 2 at start).
+    The supervised rank 0 is fenced at its next commit: it says so and
+    exits at once (status 4). Before, fsdp-super relaunched and claimed the
+    store back, fencing the other launcher in turn (two launchers taking a
+    store from each other until one ran out of restarts); now it sees that
+    the store is another's and stops, saying so."""
+    data, _ = prepare_corpus(tmp)
+    ck, ev = f"{tmp}/ck", f"{tmp}/ev.jsonl"
+    p = start_super(["--np", "1", "--max-restarts", "3"], trainer(data, ck, 100000), ev)
+    try:
+        wait_event(ev, lambda e: e["event"] == "checkpoint_committed")
+        other = run(trainer(data, ck, 1, ["--resume", "none"]), check=False)
+        assert other.returncode != 0, "the second run trained beside the first"
+        out, err = finish(p, 120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    evs = events_of(ev)
+    assert p.returncode == 1 and "claimed by another launcher" in err, err[-2000:]
+    assert len([e for e in evs if e["event"] == "launch"]) == 1, "it launched again"
+    fenced = [e for e in evs if e["event"] == "fenced"]
+    assert fenced and fenced[0]["by"] == 2, fenced
+    said = [l for l in err.splitlines() if l.startswith("fsdp-train: fenced")]
+    assert said, f"the rank did not say fenced:\n{err[-2000:]}"
+    print(f"  rank 0: {said[0][:140]}")
+    print(f"  fsdp-super: {[l for l in err.splitlines() if 'another launcher' in l][0][:140]}")
+
+
 def chaos_at_a_fixed_world_size_keeps_the_digest(tmp):
     data, _ = prepare_corpus(tmp)
     steps = int(os.environ.get("CHAOS_STEPS", "1200"))
@@ -852,6 +883,7 @@ if __name__ == "__main__":
           the_ranks_are_given_the_address_that_routes_to_the_first_remote_host,
           mpirun_forwards_sigusr1_so_orders_travel_in_answers,
           older_generation_cannot_commit,
+          a_supervisor_whose_store_another_launcher_took_stops,
           hung_rank_is_detected_and_no_process_survives,
           a_dead_mpirun_is_noticed_and_its_ranks_do_not_linger,
           preemption_notice_costs_at_most_the_step_in_progress,

@@ -452,7 +452,8 @@ def a_process_an_earlier_launch_left_on_a_host_is_cleared_before_a_launch(tmp):
     with hosts.Cluster(2, tmp) as c:
         w1, w2 = c.workers
         ck = os.path.join(tmp, "ck")
-        job = hashlib.sha256(b"fsdp-super job\n" + ck.encode()).hexdigest()[:32]
+        job = hashlib.sha256(b"fsdp-super job\nfile://" + os.path.realpath(tmp).encode() +
+                             b"/ck").hexdigest()[:32]
         other = hashlib.sha256(b"another job").hexdigest()[:32]
         left_over = w2.popen(["env", f"FSDP_SUPER_JOB={job}", "sleep", "600"])
         bystander = w2.popen(["env", f"FSDP_SUPER_JOB={other}", "sleep", "600"])

@@ -18,6 +18,7 @@
 
 #include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,16 +174,21 @@ static void the_probe_kills_what_an_earlier_launch_left_on_the_host(void)
     a.word[1] = "-c";
     a.word[2] = "exec /bin/sh -c \"$1\""; /* $0: the host, $1: the command */
     a.nwords = 3;
-    agent_probe_clears(&a, "0123456789abcdef0123456789abcdef");
+    /* ids of this run only: two test runs at once must not clear each other */
+    char job[33], other_job[33];
+    snprintf(job, sizeof job, "%08x%08x0000000000000000", (unsigned)getpid(), (unsigned)time(NULL));
+    snprintf(other_job, sizeof other_job, "%08x%08x0000000000000001", (unsigned)getpid(),
+             (unsigned)time(NULL));
+    agent_probe_clears(&a, job);
     pid_t ours = fork(), other = -1;
     if (ours == 0) {
-        setenv("FSDP_SUPER_JOB", "0123456789abcdef0123456789abcdef", 1);
+        setenv("FSDP_SUPER_JOB", job, 1);
         execlp("sleep", "sleep", "60", (char *)NULL);
         _exit(127);
     }
     other = fork();
     if (other == 0) {
-        setenv("FSDP_SUPER_JOB", "0123456789abcdef0123456789abcdee", 1); /* another job */
+        setenv("FSDP_SUPER_JOB", other_job, 1); /* another job */
         execlp("sleep", "sleep", "60", (char *)NULL);
         _exit(127);
     }
@@ -197,6 +203,7 @@ static void the_probe_kills_what_an_earlier_launch_left_on_the_host(void)
             if (f)
                 fclose(f);
         }
+        REQUIRE(strncmp(comm, "sleep", 5) == 0, "pid %d never ran sleep", (int)*pp);
     }
     kill(ours, SIGSTOP);
     const char *names[] = {"h1"};
@@ -320,17 +327,27 @@ static void a_users_env_list_gets_ours_appended_instead_of_x(void)
     CHECK(mpiargs_export(&m, "FSDP_SUPER_TOKEN") == 0, "export");
     for (int i = 0; i < m.argc; i++)
         CHECK(strcmp(m.argv[i], "-x") != 0, "-x beside the list: %s", m.argv[i + 1]);
-    CHECK(strcmp(m.env_list, "SITE_A;SITE_B=x;OMP_NUM_THREADS;FSDP_SUPER_TOKEN") == 0,
+    /* ours first: Open MPI stops at a name it cannot find, which the
+     * user's list may hold */
+    CHECK(strcmp(m.env_list, "OMP_NUM_THREADS;FSDP_SUPER_TOKEN;SITE_A;SITE_B=x") == 0,
           "env_list: %s", m.env_list);
+    CHECK(!m.overflow, "overflow");
     char *env2[] = {"OMPI_MCA_mca_base_env_list=A:B",
                     "OMPI_MCA_mca_base_env_list_delimiter=:", NULL};
     mpiargs_build(&m, 10, env2);
     mpiargs_export(&m, "X");
-    CHECK(strcmp(m.env_list, "A:B:X") == 0, "delimiter: %s", m.env_list);
+    CHECK(strcmp(m.env_list, "X:A:B") == 0, "delimiter: %s", m.env_list);
     char *env3[] = {"OMPI_MCA_mca_base_env_list=", NULL};
     mpiargs_build(&m, 10, env3);
     mpiargs_export(&m, "X");
-    CHECK(strcmp(m.env_list, "X") == 0, "empty list: %s", m.env_list);
+    mpiargs_export(&m, "Y");
+    CHECK(strcmp(m.env_list, "X;Y") == 0, "empty list: %s", m.env_list);
+    static char huge[5000];
+    memset(huge, 'A', sizeof huge - 1);
+    memcpy(huge, "OMPI_MCA_mca_base_env_list=", 27);
+    char *env4[] = {huge, NULL};
+    mpiargs_build(&m, 10, env4);
+    CHECK(m.overflow, "a list that does not fit is not cut short silently");
 }
 
 static void clean_dir(void)

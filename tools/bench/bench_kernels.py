@@ -42,8 +42,11 @@ def sh(args):
 
 
 def build(d, native):
+    want = f"-Dnative={'true' if native else 'false'}"
     if not os.path.exists(os.path.join(d, "build.ninja")):
-        sh(["meson", "setup", d, ROOT, f"-Dnative={'true' if native else 'false'}"])
+        sh(["meson", "setup", d, ROOT, want])
+    else:  # an existing directory keeps the value it was configured with
+        sh(["meson", "configure", d, want])
     sh(["meson", "compile", "-C", d])
 
 
