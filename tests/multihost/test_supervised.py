@@ -217,6 +217,38 @@ def two_hosts_under_the_supervisor_beat_and_match_one_host(tmp):
           f"{local_s:.1f} s, two hosts supervised {multi_s:.1f} s")
 
 
+def a_users_open_mpi_env_list_reaches_the_remote_ranks(tmp):
+    """The user carries variables with Open MPI's own list
+    (OMPI_MCA_mca_base_env_list; mpirun refuses -x beside it), one of them
+    unset. fsdp-super puts its own names first in that list (Open MPI stops
+    reading at a name it cannot find), so the remote ranks get the launch's
+    token and generation and the user's variables before the unset one,
+    and the job runs under supervision on both workers."""
+    data, _ = prepare_corpus(tmp)
+    with hosts.Cluster(2, tmp) as c:
+        ck = os.path.join(tmp, "ck")
+        p, ev = start_super(c, tmp, ["--hosts", c.hostfile(), "--np", "2",
+                                     "--heartbeat-timeout", "5", "--max-restarts", "0"],
+                            train_args(data, ck, 400),
+                            env={"OMPI_MCA_mca_base_env_list": "SITE_VAR;SITE_UNSET;SITE_LATE",
+                                 "SITE_VAR": "42", "SITE_LATE": "1"})
+        wait_event(p, tmp, ev, "a committed checkpoint",
+                   lambda e: e["event"] == "checkpoint_committed", 120)
+        envs = [environ_of(pid) for w in c.workers for pid in ranks_on(w)]
+        assert len(envs) == 2, envs
+        for e in envs:
+            assert len(e.get("FSDP_SUPER_TOKEN", "")) == 64 and e.get("FSDP_GENERATION") and \
+                e.get("SITE_VAR") == "42", {k: v for k, v in e.items() if k.startswith(("FSDP", "SITE"))}
+        rc = finish(p, tmp, 600)
+        out, err = output(tmp)
+        assert rc == 0, f"fsdp-super exited {rc}:\n{err[-3000:]}"
+        ups = [e for e in events_of(ev) if e["event"] == "rank_up"]
+        assert len(ups) == 2 and not any(u["local"] for u in ups), ups
+        left = c.wait_no_job_processes()
+        assert not left, f"processes of the job left: {left}"
+    print("  the remote ranks got the token, the generation and SITE_VAR through the user's list")
+
+
 def node_loss(tmp, how):
     """Loses worker 2 (how: 'kill' or 'power_off') once a checkpoint is
     committed; the job must detect it in time, go on without it, finish."""
@@ -666,6 +698,7 @@ if __name__ == "__main__":
         print(f"skip: {why}")
         sys.exit(77)  # meson: skipped
     main([two_hosts_under_the_supervisor_beat_and_match_one_host,
+          a_users_open_mpi_env_list_reaches_the_remote_ranks,
           a_killed_host_is_detected_and_the_job_finishes_without_it,
           a_powered_off_host_is_detected_and_the_job_finishes_without_it,
           a_host_removed_from_the_host_file_gets_a_planned_restart,
