@@ -12,6 +12,7 @@
 #include "util.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,7 +34,57 @@ int fsdp_shard_parse(const char *s, enum fsdp_shard *out)
     return 0;
 }
 
+int fsdp_recompute_parse(const char *s, int *every)
+{
+    long long n;
+    if (strcmp(s, "none") == 0)
+        *every = 0;
+    else if (strcmp(s, "blocks") == 0)
+        *every = 1;
+    else if (strncmp(s, "every-", 6) == 0 && fsdp_parse_i64(s + 6, 1, 256, &n) == 0)
+        *every = (int)n;
+    else
+        return -1;
+    return 0;
+}
+
+const char *fsdp_recompute_name(int every, char *buf, size_t len)
+{
+    if (every <= 1)
+        snprintf(buf, len, "%s", every ? "blocks" : "none");
+    else
+        snprintf(buf, len, "every-%d", every);
+    return buf;
+}
+
 static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+static int recomputed(const struct fsdp_engine *e, int l)
+{
+    return e->recompute_every > 0 && l % e->recompute_every == 0;
+}
+
+/* Kept blocks get slots 0, 1, ... in order; recomputed blocks share the
+ * last slot. */
+static int assign_slots(struct fsdp_engine *e)
+{
+    const int L = e->m->cfg.layers;
+    int kept = 0, any = 0;
+    e->a.slot = calloc((size_t)L, sizeof *e->a.slot);
+    if (!e->a.slot)
+        return -1;
+    for (int l = 0; l < L; l++)
+        if (!recomputed(e, l))
+            e->a.slot[l] = kept++;
+        else
+            any = 1;
+    for (int l = 0; l < L; l++)
+        if (recomputed(e, l))
+            e->a.slot[l] = kept;
+    e->a.nslots = kept + any;
+    e->a.slot_holder = -1;
+    return 0;
+}
 
 /* Shards start on 64-byte boundaries inside each state kind's allocation. */
 #define ALIGN_FLOATS 16
@@ -41,7 +92,11 @@ static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 static int alloc_acts(struct fsdp_engine *e, char *err)
 {
     const struct model_config *c = &e->m->cfg;
-    const size_t L = (size_t)c->layers, C = (size_t)c->dim, NH = (size_t)c->heads;
+    if (assign_slots(e))
+        return fsdp_err(err, "fsdp: out of memory for the activation plan");
+    /* L counts slots here; only the block outputs need one row per block */
+    const size_t L = (size_t)e->a.nslots, C = (size_t)c->dim, NH = (size_t)c->heads;
+    const size_t LB = (size_t)c->layers;
     const size_t BT = (size_t)e->B * e->T, TT = (size_t)e->T * e->T;
     struct fsdp_acts *a = &e->a;
     struct {
@@ -52,7 +107,7 @@ static int alloc_acts(struct fsdp_engine *e, char *err)
         {&a->ln1_rstd, L * BT},       {&a->qkv, L * BT * 3 * C},      {&a->atty, L * BT * C},
         {&a->att, L * e->B * NH * TT}, {&a->residual2, L * BT * C},   {&a->ln2, L * BT * C},
         {&a->ln2_mean, L * BT},       {&a->ln2_rstd, L * BT},         {&a->fch, L * BT * 4 * C},
-        {&a->fch_gelu, L * BT * 4 * C}, {&a->residual3, L * BT * C},  {&a->lnf, BT * C},
+        {&a->fch_gelu, L * BT * 4 * C}, {&a->residual3, LB * BT * C},  {&a->lnf, BT * C},
         {&a->lnf_mean, BT},           {&a->lnf_rstd, BT},             {&a->logits, BT * c->vocab_pad},
         {&a->losses, BT},             {&a->scratch, BT * C},          {&a->dres, BT * C},
         {&a->dbtc, BT * C},           {&a->d4c, BT * 4 * C},          {&a->datt, e->B * NH * TT},
@@ -95,15 +150,18 @@ static void build_segments(struct fsdp_engine *e)
 }
 
 int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct fsdp_kernels *k,
-              struct fsdp_comm *comm, enum fsdp_shard shard, int B, char *err)
+              struct fsdp_comm *comm, const struct fsdp_opts *o, char *err)
 {
     memset(e, 0, sizeof *e);
+    const enum fsdp_shard shard = o->shard;
+    const int B = o->micro_batch;
     e->m = m;
     e->k = k;
     e->comm = comm;
     e->shard = shard;
     e->B = B;
     e->T = m->cfg.seq;
+    e->recompute_every = o->recompute_every;
     e->block_holder = -1;
     const int nu = m->nunits;
     const size_t W = shard == FSDP_SHARD_NONE ? 1 : (size_t)comm->world;
@@ -197,6 +255,7 @@ void fsdp_free(struct fsdp_engine *e)
         e->k->free(e->targets);
     free(e->units);
     free(e->segs);
+    free(e->a.slot);
     memset(e, 0, sizeof *e);
 }
 
@@ -324,13 +383,95 @@ static const struct model_tensor *tensor(const struct fsdp_engine *e, int unit, 
     return &e->m->tensors[e->m->units[unit].first_tensor + i];
 }
 
+/* Where block l's activations live. */
+struct layer_acts {
+    const float *res; /* the block's input: the residual stream */
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
+        *fch_gelu;
+    float *res3; /* the block's output */
+};
+
+static void layer_acts(const struct fsdp_engine *e, int l, struct layer_acts *la)
+{
+    const struct fsdp_acts *a = &e->a;
+    const size_t C = (size_t)e->m->cfg.dim, NH = (size_t)e->m->cfg.heads;
+    const size_t S = (size_t)e->B * e->T, TT = (size_t)e->T * e->T; /* S: per-layer stride */
+    const size_t s = (size_t)a->slot[l];
+    la->res = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * S * C;
+    la->ln1 = a->ln1 + s * S * C;
+    la->ln1_mean = a->ln1_mean + s * S;
+    la->ln1_rstd = a->ln1_rstd + s * S;
+    la->qkv = a->qkv + s * S * 3 * C;
+    la->atty = a->atty + s * S * C;
+    la->att = a->att + s * (size_t)e->B * NH * TT;
+    la->res2 = a->residual2 + s * S * C;
+    la->ln2 = a->ln2 + s * S * C;
+    la->ln2_mean = a->ln2_mean + s * S;
+    la->ln2_rstd = a->ln2_rstd + s * S;
+    la->fch = a->fch + s * S * 4 * C;
+    la->fch_gelu = a->fch_gelu + s * S * 4 * C;
+    la->res3 = a->residual3 + (size_t)l * S * C;
+}
+
+/* One block's forward on B x T rows. The recompute during the backward
+ * stops after the GELU: the last projection's output is the block's output,
+ * which was kept. */
+static void block_forward(struct fsdp_engine *e, const struct block_params *p,
+                          const struct layer_acts *la, int B, int T, int recompute)
+{
+    const struct fsdp_kernels *k = e->k;
+    const int C = e->m->cfg.dim, NH = e->m->cfg.heads;
+    const size_t BT = (size_t)B * T;
+    float *scratch = e->a.scratch;
+    k->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->res, p->t[BT_LN1_W],
+                         p->t[BT_LN1_B], BT, C);
+    k->matmul_forward(la->qkv, la->ln1, p->t[BT_QKV_W], p->t[BT_QKV_B], BT, C, 3 * C);
+    k->attention_forward(la->atty, la->att, la->qkv, B, T, C, NH);
+    k->matmul_forward(scratch, la->atty, p->t[BT_ATTPROJ_W], p->t[BT_ATTPROJ_B], BT, C, C);
+    k->residual_forward(la->res2, la->res, scratch, BT * C);
+    k->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, p->t[BT_LN2_W],
+                         p->t[BT_LN2_B], BT, C);
+    k->matmul_forward(la->fch, la->ln2, p->t[BT_FC_W], p->t[BT_FC_B], BT, C, 4 * C);
+    k->gelu_forward(la->fch_gelu, la->fch, BT * 4 * C);
+    if (recompute)
+        return;
+    k->matmul_forward(scratch, la->fch_gelu, p->t[BT_FCPROJ_W], p->t[BT_FCPROJ_B], BT, 4 * C, C);
+    k->residual_forward(la->res3, la->res2, scratch, BT * C);
+}
+
+/* One block's backward over the full micro-batch: a->dres holds d(loss)/d(the
+ * block's output) on entry and d(loss)/d(its input) on return. */
+static void block_backward(struct fsdp_engine *e, const struct block_params *p,
+                           const struct block_params *g, const struct layer_acts *la)
+{
+    const struct fsdp_kernels *k = e->k;
+    const int C = e->m->cfg.dim, NH = e->m->cfg.heads, B = e->B, T = e->T;
+    const size_t BT = (size_t)B * T;
+    struct fsdp_acts *a = &e->a;
+    /* residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
+    k->matmul_backward(a->d4c, g->t[BT_FCPROJ_W], g->t[BT_FCPROJ_B], a->dres, la->fch_gelu,
+                       p->t[BT_FCPROJ_W], BT, 4 * C, C);
+    k->gelu_backward(a->d4c, la->fch, a->d4c, BT * 4 * C);
+    k->matmul_backward(a->dbtc, g->t[BT_FC_W], g->t[BT_FC_B], a->d4c, la->ln2, p->t[BT_FC_W], BT,
+                       C, 4 * C);
+    k->layernorm_backward(a->dres, g->t[BT_LN2_W], g->t[BT_LN2_B], a->dbtc, la->res2,
+                          p->t[BT_LN2_W], la->ln2_mean, la->ln2_rstd, BT, C);
+    /* residual2 = residual + attproj(attention(qkv(ln1(residual)))) */
+    k->matmul_backward(a->dbtc, g->t[BT_ATTPROJ_W], g->t[BT_ATTPROJ_B], a->dres, la->atty,
+                       p->t[BT_ATTPROJ_W], BT, C, C);
+    k->attention_backward(a->d4c, a->datt, a->dbtc, la->qkv, la->att, B, T, C, NH);
+    k->matmul_backward(a->dbtc, g->t[BT_QKV_W], g->t[BT_QKV_B], a->d4c, la->ln1, p->t[BT_QKV_W],
+                       BT, C, 3 * C);
+    k->layernorm_backward(a->dres, g->t[BT_LN1_W], g->t[BT_LN1_B], a->dbtc, la->res,
+                          p->t[BT_LN1_W], la->ln1_mean, la->ln1_rstd, BT, C);
+}
+
 int fsdp_forward(struct fsdp_engine *e, int B, int T, double *loss_sum, char *err)
 {
     const struct fsdp_kernels *k = e->k;
     const struct model_config *c = &e->m->cfg;
-    const int L = c->layers, C = c->dim, NH = c->heads, V = c->vocab, Vp = c->vocab_pad;
+    const int L = c->layers, C = c->dim, V = c->vocab, Vp = c->vocab_pad;
     const size_t BT = (size_t)B * T, S = (size_t)e->B * e->T; /* S: per-layer stride */
-    const size_t TT = (size_t)e->T * e->T;
     struct fsdp_acts *a = &e->a;
 
     if (unit_gather(e, 0, err))
@@ -339,31 +480,18 @@ int fsdp_forward(struct fsdp_engine *e, int B, int T, double *loss_sum, char *er
     const float *wpe = e->units[0].full + tensor(e, 0, 1)->offset;
     k->encoder_forward(a->encoded, e->inputs, wte, wpe, B, T, C);
 
+    a->slot_holder = -1;
     for (int l = 0; l < L; l++) {
         const int u = model_unit_block(l);
         if (unit_gather(e, u, err))
             return -1;
         struct block_params p;
+        struct layer_acts la;
         model_block_params(e->m, e->units[u].full, &p);
-        const float *res = l == 0 ? a->encoded : a->residual3 + (l - 1) * S * C;
-        float *ln1 = a->ln1 + l * S * C, *ln1_mean = a->ln1_mean + l * S,
-              *ln1_rstd = a->ln1_rstd + l * S, *qkv = a->qkv + l * S * 3 * C,
-              *atty = a->atty + l * S * C, *att = a->att + l * e->B * NH * TT,
-              *res2 = a->residual2 + l * S * C, *ln2 = a->ln2 + l * S * C,
-              *ln2_mean = a->ln2_mean + l * S, *ln2_rstd = a->ln2_rstd + l * S,
-              *fch = a->fch + l * S * 4 * C, *fch_gelu = a->fch_gelu + l * S * 4 * C,
-              *res3 = a->residual3 + l * S * C;
-
-        k->layernorm_forward(ln1, ln1_mean, ln1_rstd, res, p.t[BT_LN1_W], p.t[BT_LN1_B], BT, C);
-        k->matmul_forward(qkv, ln1, p.t[BT_QKV_W], p.t[BT_QKV_B], BT, C, 3 * C);
-        k->attention_forward(atty, att, qkv, B, T, C, NH);
-        k->matmul_forward(a->scratch, atty, p.t[BT_ATTPROJ_W], p.t[BT_ATTPROJ_B], BT, C, C);
-        k->residual_forward(res2, res, a->scratch, BT * C);
-        k->layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, p.t[BT_LN2_W], p.t[BT_LN2_B], BT, C);
-        k->matmul_forward(fch, ln2, p.t[BT_FC_W], p.t[BT_FC_B], BT, C, 4 * C);
-        k->gelu_forward(fch_gelu, fch, BT * 4 * C);
-        k->matmul_forward(a->scratch, fch_gelu, p.t[BT_FCPROJ_W], p.t[BT_FCPROJ_B], BT, 4 * C, C);
-        k->residual_forward(res3, res2, a->scratch, BT * C);
+        layer_acts(e, l, &la);
+        block_forward(e, &p, &la, B, T, 0);
+        if (recomputed(e, l)) /* only a full-size forward has a backward */
+            a->slot_holder = B == e->B && T == e->T ? l : -1;
         unit_reshard(e, u);
         if (e->on_progress)
             e->on_progress();
@@ -398,9 +526,9 @@ int fsdp_backward(struct fsdp_engine *e, float dloss, char *err)
 {
     const struct fsdp_kernels *k = e->k;
     const struct model_config *c = &e->m->cfg;
-    const int L = c->layers, C = c->dim, NH = c->heads, V = c->vocab, Vp = c->vocab_pad;
+    const int L = c->layers, C = c->dim, V = c->vocab, Vp = c->vocab_pad;
     const int B = e->B, T = e->T;
-    const size_t BT = (size_t)B * T, S = BT, TT = (size_t)T * T;
+    const size_t BT = (size_t)B * T, S = BT;
     const int lnf = model_unit_lnf(e->m);
     struct fsdp_acts *a = &e->a;
 
@@ -425,39 +553,25 @@ int fsdp_backward(struct fsdp_engine *e, float dloss, char *err)
         return -1;
     unit_reshard(e, lnf);
 
-    /* Blocks, last to first. a->dres holds d(loss)/d(residual stream). */
+    /* Blocks, last to first. a->dres holds d(loss)/d(residual stream). A
+     * recomputed block runs its forward again first, on parameters that are
+     * gathered for the backward anyway, unless the shared slot still holds
+     * its activations (the last recomputed block of the forward). */
     for (int l = L - 1; l >= 0; l--) {
         const int u = model_unit_block(l);
         if (unit_gather(e, u, err))
             return -1;
         unit_grad_begin(e, u);
         struct block_params p, g;
+        struct layer_acts la;
         model_block_params(e->m, e->units[u].full, &p);
         model_block_params(e->m, e->units[u].full_grad, &g);
-        const float *res = l == 0 ? a->encoded : a->residual3 + (l - 1) * S * C;
-        const float *ln1 = a->ln1 + l * S * C, *ln1_mean = a->ln1_mean + l * S,
-                    *ln1_rstd = a->ln1_rstd + l * S, *qkv = a->qkv + l * S * 3 * C,
-                    *atty = a->atty + l * S * C, *att = a->att + l * B * NH * TT,
-                    *res2 = a->residual2 + l * S * C, *ln2 = a->ln2 + l * S * C,
-                    *ln2_mean = a->ln2_mean + l * S, *ln2_rstd = a->ln2_rstd + l * S,
-                    *fch = a->fch + l * S * 4 * C, *fch_gelu = a->fch_gelu + l * S * 4 * C;
-
-        /* residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
-        k->matmul_backward(a->d4c, g.t[BT_FCPROJ_W], g.t[BT_FCPROJ_B], a->dres, fch_gelu,
-                           p.t[BT_FCPROJ_W], BT, 4 * C, C);
-        k->gelu_backward(a->d4c, fch, a->d4c, BT * 4 * C);
-        k->matmul_backward(a->dbtc, g.t[BT_FC_W], g.t[BT_FC_B], a->d4c, ln2, p.t[BT_FC_W], BT, C,
-                           4 * C);
-        k->layernorm_backward(a->dres, g.t[BT_LN2_W], g.t[BT_LN2_B], a->dbtc, res2,
-                              p.t[BT_LN2_W], ln2_mean, ln2_rstd, BT, C);
-        /* residual2 = residual + attproj(attention(qkv(ln1(residual)))) */
-        k->matmul_backward(a->dbtc, g.t[BT_ATTPROJ_W], g.t[BT_ATTPROJ_B], a->dres, atty,
-                           p.t[BT_ATTPROJ_W], BT, C, C);
-        k->attention_backward(a->d4c, a->datt, a->dbtc, qkv, att, B, T, C, NH);
-        k->matmul_backward(a->dbtc, g.t[BT_QKV_W], g.t[BT_QKV_B], a->d4c, ln1, p.t[BT_QKV_W], BT,
-                           C, 3 * C);
-        k->layernorm_backward(a->dres, g.t[BT_LN1_W], g.t[BT_LN1_B], a->dbtc, res,
-                              p.t[BT_LN1_W], ln1_mean, ln1_rstd, BT, C);
+        layer_acts(e, l, &la);
+        if (recomputed(e, l) && a->slot_holder != l) {
+            block_forward(e, &p, &la, B, T, 1);
+            a->slot_holder = l;
+        }
+        block_backward(e, &p, &g, &la);
         if (unit_grad_end(e, u, err))
             return -1;
         unit_reshard(e, u);

@@ -35,6 +35,22 @@ enum fsdp_shard { FSDP_SHARD_FULL, FSDP_SHARD_GRAD_OP, FSDP_SHARD_NONE };
 const char *fsdp_shard_name(enum fsdp_shard s);
 int fsdp_shard_parse(const char *s, enum fsdp_shard *out);
 
+/* How the engine is run; everything here changes speed and memory, never
+ * the numbers (the losses are bit-identical for every recompute setting). */
+struct fsdp_opts {
+    enum fsdp_shard shard;
+    int micro_batch; /* B: sequences per forward */
+    /* Activation checkpointing: 0 keeps every block's activations; N > 0
+     * keeps only the output of blocks 0, N, 2N, ... and recomputes the rest
+     * of their forward pass during the backward (1: every block). */
+    int recompute_every;
+};
+
+/* "none", "blocks" (every block) or "every-N" (blocks 0, N, 2N, ...). */
+int fsdp_recompute_parse(const char *s, int *every);
+/* Writes the setting's name ("none", "blocks", "every-3") into buf. */
+const char *fsdp_recompute_name(int every, char *buf, size_t len);
+
 struct fsdp_unit {
     size_t numel;     /* logical elements */
     size_t padded;    /* numel rounded up to a multiple of the world size */
@@ -52,11 +68,17 @@ struct fsdp_segment {
     int decay;
 };
 
+/* Activations. A block's inner activations (ln1 ... fch_gelu) live in a
+ * slot: every kept block has its own, all recomputed blocks share the last
+ * one. Block outputs (residual3) are kept for every block. */
 struct fsdp_acts {
     float *encoded, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean,
         *ln2_rstd, *fch, *fch_gelu, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
     float *scratch, *dres, *dbtc, *d4c, *datt; /* one layer's worth, reused */
     size_t floats;
+    int nslots;
+    int *slot;       /* per block: its slot */
+    int slot_holder; /* the recomputed block whose activations the shared slot holds, or -1 */
 };
 
 struct fsdp_mem {
@@ -72,6 +94,7 @@ struct fsdp_engine {
     struct fsdp_comm *comm;
     enum fsdp_shard shard;
     int B, T;
+    int recompute_every; /* fsdp_opts */
 
     struct fsdp_unit *units;
     size_t shard_total;
@@ -96,7 +119,7 @@ struct fsdp_adamw {
 };
 
 int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct fsdp_kernels *k,
-              struct fsdp_comm *comm, enum fsdp_shard shard, int B, char *err);
+              struct fsdp_comm *comm, const struct fsdp_opts *o, char *err);
 void fsdp_free(struct fsdp_engine *e);
 
 /* GPT-2 initialisation of this rank's shard, optimizer moments zeroed;

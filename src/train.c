@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 struct trainer {
@@ -81,6 +82,7 @@ static void print_banner(const struct trainer *t)
 {
     const struct model_config *c = &t->model.cfg;
     const struct fsdp_mem *m = &t->eng.mem;
+    char ac[32];
     size_t full = 0;
     for (int u = 0; u < t->model.nunits; u++)
         full += t->model.units[u].numel * sizeof(float);
@@ -94,10 +96,11 @@ static void print_banner(const struct trainer *t)
     fprintf(stderr,
             "fsdp-train: per rank: params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB "
             "(unsharded %.2f / %.2f / %.2f MiB); gathered params %.2f MiB, full grads %.2f MiB, "
-            "activations %.2f MiB\n",
+            "activations %.2f MiB (activation checkpointing %s)\n",
             mib(m->state_bytes[0]), mib(m->state_bytes[1]),
             mib(m->state_bytes[2] + m->state_bytes[3]), mib(full), mib(full), mib(2 * full),
-            mib(m->gather_bytes), mib(m->grad_full_bytes), mib(m->act_bytes));
+            mib(m->gather_bytes), mib(m->grad_full_bytes), mib(m->act_bytes),
+            fsdp_recompute_name(t->o.recompute_every, ac, sizeof ac));
     fprintf(stderr,
             "fsdp-train: global batch %lld = %d ranks x %d micro-batch x %d accumulation, %zu "
             "training sequences\n",
@@ -256,11 +259,12 @@ static void log_step(struct trainer *t, long long step, double loss, double lr, 
         fputc('\n', stderr);
     }
     if (t->log) {
-        json_t *j = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:f, s:f}", "step",
+        json_t *j = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:I}", "step",
                               (json_int_t)step + 1, "loss", loss, "lr", lr, "grad_norm", norm,
                               "tokens_per_s", tps, "ms", dt * 1e3, "samples_seen",
                               (json_int_t)t->cursor, "elapsed_s", fsdp_now() - t->train_t0,
-                              "ckpt_s", t->ckpt_s);
+                              "ckpt_s", t->ckpt_s, "activation_bytes",
+                              (json_int_t)t->eng.mem.act_bytes);
         if (j && !isnan(val))
             json_object_set_new(j, "val_loss", json_real(val));
         if (j && samples)
@@ -509,7 +513,8 @@ static int setup(struct trainer *t, char *err)
     t->consumed = calloc((size_t)per_rank, sizeof *t->consumed);
     if (!t->in || !t->tgt || !t->consumed)
         return fsdp_err(err, "out of memory for the batch");
-    if (fsdp_init(&t->eng, &t->model, fsdp_kernels_cpu(), &t->comm, o->shard, t->micro, err))
+    const struct fsdp_opts fo = {o->shard, t->micro, o->recompute_every};
+    if (fsdp_init(&t->eng, &t->model, fsdp_kernels_cpu(), &t->comm, &fo, err))
         return -1;
     t->eng.on_progress = hb_progress;
     fsdp_init_params(&t->eng, o->seed);
@@ -574,6 +579,31 @@ static void teardown(struct trainer *t)
     free(t->in);
     free(t->tgt);
     free(t->consumed);
+}
+
+/* Collective: rank 0 prints every rank's peak resident memory (VmHWM). */
+static void report_peak_memory(struct trainer *t)
+{
+    const int W = t->comm.world;
+    double *kib = calloc((size_t)W, sizeof *kib);
+    struct rusage ru;
+    char err[ERR_LEN];
+    if (!kib)
+        return; /* every rank is out of memory alike; nothing is left to report */
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        kib[t->comm.rank] = (double)ru.ru_maxrss; /* KiB on Linux: VmHWM */
+    if (t->comm.allreduce_sum_f64(&t->comm, kib, (size_t)W, err) == 0 && t->comm.rank == 0) {
+        int top = 0;
+        for (int r = 1; r < W; r++)
+            if (kib[r] > kib[top])
+                top = r;
+        fprintf(stderr, "fsdp-train: peak resident memory per rank: %.1f MiB (rank %d)",
+                kib[top] / 1024, top);
+        if (W > 1)
+            fprintf(stderr, ", rank 0 %.1f MiB", kib[0] / 1024);
+        fputc('\n', stderr);
+    }
+    free(kib);
 }
 
 int main(int argc, char **argv)
@@ -641,6 +671,7 @@ int main(int argc, char **argv)
         t.comm.finalize(&t.comm);
         return rc == CKPTR_REFUSED ? 2 : 1;
     }
+    report_peak_memory(&t);
     if (t.comm.rank == 0 && t.preempted)
         fprintf(stderr, "fsdp-train: preempted: stopped after an emergency checkpoint\n");
     else if (t.comm.rank == 0)

@@ -35,6 +35,10 @@ void train_opts_usage(void)
            "  --grad-clip X          global gradient norm limit, 0 = off (default 1.0)\n"
            "  --seed S               initialisation and data order (default 1337)\n"
            "  --shard full|grad-op|none   FSDP strategy (default full)\n"
+           "  --activation-checkpointing none|blocks|every-N\n"
+           "                         recompute blocks' activations in the backward instead\n"
+           "                         of keeping them: every block, or blocks 0, N, 2N, ...\n"
+           "                         (default none; the losses are the same bits)\n"
            "  --threads N            compute threads per rank (default cores / local ranks)\n"
            "  --cpu-kernels ISA      auto | x86-64 | x86-64-v3 | x86-64-v4: the CPU kernels'\n"
            "                         instruction set (default auto: the widest this CPU\n"
@@ -211,6 +215,10 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
                 o->ckpt.resume = strcmp(v, "auto") == 0;
             else
                 rc = fsdp_err(err, "--resume '%s' is not auto or none", v);
+        } else if (strcmp(f, "--activation-checkpointing") == 0) {
+            if (fsdp_recompute_parse(v, &o->recompute_every))
+                rc = fsdp_err(err, "--activation-checkpointing '%s' is not none, blocks or "
+                                   "every-N (N in 1..256)", v);
         } else if (strcmp(f, "--shard") == 0) {
             if (fsdp_shard_parse(v, &o->shard))
                 rc = fsdp_err(err, "--shard '%s' is not one of full, grad-op, none", v);

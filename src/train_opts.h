@@ -21,6 +21,7 @@ struct train_opts {
     double temperature, lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip;
     uint64_t seed;
     enum fsdp_shard shard;
+    int recompute_every; /* --activation-checkpointing (fsdp_opts) */
     struct ckptr_opts ckpt; /* ckpt.uri NULL: no checkpoints */
 };
 

@@ -20,6 +20,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 enum { B = 2, T = 8 };
 static const struct model_config cfg = {.layers = 2, .dim = 16, .heads = 2, .seq = T,
@@ -34,13 +35,15 @@ struct rig {
     int32_t in[B * T], tgt[B * T];
 };
 
-static int rig_init(struct rig *r, const struct fsdp_kernels *k, enum fsdp_shard shard)
+static int rig_init_opts(struct rig *r, const struct fsdp_kernels *k, enum fsdp_shard shard,
+                         int recompute_every)
 {
     char err[ERR_LEN];
     if (model_layout_init(&r->m, &cfg, err) != 0)
         return -1;
     fsdp_comm_local_init(&r->comm);
-    if (fsdp_init(&r->e, &r->m, k, &r->comm, shard, B, err) != 0)
+    const struct fsdp_opts o = {shard, B, recompute_every};
+    if (fsdp_init(&r->e, &r->m, k, &r->comm, &o, err) != 0)
         return -1;
     struct fsdp_rng rng = {42};
     for (int i = 0; i < B * T; i++) {
@@ -56,6 +59,11 @@ static int rig_init(struct rig *r, const struct fsdp_kernels *k, enum fsdp_shard
     }
     fsdp_set_batch(&r->e, r->in, r->tgt);
     return 0;
+}
+
+static int rig_init(struct rig *r, const struct fsdp_kernels *k, enum fsdp_shard shard)
+{
+    return rig_init_opts(r, k, shard, 0);
 }
 
 static void rig_free(struct rig *r)
@@ -142,6 +150,79 @@ static void every_tensor_gradient_matches_finite_differences_no_shard(void)
     check_all_tensors(FSDP_SHARD_NONE);
 }
 
+/* ---- activation checkpointing ---------------------------------------------- */
+
+/* The gradient shard after one forward and backward (a validation-sized
+ * forward first, so that a recompute must not trust what it left behind). */
+static float *grads_with(int recompute_every, enum fsdp_shard shard, size_t *n, size_t *act)
+{
+    struct rig r;
+    char err[ERR_LEN];
+    double loss;
+    if (rig_init_opts(&r, fsdp_kernels_cpu(), shard, recompute_every) != 0)
+        return NULL;
+    fsdp_zero_grad(&r.e);
+    int rc = fsdp_forward(&r.e, 1, T / 2, &loss, err);
+    for (int i = 0; i < 2 && rc == 0; i++) /* two micro-batches: the accumulation path too */
+        rc = fsdp_forward(&r.e, B, T, &loss, err) || fsdp_backward(&r.e, 1.0f / (B * T), err);
+    if (rc) {
+        rig_free(&r);
+        return NULL;
+    }
+    *n = r.e.shard_total;
+    *act = r.e.mem.act_bytes;
+    float *g = malloc(*n * sizeof *g);
+    memcpy(g, r.e.grads, *n * sizeof *g);
+    rig_free(&r);
+    return g;
+}
+
+static void recomputing_blocks_gives_the_same_gradient_bits(void)
+{
+    for (int s = 0; s < 2; s++) {
+        enum fsdp_shard shard = s ? FSDP_SHARD_NONE : FSDP_SHARD_FULL;
+        size_t n0, n, act0, act;
+        float *ref = grads_with(0, shard, &n0, &act0);
+        REQUIRE(ref, "the reference run failed");
+        for (int every = 1; every <= 3; every++) {
+            float *g = grads_with(every, shard, &n, &act);
+            REQUIRE(g, "recompute every %d failed", every);
+            CHECK(n == n0 && memcmp(g, ref, n * sizeof *g) == 0,
+                  "%s shard, recompute every %d: the gradients differ from keeping everything",
+                  fsdp_shard_name(shard), every);
+            /* two blocks: only "blocks" shares a slot between them */
+            CHECK(every == 1 ? act < act0 : act == act0,
+                  "recompute every %d keeps %zu activation bytes against %zu", every, act, act0);
+            free(g);
+        }
+        free(ref);
+    }
+}
+
+static void the_recompute_option_parses_and_names_itself(void)
+{
+    static const struct {
+        const char *in;
+        int every;
+        const char *name;
+    } ok[] = {{"none", 0, "none"}, {"blocks", 1, "blocks"}, {"every-1", 1, "blocks"},
+              {"every-2", 2, "every-2"}, {"every-256", 256, "every-256"}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        int every = -1;
+        char buf[32];
+        CHECK(fsdp_recompute_parse(ok[i].in, &every) == 0 && every == ok[i].every, "%s",
+              ok[i].in);
+        CHECK(strcmp(fsdp_recompute_name(every, buf, sizeof buf), ok[i].name) == 0, "%s -> %s",
+              ok[i].in, buf);
+    }
+    static const char *bad[] = {"", "block", "every-", "every-0", "every-257", "every-2x",
+                                "every--1", "Blocks"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int every = -1;
+        CHECK(fsdp_recompute_parse(bad[i], &every) != 0, "'%s' was accepted", bad[i]);
+    }
+}
+
 /* ---- the check must catch wrong kernels ---------------------------------- */
 
 static const struct fsdp_kernels *real;
@@ -206,6 +287,8 @@ static void gradcheck_catches_a_wrong_layernorm_backward(void)
 }
 
 CHECK_MAIN(TEST(every_tensor_gradient_matches_finite_differences_full_shard),
+           TEST(recomputing_blocks_gives_the_same_gradient_bits),
+           TEST(the_recompute_option_parses_and_names_itself),
            TEST(every_tensor_gradient_matches_finite_differences_no_shard),
            TEST(gradcheck_catches_a_wrong_gelu_backward),
            TEST(gradcheck_catches_a_wrong_layernorm_backward))

@@ -1,0 +1,93 @@
+#!/usr/bin/python3
+"""Memory against time for activation checkpointing, one invocation, ratios
+measured in the same run.
+
+gpt2-124m shapes (L12 C768 H12 T1024) at global batch 8 on one rank (--threads,
+default 2), a few steps per setting of --activation-checkpointing: the
+activation bytes the banner reports, the peak resident memory (VmHWM) the run
+reports at its end, and the step time (median of the steps after the first).
+Each row's ratios are against "none" from the same run. Byte-level tokens (the
+fortunes), so the run needs no tokenizer; the vocabulary is still GPT-2's.
+
+    tools/bench/bench_memory.py [--out FILE] [--steps N] [--modes none,blocks]
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BUILD = os.path.join(ROOT, "build")
+TRAIN = os.path.join(BUILD, "src", "fsdp-train")
+DATA = os.path.join(BUILD, "src", "fsdp-data")
+MODEL = ["--model", "gpt2-124m", "--global-batch", "8"]
+
+
+def sh(args):
+    p = subprocess.run(args, capture_output=True, text=True, errors="replace")
+    if p.returncode != 0:
+        sys.exit(f"bench: {' '.join(args[:4])}... failed:\n{p.stderr[-2000:]}")
+    return p
+
+
+def one(data, mode, steps, threads, tmp):
+    log = os.path.join(tmp, f"{mode}.jsonl")
+    if os.path.exists(log):
+        os.unlink(log)
+    p = sh([TRAIN, "--data", data, "--steps", str(steps), "--threads", str(threads), "--log",
+            log, "--log-every", "1", "--activation-checkpointing", mode] + MODEL)
+    act = re.search(r"activations ([\d.]+) MiB", p.stderr)
+    peak = re.search(r"peak resident memory per rank: ([\d.]+) MiB", p.stderr)
+    if not act or not peak:
+        sys.exit(f"bench: no memory figures in:\n{p.stderr[-2000:]}")
+    ms = [json.loads(l)["ms"] for l in open(log)][1:]
+    return {"mode": mode, "activation_mib": float(act.group(1)),
+            "peak_rss_mib": float(peak.group(1)), "step_ms": statistics.median(ms),
+            "steps_ms": ms}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(BUILD, "bench-memory.json"))
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--modes", default="none,blocks")
+    a = ap.parse_args()
+    if not os.path.exists(os.path.join(BUILD, "build.ninja")):
+        subprocess.run(["meson", "setup", BUILD, ROOT], check=True, capture_output=True)
+    subprocess.run(["meson", "compile", "-C", BUILD], check=True, capture_output=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "train.bin")
+        files = sorted(f for f in os.listdir("/usr/share/games/fortunes") if "." not in f)
+        sh([DATA, "prepare", "--doc-sep", "%", "--out", data] +
+           [os.path.join("/usr/share/games/fortunes", f) for f in files])
+        for mode in a.modes.split(","):
+            rows.append(one(data, mode, max(2, a.steps), a.threads, tmp))
+            r = rows[-1]
+            print(f"  {mode}: activations {r['activation_mib']:.0f} MiB, peak "
+                  f"{r['peak_rss_mib']:.0f} MiB, step {r['step_ms'] / 1e3:.1f} s", flush=True)
+    base = rows[0]
+    print(f"{'checkpointing':<14} {'activations MiB':>16} {'peak RSS MiB':>13} {'step s':>8} "
+          f"{'act vs ' + base['mode']:>12} {'time vs ' + base['mode']:>13}")
+    for r in rows:
+        r["activation_ratio"] = base["activation_mib"] / r["activation_mib"]
+        r["time_ratio"] = r["step_ms"] / base["step_ms"]
+        print(f"{r['mode']:<14} {r['activation_mib']:16.0f} {r['peak_rss_mib']:13.0f} "
+              f"{r['step_ms'] / 1e3:8.1f} {r['activation_ratio']:11.2f}x "
+              f"{r['time_ratio']:12.2f}x")
+    print(f"(gpt2-124m shapes, global batch 8 x T 1024 on 1 rank x {a.threads} threads; "
+          f"step time: median of steps 2..{max(2, a.steps)})")
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump({"rows": rows, "threads": a.threads}, f, indent=1)
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
