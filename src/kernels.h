@@ -88,7 +88,10 @@ const struct fsdp_kernels *fsdp_kernels_cpu(void);
  * ("x86-64", "x86-64-v3", "x86-64-v4"; "native" in a -Dnative=true build).
  * -1 with err when the name is unknown or the CPU cannot run that table. */
 int fsdp_kernels_cpu_select(const char *want, char *err, size_t errlen);
-/* A one-line description of the CPU math library in use. */
+/* Picks the matmul library: "auto", "onednn" or "openblas" (cpu/gemm.h).
+ * -1 with err when unknown or not in this build. */
+int fsdp_kernels_cpu_matmul(const char *want, char *err, size_t errlen);
+/* A one-line description of the CPU math libraries in use. */
 const char *fsdp_kernels_cpu_blas(void);
 
 #endif

@@ -620,7 +620,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "fsdp-train: %s (see fsdp-train --help)\n", err);
         return 2;
     }
-    if (fsdp_kernels_cpu_select(t.o.cpu_kernels, err, sizeof err)) {
+    if (fsdp_kernels_cpu_select(t.o.cpu_kernels, err, sizeof err) ||
+        fsdp_kernels_cpu_matmul(t.o.matmul, err, sizeof err)) {
         fprintf(stderr, "fsdp-train: %s (see fsdp-train --help)\n", err);
         return 2;
     }

@@ -43,6 +43,8 @@ void train_opts_usage(void)
            "  --cpu-kernels ISA      auto | x86-64 | x86-64-v3 | x86-64-v4: the CPU kernels'\n"
            "                         instruction set (default auto: the widest this CPU\n"
            "                         runs; name one to get the same bits on every host)\n"
+           "  --matmul LIB           auto | onednn | openblas: the library for the model's\n"
+           "                         matmuls (default auto: oneDNN when the build has it)\n"
            "\n"
            "checkpoints:\n"
            "  --ckpt URI             where checkpoints live: a path, file://PATH or\n"
@@ -90,6 +92,7 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
     memset(o, 0, sizeof *o);
     o->model_name = "tiny";
     o->cpu_kernels = "auto";
+    o->matmul = "auto";
     o->global_batch = 8;
     o->steps = 200;
     o->warmup = -1;
@@ -150,6 +153,8 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
             o->model_name = v;
         else if (strcmp(f, "--cpu-kernels") == 0)
             o->cpu_kernels = v; /* checked against the CPU in main */
+        else if (strcmp(f, "--matmul") == 0)
+            o->matmul = v; /* checked against the build in main */
         else if (strcmp(f, "--layers") == 0)
             rc = need_int(f, v, 1, 256, &layers, err);
         else if (strcmp(f, "--dim") == 0)

@@ -7,7 +7,7 @@
 set -eu
 
 PKGS="build-essential pkg-config meson ninja-build python3 curl
-      libopenmpi-dev openmpi-bin libopenblas-openmp-dev
+      libopenmpi-dev openmpi-bin libopenblas-openmp-dev libdnnl-dev
       libzstd-dev libssl-dev libjansson-dev libcurl4-openssl-dev libexpat1-dev
       awscli ceph-mon ceph-osd radosgw ceph-common
       fortunes-min fortunes

@@ -11,6 +11,7 @@
  * builds one table with -march=native instead (named "native").
  */
 #include "../kernels.h"
+#include "gemm.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -113,11 +114,16 @@ void fsdp_kernels_cpu_threads(int n)
     openblas_set_num_threads(n);
 }
 
+int fsdp_kernels_cpu_matmul(const char *want, char *err, size_t errlen)
+{
+    return fsdp_gemm_select(want, err, errlen);
+}
+
 const char *fsdp_kernels_cpu_blas(void)
 {
     static char desc[160];
     int par = openblas_get_parallel();
-    snprintf(desc, sizeof desc, "%s (%s)", openblas_get_config(),
+    snprintf(desc, sizeof desc, "%s matmuls; %s (%s)", fsdp_gemm_name(), openblas_get_config(),
              par == 2 ? "openmp" : par == 1 ? "pthreads" : "serial");
     return desc;
 }
@@ -196,6 +202,8 @@ int fsdp_kernels_cpu_select(const char *want, char *err, size_t errlen)
             return -1;
         }
         chosen = isas[i].table();
+        if (!any) /* the matmul library keeps to the level too */
+            fsdp_gemm_max_isa(isas[i].name);
         return 0;
     }
     isa_list(list, sizeof list, 0);

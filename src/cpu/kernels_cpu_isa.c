@@ -10,7 +10,8 @@
  * the widest vectors of the host it lands on. Nothing outside this file is
  * compiled for more than the baseline.
  *
- * Matmuls and the attention products go to sgemm; everything else is a loop
+ * Matmuls go to fsdp_gemm (oneDNN or OpenBLAS, gemm.h), the attention's
+ * per-head products to OpenBLAS's sgemm; everything else is a loop
  * that the compiler vectorises. Two rules keep results reproducible on one
  * kind of CPU: reductions never depend on the number of threads (each
  * output element is owned by one thread, or partial sums are taken over
@@ -21,6 +22,7 @@
  * agrees to rounding, not to the bit (--cpu-kernels forces one).
  */
 #include "../kernels.h"
+#include "gemm.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -206,18 +208,15 @@ static void cpu_matmul_forward(float *out, const float *inp, const float *w, con
             memcpy(out + i * OC, bias, (size_t)OC * sizeof *out);
         beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, OC, C, 1.0f, inp, C, w, C, beta,
-                out, OC);
+    fsdp_gemm('N', 'T', (int)N, OC, C, inp, C, w, C, beta, out, OC);
 }
 
 static void cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                                 const float *inp, const float *w, size_t N, int C, int OC)
 {
     if (dinp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, C, OC, 1.0f, dout, OC, w, C,
-                    0.0f, dinp, C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, (int)N, 1.0f, dout, OC, inp, C,
-                1.0f, dw, C);
+        fsdp_gemm('N', 'N', (int)N, C, OC, dout, OC, w, C, 0.0f, dinp, C);
+    fsdp_gemm('T', 'N', OC, C, (int)N, dout, OC, inp, C, 1.0f, dw, C);
     if (dbias) {
 #pragma omp parallel
         {

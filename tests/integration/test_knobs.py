@@ -6,7 +6,11 @@ their activations: the per-step losses are bit-identical to keeping
 everything, on 1 and 2 real Open MPI ranks, the activation memory the banner
 and the log report shrinks, and a checkpoint written under one setting
 resumes (bit-exactly at the same world size, resharded at another) under
-another."""
+another.
+
+The matmul library (--matmul onednn|openblas) changes rounding only: the
+losses of the two agree to 1e-5 relative, and the banner names the one in
+use."""
 
 import os
 import re
@@ -85,6 +89,20 @@ def checkpoints_resume_across_checkpointing_settings(tmp):
     print("  blocks on 2 ranks -> every-3 on 1 rank: resharded, resumed and finished")
 
 
+def the_matmul_libraries_agree_to_rounding(tmp):
+    train, _ = prepare_corpus(tmp)
+    got = {}
+    for lib in ("openblas", "onednn"):
+        steps, err = run_log(tmp, train, 2, ["--matmul", lib], f"mm-{lib}")
+        assert re.search(rf"; {lib}[ \d.]* matmuls;", err), err
+        got[lib] = [s["loss"] for s in steps]
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got["onednn"], got["openblas"]))
+    print(f"  onednn against openblas, {STEPS} steps on 2 ranks: worst relative "
+          f"difference {worst:.2e}")
+    assert worst < 1e-5, worst
+
+
 if __name__ == "__main__":
     main([activation_checkpointing_keeps_the_loss_bits,
-          checkpoints_resume_across_checkpointing_settings])
+          checkpoints_resume_across_checkpointing_settings,
+          the_matmul_libraries_agree_to_rounding])

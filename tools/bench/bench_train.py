@@ -5,12 +5,15 @@ measured in the same run.
 For each model - tiny, small, and the comparison config (--layers 4 --dim 256
 --heads 4 --seq 256, byte vocabulary, global batch 8) - it measures
 fsdp-train's tokens/s on 1 rank with 2 threads and on 2 Open MPI ranks with
-1 thread each (shard full), and, when Debian's python3-torch is installed
+1 thread each (shard full) for each setting in SETTINGS (the matmul library,
+activation checkpointing), and, when Debian's python3-torch is installed
 (tools/setup.sh --bench), the same model trained by PyTorch on the CPU with 2
-threads. tokens/s is the median over the steps after the first three. Prints
-a table and writes it as JSON. Installs what is missing and builds first.
+threads, in fp32 and under bf16 autocast. tokens/s is the median over the
+steps after the first three. The summary line per model is our best setting
+on 1 rank x 2 threads over PyTorch's best. Prints the tables and writes them
+as JSON. Installs what is missing and builds first.
 
-    tools/bench/bench_train.py [--out FILE] [--steps-scale X]
+    tools/bench/bench_train.py [--out FILE] [--steps-scale X] [--models a,b]
 """
 
 import argparse
@@ -37,19 +40,29 @@ WARMUP = 3
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
 
-def sh(args, env=ENV):
+def sh(args, env=ENV, check=True):
     p = subprocess.run(args, env=env, capture_output=True, text=True, errors="replace")
-    if p.returncode != 0:
+    if p.returncode != 0 and check:
         sys.exit(f"bench: {' '.join(args[:4])}... failed:\n{p.stderr[-2000:]}")
     return p
 
 
-def ours(data, model_args, steps, ranks, threads, tmp):
+# (name, fsdp-train flags): the settings each model is measured with
+SETTINGS = [
+    ("fp32 openblas", ["--matmul", "openblas"]),
+    ("fp32 onednn", ["--matmul", "onednn"]),
+    ("fp32 onednn, recompute blocks", ["--matmul", "onednn",
+                                       "--activation-checkpointing", "blocks"]),
+]
+
+
+def ours(data, model_args, steps, ranks, threads, tmp, extra=()):
     log = os.path.join(tmp, "log.jsonl")
     if os.path.exists(log):  # fsdp-train appends to its log
         os.unlink(log)
     cmd = [TRAIN, "--data", data, "--global-batch", "8", "--steps", str(steps),
-           "--threads", str(threads), "--log", log, "--log-every", "1000"] + model_args
+           "--threads", str(threads), "--log", log, "--log-every", "1000"] + model_args + \
+        list(extra)
     if ranks > 1:
         cmd = ["mpirun", "-np", str(ranks), "--bind-to", "core"] + cmd
     sh(cmd)
@@ -57,7 +70,7 @@ def ours(data, model_args, steps, ranks, threads, tmp):
     return statistics.median(rates)
 
 
-def torch_baseline(data, shape, steps):
+def torch_baseline(data, shape, steps, bf16=False):
     try:
         subprocess.run(["/usr/bin/python3", "-c", "import torch"], check=True,
                        capture_output=True)
@@ -75,7 +88,10 @@ def torch_baseline(data, shape, steps):
     p = sh(["/usr/bin/python3", os.path.join(ROOT, "tools", "bench", "torch_gpt2.py"),
             "--data", data, "--layers", str(L), "--dim", str(C), "--heads", str(NH),
             "--seq", str(T), "--steps", str(steps), "--warmup-steps", str(WARMUP),
-            "--threads", "2"], env)
+            "--threads", "2"] + (["--bf16"] if bf16 else []), env, check=False)
+    if p.returncode != 0:
+        print(f"bench: PyTorch{' bf16' if bf16 else ''} failed: {p.stderr[-300:]}")
+        return None
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
@@ -83,12 +99,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(BUILD, "bench-train.json"))
     ap.add_argument("--steps-scale", type=float, default=1.0)
+    ap.add_argument("--models", default=",".join(m[0] for m in MODELS))
     a = ap.parse_args()
     subprocess.run([os.path.join(ROOT, "tools", "setup.sh"), "--bench"], check=True)
     if not os.path.exists(os.path.join(BUILD, "build.ninja")):
         subprocess.run(["meson", "setup", BUILD, ROOT], check=True, capture_output=True)
     subprocess.run(["meson", "compile", "-C", BUILD], check=True, capture_output=True)
-    rows = []
+    rows, summary = [], []
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "train.bin")
         files = sorted(f for f in os.listdir("/usr/share/games/fortunes")
@@ -96,29 +113,46 @@ def main():
         sh([DATA, "prepare", "--doc-sep", "%", "--out", data] +
            [os.path.join("/usr/share/games/fortunes", f) for f in files])
         for name, margs, shape, steps in MODELS:
+            if name not in a.models.split(","):
+                continue
             steps = max(WARMUP + 3, int(steps * a.steps_scale))
-            one = ours(data, margs, steps, 1, 2, tmp)
-            two = ours(data, margs, steps, 2, 1, tmp)
-            tb = torch_baseline(data, shape, steps)
-            rows.append({"model": name, "shape": "L%d C%d H%d T%d" % shape,
-                         "one_rank_2_threads": one, "two_ranks_1_thread": two,
-                         "two_over_one": two / one,
-                         "pytorch_2_threads": tb["tokens_per_s"] if tb else None,
-                         "ours_over_pytorch": one / tb["tokens_per_s"] if tb else None,
-                         "torch_version": tb["torch"] if tb else None})
-    print(f"{'model':<11} {'shape':<18} {'1 rank x 2 thr':>15} {'2 ranks x 1 thr':>16} "
-          f"{'2r/1r':>6} {'pytorch 2 thr':>14} {'ours/pytorch':>13}")
+            best = 0.0
+            for setting, extra in SETTINGS:
+                one = ours(data, margs, steps, 1, 2, tmp, extra)
+                two = ours(data, margs, steps, 2, 1, tmp, extra)
+                best = max(best, one)
+                rows.append({"model": name, "shape": "L%d C%d H%d T%d" % shape,
+                             "who": "fsdp-train", "setting": setting,
+                             "one_rank_2_threads": one, "two_ranks_1_thread": two})
+                print(f"  {name} {setting}: {one:.0f} / {two:.0f} tokens/s", flush=True)
+            tbest = 0.0
+            for bf16 in (False, True):
+                tb = torch_baseline(data, shape, steps, bf16)
+                if tb:
+                    tbest = max(tbest, tb["tokens_per_s"])
+                    rows.append({"model": name, "shape": "L%d C%d H%d T%d" % shape,
+                                 "who": "pytorch " + tb["torch"],
+                                 "setting": "bf16 autocast" if bf16 else "fp32",
+                                 "one_rank_2_threads": tb["tokens_per_s"],
+                                 "two_ranks_1_thread": None})
+            summary.append({"model": name, "ours_best": best, "pytorch_best": tbest or None,
+                            "ratio": best / tbest if tbest else None})
+    print(f"{'model':<11} {'who':<16} {'setting':<30} {'1 rank x 2 thr':>15} "
+          f"{'2 ranks x 1 thr':>16} {'2r/1r':>6}")
     for r in rows:
-        tb = f"{r['pytorch_2_threads']:14.0f}" if r["pytorch_2_threads"] else f"{'n/a':>14}"
-        ratio = f"{r['ours_over_pytorch']:13.2f}" if r["ours_over_pytorch"] else f"{'n/a':>13}"
-        print(f"{r['model']:<11} {r['shape']:<18} {r['one_rank_2_threads']:15.0f} "
-              f"{r['two_ranks_1_thread']:16.0f} {r['two_over_one']:6.2f} {tb} {ratio}")
+        two = r["two_ranks_1_thread"]
+        print(f"{r['model']:<11} {r['who']:<16} {r['setting']:<30} "
+              f"{r['one_rank_2_threads']:15.0f} " +
+              (f"{two:16.0f} {two / r['one_rank_2_threads']:6.2f}" if two else
+               f"{'-':>16} {'-':>6}"))
+    for s in summary:
+        print(f"{s['model']}: best fsdp-train {s['ours_best']:.0f} tokens/s" +
+              (f", best PyTorch {s['pytorch_best']:.0f}: {s['ratio']:.2f}x" if s["ratio"]
+               else " (PyTorch baseline skipped: tools/setup.sh --bench installs it)"))
     print("(tokens/s, median of steps after the first %d; global batch 8)" % WARMUP)
-    if not any(r["pytorch_2_threads"] for r in rows):
-        print("(PyTorch baseline skipped: tools/setup.sh --bench installs python3-torch)")
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
-        json.dump({"rows": rows}, f, indent=1)
+        json.dump({"rows": rows, "summary": summary}, f, indent=1)
     print(f"wrote {a.out}")
 
 

@@ -71,6 +71,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup-steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--bf16", action="store_true", help="forward under CPU bf16 autocast")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(1337)
@@ -87,7 +88,8 @@ def main():
         x = torch.stack([toks[i:i + a.seq] for i in idx])
         y = torch.stack([toks[i + 1:i + 1 + a.seq] for i in idx])
         t0 = time.perf_counter()
-        loss = model(x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+            loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -96,7 +98,7 @@ def main():
         if step >= a.warmup_steps:
             rates.append(a.batch * a.seq / dt)
     print(json.dumps({"tokens_per_s": statistics.median(rates), "torch": torch.__version__,
-                      "threads": a.threads, "last_loss": loss.item()}))
+                      "threads": a.threads, "last_loss": loss.item(), "bf16": a.bf16}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,225 @@
+/*
+ * gemm.c - fsdp_gemm: oneDNN's matmul primitive or OpenBLAS's sgemm (see
+ * gemm.h).
+ *
+ * A oneDNN primitive is planned (and its kernel JIT-compiled) for one shape,
+ * about 0.5 ms here, then reused: plans live in a small table keyed by the
+ * shape, transposes and beta; when it is full the oldest plan goes. A
+ * training step uses a dozen shapes, so after the first step every call is
+ * a lookup. A call that oneDNN cannot plan (out of memory) falls back to
+ * OpenBLAS for that call, with one line on stderr the first time.
+ *
+ * Results: each library gives the same bits every run for the same shape
+ * and thread count; the two libraries round differently, so a run keeps the
+ * library it started with (--matmul names one).
+ */
+#include "gemm.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef FSDP_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#endif
+
+static int use_onednn = -1; /* -1: not chosen yet (auto) */
+
+int fsdp_gemm_select(const char *want, char *err, size_t errlen)
+{
+#ifdef FSDP_HAVE_ONEDNN
+    const int have = 1;
+#else
+    const int have = 0;
+#endif
+    if (strcmp(want, "auto") == 0)
+        use_onednn = have;
+    else if (strcmp(want, "openblas") == 0)
+        use_onednn = 0;
+    else if (strcmp(want, "onednn") == 0 && have)
+        use_onednn = 1;
+    else if (strcmp(want, "onednn") == 0) {
+        snprintf(err, errlen, "--matmul onednn: this build has no oneDNN (install libdnnl-dev "
+                              "and rebuild)");
+        return -1;
+    } else {
+        snprintf(err, errlen, "--matmul '%s' is not auto, onednn or openblas", want);
+        return -1;
+    }
+    return 0;
+}
+
+void fsdp_gemm_max_isa(const char *level)
+{
+#ifdef FSDP_HAVE_ONEDNN
+    dnnl_cpu_isa_t isa = strcmp(level, "x86-64-v4") == 0   ? dnnl_cpu_isa_avx512_core
+                         : strcmp(level, "x86-64-v3") == 0 ? dnnl_cpu_isa_avx2
+                         : strcmp(level, "x86-64") == 0    ? dnnl_cpu_isa_sse41
+                                                           : dnnl_cpu_isa_all;
+    dnnl_set_max_cpu_isa(isa); /* fails only after the first primitive: none yet */
+#else
+    (void)level;
+#endif
+}
+
+const char *fsdp_gemm_name(void)
+{
+    if (use_onednn < 0) {
+        char err[160];
+        fsdp_gemm_select("auto", err, sizeof err);
+    }
+#ifdef FSDP_HAVE_ONEDNN
+    static char name[48];
+    if (use_onednn) {
+        const dnnl_version_t *v = dnnl_version();
+        snprintf(name, sizeof name, "onednn %d.%d.%d", v->major, v->minor, v->patch);
+        return name;
+    }
+#endif
+    return "openblas";
+}
+
+static void blas_gemm(char ta, char tb, int M, int N, int K, const float *A, int lda,
+                      const float *B, int ldb, float beta, float *C, int ldc)
+{
+    cblas_sgemm(CblasRowMajor, ta == 'T' ? CblasTrans : CblasNoTrans,
+                tb == 'T' ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
+#ifdef FSDP_HAVE_ONEDNN
+
+#define PLANS 64
+
+struct plan {
+    int used;
+    char ta, tb;
+    int M, N, K, lda, ldb, ldc, accumulate;
+    dnnl_primitive_t prim;
+    dnnl_memory_t a, b, c;
+};
+
+static struct plan plans[PLANS];
+static int next_victim;
+static dnnl_engine_t engine;
+static dnnl_stream_t stream;
+static int broken; /* the engine could not be created: OpenBLAS from then on */
+
+static void plan_free(struct plan *p)
+{
+    if (p->prim)
+        dnnl_primitive_destroy(p->prim);
+    if (p->a)
+        dnnl_memory_destroy(p->a);
+    if (p->b)
+        dnnl_memory_destroy(p->b);
+    if (p->c)
+        dnnl_memory_destroy(p->c);
+    memset(p, 0, sizeof *p);
+}
+
+/* Row-major op(X) of r x c as a oneDNN memory descriptor over X's storage. */
+static dnnl_status_t matrix_md(dnnl_memory_desc_t *md, char trans, int r, int c, int ld)
+{
+    dnnl_dims_t dims = {r, c};
+    dnnl_dims_t strides = {trans == 'T' ? 1 : ld, trans == 'T' ? ld : 1};
+    return dnnl_memory_desc_init_by_strides(md, 2, dims, dnnl_f32, strides);
+}
+
+static int plan_make(struct plan *p)
+{
+    dnnl_memory_desc_t a, b, c;
+    dnnl_matmul_desc_t d;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t ops = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    int ok = matrix_md(&a, p->ta, p->M, p->K, p->lda) == dnnl_success &&
+             matrix_md(&b, p->tb, p->K, p->N, p->ldb) == dnnl_success &&
+             matrix_md(&c, 'N', p->M, p->N, p->ldc) == dnnl_success &&
+             dnnl_matmul_desc_init(&d, &a, &b, NULL, &c) == dnnl_success &&
+             dnnl_primitive_attr_create(&attr) == dnnl_success;
+    if (ok && p->accumulate) /* C += A B: the "sum" post-op adds the old C */
+        ok = dnnl_post_ops_create(&ops) == dnnl_success &&
+             dnnl_post_ops_append_sum(ops, 1.0f) == dnnl_success &&
+             dnnl_primitive_attr_set_post_ops(attr, ops) == dnnl_success;
+    ok = ok && dnnl_primitive_desc_create(&pd, &d, attr, engine, NULL) == dnnl_success &&
+         dnnl_primitive_create(&p->prim, pd) == dnnl_success &&
+         dnnl_memory_create(&p->a, &a, engine, DNNL_MEMORY_NONE) == dnnl_success &&
+         dnnl_memory_create(&p->b, &b, engine, DNNL_MEMORY_NONE) == dnnl_success &&
+         dnnl_memory_create(&p->c, &c, engine, DNNL_MEMORY_NONE) == dnnl_success;
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    if (ops)
+        dnnl_post_ops_destroy(ops);
+    if (attr)
+        dnnl_primitive_attr_destroy(attr);
+    if (!ok)
+        plan_free(p);
+    return ok ? 0 : -1;
+}
+
+static struct plan *plan_for(char ta, char tb, int M, int N, int K, int lda, int ldb, int ldc,
+                             int accumulate)
+{
+    if (!engine && !broken) {
+        if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success ||
+            dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success)
+            broken = 1;
+    }
+    if (broken)
+        return NULL;
+    for (int i = 0; i < PLANS; i++) {
+        struct plan *p = &plans[i];
+        if (p->used && p->ta == ta && p->tb == tb && p->M == M && p->N == N && p->K == K &&
+            p->lda == lda && p->ldb == ldb && p->ldc == ldc && p->accumulate == accumulate)
+            return p;
+    }
+    struct plan *p = &plans[next_victim];
+    next_victim = (next_victim + 1) % PLANS;
+    plan_free(p);
+    *p = (struct plan){1, ta, tb, M, N, K, lda, ldb, ldc, accumulate, NULL, NULL, NULL, NULL};
+    return plan_make(p) == 0 ? p : NULL;
+}
+
+/* -1 before C was touched (OpenBLAS can take the call). A failure once the
+ * primitive runs may leave C half-written, and with beta 1 nothing can redo
+ * the call: that ends the process. */
+static int onednn_gemm(char ta, char tb, int M, int N, int K, const float *A, int lda,
+                       const float *B, int ldb, float beta, float *C, int ldc)
+{
+    struct plan *p = plan_for(ta, tb, M, N, K, lda, ldb, ldc, beta != 0.0f);
+    if (!p)
+        return -1;
+    dnnl_exec_arg_t args[3] = {
+        {DNNL_ARG_SRC, p->a}, {DNNL_ARG_WEIGHTS, p->b}, {DNNL_ARG_DST, p->c}};
+    if (dnnl_memory_set_data_handle(p->a, (void *)A) != dnnl_success ||
+        dnnl_memory_set_data_handle(p->b, (void *)B) != dnnl_success ||
+        dnnl_memory_set_data_handle(p->c, C) != dnnl_success)
+        return -1;
+    if (dnnl_primitive_execute(p->prim, stream, 3, args) != dnnl_success ||
+        dnnl_stream_wait(stream) != dnnl_success) {
+        fprintf(stderr, "fsdp-train: oneDNN failed while running a %dx%dx%d matmul\n", M, N, K);
+        abort();
+    }
+    return 0;
+}
+
+#endif /* FSDP_HAVE_ONEDNN */
+
+void fsdp_gemm(char ta, char tb, int M, int N, int K, const float *A, int lda, const float *B,
+               int ldb, float beta, float *C, int ldc)
+{
+    if (use_onednn < 0)
+        fsdp_gemm_name(); /* chooses "auto" */
+#ifdef FSDP_HAVE_ONEDNN
+    if (use_onednn && M > 0 && N > 0 && K > 0) {
+        if (onednn_gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
+            return;
+        static int said;
+        if (!said++)
+            fprintf(stderr, "fsdp-train: oneDNN could not run a %dx%dx%d matmul (out of "
+                            "memory?); OpenBLAS takes such calls\n", M, N, K);
+    }
+#endif
+    blas_gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}

@@ -1,0 +1,33 @@
+/*
+ * gemm.h - the library behind the CPU kernels' dense matrix products.
+ *
+ * The model's matmuls (forward, input gradient, weight gradient) go through
+ * fsdp_gemm, which runs oneDNN's matmul primitive when the build has oneDNN
+ * (libdnnl-dev; measured 1.0-2.3x OpenBLAS's sgemm on this model's shapes,
+ * README "Matmuls") and OpenBLAS's sgemm otherwise or when --matmul openblas
+ * asks for it. The attention's many small per-head products stay on
+ * OpenBLAS, called from inside OpenMP loops.
+ *
+ * fsdp_gemm is called by one thread at a time (the rank's compute thread);
+ * the library parallelises each call over the OpenMP threads.
+ */
+#ifndef FSDP_CPU_GEMM_H
+#define FSDP_CPU_GEMM_H
+
+#include <stddef.h>
+
+/* "auto" (oneDNN when built in), "onednn" or "openblas"; -1 with err when
+ * the name is unknown or this build lacks the library. */
+int fsdp_gemm_select(const char *want, char *err, size_t errlen);
+/* Caps oneDNN's instruction set to a --cpu-kernels level ("x86-64",
+ * "x86-64-v3", "x86-64-v4") before its first use. */
+void fsdp_gemm_max_isa(const char *level);
+/* The chosen library, e.g. "onednn 2.6.3" or "openblas". */
+const char *fsdp_gemm_name(void);
+
+/* Row-major C (M x N, leading dimension ldc) = op(A) op(B) + beta C, where
+ * op(X) is X or its transpose (ta, tb: 'N' or 'T') and beta is 0 or 1. */
+void fsdp_gemm(char ta, char tb, int M, int N, int K, const float *A, int lda, const float *B,
+               int ldb, float beta, float *C, int ldc);
+
+#endif
