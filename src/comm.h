@@ -9,6 +9,7 @@
 #define FSDP_COMM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct fsdp_comm {
     const char *name;
@@ -18,6 +19,9 @@ struct fsdp_comm {
 
     /* full[r * n .. (r+1) * n) = shard of rank r */
     int (*allgather)(struct fsdp_comm *c, const float *shard, float *full, size_t n, char *err);
+    /* the same on bf16 elements (half the bytes: mixed precision) */
+    int (*allgather_bf16)(struct fsdp_comm *c, const uint16_t *shard, uint16_t *full, size_t n,
+                          char *err);
     /* shard = sum over ranks of full[rank * n .. (rank+1) * n) */
     int (*reduce_scatter)(struct fsdp_comm *c, const float *full, float *shard, size_t n,
                           char *err);

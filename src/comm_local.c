@@ -16,6 +16,15 @@ static int local_allgather(struct fsdp_comm *c, const float *shard, float *full,
     return 0;
 }
 
+static int local_allgather_bf16(struct fsdp_comm *c, const uint16_t *shard, uint16_t *full,
+                                size_t n, char *err)
+{
+    (void)c, (void)err;
+    if (full != shard)
+        memmove(full, shard, n * sizeof *full);
+    return 0;
+}
+
 static int local_reduce_scatter(struct fsdp_comm *c, const float *full, float *shard, size_t n,
                                 char *err)
 {
@@ -78,6 +87,7 @@ void fsdp_comm_local_init(struct fsdp_comm *c)
         .local_rank = 0,
         .local_size = 1,
         .allgather = local_allgather,
+        .allgather_bf16 = local_allgather_bf16,
         .reduce_scatter = local_reduce_scatter,
         .allreduce_sum = local_allreduce,
         .allreduce_sum_f64 = local_allreduce_f64,

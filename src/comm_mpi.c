@@ -40,6 +40,17 @@ static int mpi_allgather(struct fsdp_comm *c, const float *shard, float *full, s
     return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "allgather", err);
 }
 
+static int mpi_allgather_bf16(struct fsdp_comm *c, const uint16_t *shard, uint16_t *full,
+                              size_t n, char *err)
+{
+    if (count_ok(n, "allgather", err))
+        return -1;
+    const void *send = shard == full + (size_t)c->rank * n ? MPI_IN_PLACE : shard;
+    int rc = MPI_Allgather(send, (int)n, MPI_UINT16_T, full, (int)n, MPI_UINT16_T,
+                           MPI_COMM_WORLD);
+    return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "allgather (bf16)", err);
+}
+
 static int mpi_reduce_scatter(struct fsdp_comm *c, const float *full, float *shard, size_t n,
                               char *err)
 {
@@ -159,6 +170,7 @@ int fsdp_comm_mpi_init(struct fsdp_comm *c, int *argc, char ***argv, char *err)
     *c = (struct fsdp_comm){
         .name = "mpi",
         .allgather = mpi_allgather,
+        .allgather_bf16 = mpi_allgather_bf16,
         .reduce_scatter = mpi_reduce_scatter,
         .allreduce_sum = mpi_allreduce,
         .allreduce_sum_f64 = mpi_allreduce_f64,

@@ -162,6 +162,7 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
     e->B = B;
     e->T = m->cfg.seq;
     e->recompute_every = o->recompute_every;
+    e->bf16 = o->bf16;
     e->block_holder = -1;
     const int nu = m->nunits;
     const size_t W = shard == FSDP_SHARD_NONE ? 1 : (size_t)comm->world;
@@ -194,11 +195,19 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
     const int lnf = model_unit_lnf(m), blk = model_unit_block(0);
     if (shard == FSDP_SHARD_NONE) {
         /* The shard is the whole unit: parameters and gradients are used in
-         * place, always "gathered". */
+         * place, always "gathered". In bf16 the kernels read a rounded copy
+         * instead, as the other strategies' gathers give them. */
+        if (e->bf16) {
+            e->gather_buf = k->alloc(e->shard_total * sizeof(float));
+            if (!e->gather_buf)
+                goto oom;
+            e->mem.gather_bytes = e->shard_total * sizeof(float);
+        }
         for (int u = 0; u < nu; u++) {
-            e->units[u].full = e->params + e->units[u].shard_off;
+            float *params = e->bf16 ? e->gather_buf : e->params;
+            e->units[u].full = params + e->units[u].shard_off;
             e->units[u].full_grad = e->grads + e->units[u].shard_off;
-            e->units[u].gathered = 1;
+            e->units[u].gathered = !e->bf16;
         }
     } else {
         /* Full-size buffers: grad-op keeps every unit, full shares one block
@@ -225,6 +234,18 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
         e->units[lnf].full = e->gather_buf + gather - pl;
         e->units[lnf].full_grad = e->grad_full_buf + pe + pb;
     }
+    if (e->bf16) {
+        /* a bf16 twin of every gathered buffer, at the same offsets */
+        size_t n16 = e->mem.gather_bytes / sizeof(float);
+        float *base = e->gather_buf;
+        e->gather16_buf = k->alloc(n16 * sizeof(uint16_t));
+        e->shard16 = k->alloc(round_up(max_shard, ALIGN_FLOATS) * sizeof(uint16_t));
+        if (!e->gather16_buf || !e->shard16)
+            goto oom;
+        for (int u = 0; u < nu; u++)
+            e->units[u].full16 = e->gather16_buf + (e->units[u].full - base);
+        e->mem.gather_bytes += n16 * sizeof(uint16_t);
+    }
     build_segments(e);
     if (alloc_acts(e, err))
         goto fail;
@@ -249,6 +270,10 @@ void fsdp_free(struct fsdp_engine *e)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             e->k->free(bufs[i]);
+    if (e->gather16_buf)
+        e->k->free(e->gather16_buf);
+    if (e->shard16)
+        e->k->free(e->shard16);
     if (e->inputs)
         e->k->free(e->inputs);
     if (e->targets)
@@ -259,12 +284,19 @@ void fsdp_free(struct fsdp_engine *e)
     memset(e, 0, sizeof *e);
 }
 
+/* Forgets unit u's gathered copies (fp32 NONE uses its parameters in
+ * place: nothing to forget). */
+static void unit_drop(struct fsdp_engine *e, int u)
+{
+    if (e->shard != FSDP_SHARD_NONE || e->bf16)
+        e->units[u].gathered = 0;
+    e->units[u].gathered16 = 0;
+}
+
 void fsdp_params_changed(struct fsdp_engine *e)
 {
-    if (e->shard == FSDP_SHARD_NONE)
-        return;
     for (int u = 0; u < e->m->nunits; u++)
-        e->units[u].gathered = 0;
+        unit_drop(e, u);
     e->block_holder = -1;
 }
 
@@ -316,6 +348,9 @@ void fsdp_set_batch(struct fsdp_engine *e, const int32_t *inputs, const int32_t 
 
 /* ---- gather / free / reduce ------------------------------------------------ */
 
+/* Makes unit u's full parameters valid (and in bf16 mode their bf16 copy,
+ * which the matmuls read). bf16 gathers move half the bytes; the fp32 copy
+ * is widened from them, so every kernel sees the same rounded values. */
 static int unit_gather(struct fsdp_engine *e, int u, char *err)
 {
     struct fsdp_unit *U = &e->units[u];
@@ -323,15 +358,26 @@ static int unit_gather(struct fsdp_engine *e, int u, char *err)
         return 0;
     if (e->shard == FSDP_SHARD_FULL && u != 0 && u != model_unit_lnf(e->m)) {
         if (e->block_holder >= 0)
-            e->units[e->block_holder].gathered = 0;
+            unit_drop(e, e->block_holder);
         e->block_holder = u;
     }
     double t0 = fsdp_now();
-    int rc = e->comm->allgather(e->comm, e->params + U->shard_off, U->full, U->shard_n, err);
+    int rc = 0;
+    if (e->bf16 && e->shard == FSDP_SHARD_NONE) { /* the shard is the unit */
+        e->k->to_bf16(U->full16, e->params + U->shard_off, U->shard_n);
+    } else if (e->bf16) {
+        e->k->to_bf16(e->shard16, e->params + U->shard_off, U->shard_n);
+        rc = e->comm->allgather_bf16(e->comm, e->shard16, U->full16, U->shard_n, err);
+    } else {
+        rc = e->comm->allgather(e->comm, e->params + U->shard_off, U->full, U->shard_n, err);
+    }
     e->comm_seconds += fsdp_now() - t0;
     if (rc)
         return rc;
+    if (e->bf16)
+        e->k->from_bf16(U->full, U->full16, U->padded);
     U->gathered = 1;
+    U->gathered16 = e->bf16;
     return 0;
 }
 
@@ -340,7 +386,7 @@ static void unit_reshard(struct fsdp_engine *e, int u)
 {
     if (e->shard != FSDP_SHARD_FULL)
         return;
-    e->units[u].gathered = 0;
+    unit_drop(e, u);
     if (e->block_holder == u)
         e->block_holder = -1;
 }
@@ -372,7 +418,7 @@ void fsdp_release(struct fsdp_engine *e)
     if (e->shard != FSDP_SHARD_FULL)
         return;
     for (int u = 0; u < e->m->nunits; u++)
-        e->units[u].gathered = 0;
+        unit_drop(e, u);
     e->block_holder = -1;
 }
 
@@ -381,6 +427,30 @@ void fsdp_release(struct fsdp_engine *e)
 static const struct model_tensor *tensor(const struct fsdp_engine *e, int unit, int i)
 {
     return &e->m->tensors[e->m->units[unit].first_tensor + i];
+}
+
+/* The matmuls of unit u, on its fp32 or (bf16 mode) bf16 weights; w is the
+ * weight's place in the unit's fp32 buffer, and the bf16 twin lies at the
+ * same offset. */
+static void mm_forward(struct fsdp_engine *e, int u, float *out, const float *inp, const float *w,
+                       const float *bias, size_t N, int C, int OC)
+{
+    if (e->bf16)
+        e->k->matmul_forward_bf16(out, inp, e->units[u].full16 + (w - e->units[u].full), bias, N,
+                                  C, OC);
+    else
+        e->k->matmul_forward(out, inp, w, bias, N, C, OC);
+}
+
+static void mm_backward(struct fsdp_engine *e, int u, float *dinp, float *dw, float *dbias,
+                        const float *dout, const float *inp, const float *w, size_t N, int C,
+                        int OC)
+{
+    if (e->bf16)
+        e->k->matmul_backward_bf16(dinp, dw, dbias, dout, inp,
+                                   e->units[u].full16 + (w - e->units[u].full), N, C, OC);
+    else
+        e->k->matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
 }
 
 /* Where block l's activations live. */
@@ -416,7 +486,7 @@ static void layer_acts(const struct fsdp_engine *e, int l, struct layer_acts *la
 /* One block's forward on B x T rows. The recompute during the backward
  * stops after the GELU: the last projection's output is the block's output,
  * which was kept. */
-static void block_forward(struct fsdp_engine *e, const struct block_params *p,
+static void block_forward(struct fsdp_engine *e, int u, const struct block_params *p,
                           const struct layer_acts *la, int B, int T, int recompute)
 {
     const struct fsdp_kernels *k = e->k;
@@ -425,23 +495,23 @@ static void block_forward(struct fsdp_engine *e, const struct block_params *p,
     float *scratch = e->a.scratch;
     k->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->res, p->t[BT_LN1_W],
                          p->t[BT_LN1_B], BT, C);
-    k->matmul_forward(la->qkv, la->ln1, p->t[BT_QKV_W], p->t[BT_QKV_B], BT, C, 3 * C);
+    mm_forward(e, u, la->qkv, la->ln1, p->t[BT_QKV_W], p->t[BT_QKV_B], BT, C, 3 * C);
     k->attention_forward(la->atty, la->att, la->qkv, B, T, C, NH);
-    k->matmul_forward(scratch, la->atty, p->t[BT_ATTPROJ_W], p->t[BT_ATTPROJ_B], BT, C, C);
+    mm_forward(e, u, scratch, la->atty, p->t[BT_ATTPROJ_W], p->t[BT_ATTPROJ_B], BT, C, C);
     k->residual_forward(la->res2, la->res, scratch, BT * C);
     k->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, p->t[BT_LN2_W],
                          p->t[BT_LN2_B], BT, C);
-    k->matmul_forward(la->fch, la->ln2, p->t[BT_FC_W], p->t[BT_FC_B], BT, C, 4 * C);
+    mm_forward(e, u, la->fch, la->ln2, p->t[BT_FC_W], p->t[BT_FC_B], BT, C, 4 * C);
     k->gelu_forward(la->fch_gelu, la->fch, BT * 4 * C);
     if (recompute)
         return;
-    k->matmul_forward(scratch, la->fch_gelu, p->t[BT_FCPROJ_W], p->t[BT_FCPROJ_B], BT, 4 * C, C);
+    mm_forward(e, u, scratch, la->fch_gelu, p->t[BT_FCPROJ_W], p->t[BT_FCPROJ_B], BT, 4 * C, C);
     k->residual_forward(la->res3, la->res2, scratch, BT * C);
 }
 
 /* One block's backward over the full micro-batch: a->dres holds d(loss)/d(the
  * block's output) on entry and d(loss)/d(its input) on return. */
-static void block_backward(struct fsdp_engine *e, const struct block_params *p,
+static void block_backward(struct fsdp_engine *e, int u, const struct block_params *p,
                            const struct block_params *g, const struct layer_acts *la)
 {
     const struct fsdp_kernels *k = e->k;
@@ -449,18 +519,18 @@ static void block_backward(struct fsdp_engine *e, const struct block_params *p,
     const size_t BT = (size_t)B * T;
     struct fsdp_acts *a = &e->a;
     /* residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
-    k->matmul_backward(a->d4c, g->t[BT_FCPROJ_W], g->t[BT_FCPROJ_B], a->dres, la->fch_gelu,
+    mm_backward(e, u, a->d4c, g->t[BT_FCPROJ_W], g->t[BT_FCPROJ_B], a->dres, la->fch_gelu,
                        p->t[BT_FCPROJ_W], BT, 4 * C, C);
     k->gelu_backward(a->d4c, la->fch, a->d4c, BT * 4 * C);
-    k->matmul_backward(a->dbtc, g->t[BT_FC_W], g->t[BT_FC_B], a->d4c, la->ln2, p->t[BT_FC_W], BT,
+    mm_backward(e, u, a->dbtc, g->t[BT_FC_W], g->t[BT_FC_B], a->d4c, la->ln2, p->t[BT_FC_W], BT,
                        C, 4 * C);
     k->layernorm_backward(a->dres, g->t[BT_LN2_W], g->t[BT_LN2_B], a->dbtc, la->res2,
                           p->t[BT_LN2_W], la->ln2_mean, la->ln2_rstd, BT, C);
     /* residual2 = residual + attproj(attention(qkv(ln1(residual)))) */
-    k->matmul_backward(a->dbtc, g->t[BT_ATTPROJ_W], g->t[BT_ATTPROJ_B], a->dres, la->atty,
+    mm_backward(e, u, a->dbtc, g->t[BT_ATTPROJ_W], g->t[BT_ATTPROJ_B], a->dres, la->atty,
                        p->t[BT_ATTPROJ_W], BT, C, C);
     k->attention_backward(a->d4c, a->datt, a->dbtc, la->qkv, la->att, B, T, C, NH);
-    k->matmul_backward(a->dbtc, g->t[BT_QKV_W], g->t[BT_QKV_B], a->d4c, la->ln1, p->t[BT_QKV_W],
+    mm_backward(e, u, a->dbtc, g->t[BT_QKV_W], g->t[BT_QKV_B], a->d4c, la->ln1, p->t[BT_QKV_W],
                        BT, C, 3 * C);
     k->layernorm_backward(a->dres, g->t[BT_LN1_W], g->t[BT_LN1_B], a->dbtc, la->res,
                           p->t[BT_LN1_W], la->ln1_mean, la->ln1_rstd, BT, C);
@@ -489,7 +559,7 @@ int fsdp_forward(struct fsdp_engine *e, int B, int T, double *loss_sum, char *er
         struct layer_acts la;
         model_block_params(e->m, e->units[u].full, &p);
         layer_acts(e, l, &la);
-        block_forward(e, &p, &la, B, T, 0);
+        block_forward(e, u, &p, &la, B, T, 0);
         if (recomputed(e, l)) /* only a full-size forward has a backward */
             a->slot_holder = B == e->B && T == e->T ? l : -1;
         unit_reshard(e, u);
@@ -504,7 +574,7 @@ int fsdp_forward(struct fsdp_engine *e, int B, int T, double *loss_sum, char *er
     const float *lnfb = e->units[lnf].full + tensor(e, lnf, 1)->offset;
     k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->residual3 + (L - 1) * S * C, lnfw,
                          lnfb, BT, C);
-    k->matmul_forward(a->logits, a->lnf, wte, NULL, BT, C, Vp);
+    mm_forward(e, 0, a->logits, a->lnf, wte, NULL, BT, C, Vp);
     if (!loss_sum)
         return 0;
     if (!e->have_targets)
@@ -542,7 +612,7 @@ int fsdp_backward(struct fsdp_engine *e, float dloss, char *err)
     float *dwte = e->units[0].full_grad + tensor(e, 0, 0)->offset;
     float *dwpe = e->units[0].full_grad + tensor(e, 0, 1)->offset;
     k->softmax_crossentropy_backward(a->logits, e->targets, dloss, BT, V, Vp);
-    k->matmul_backward(a->dbtc, dwte, NULL, a->logits, a->lnf, wte, BT, C, Vp);
+    mm_backward(e, 0, a->dbtc, dwte, NULL, a->logits, a->lnf, wte, BT, C, Vp);
     k->zero(a->dres, BT * C);
     k->layernorm_backward(a->dres, e->units[lnf].full_grad + tensor(e, lnf, 0)->offset,
                           e->units[lnf].full_grad + tensor(e, lnf, 1)->offset, a->dbtc,
@@ -568,10 +638,10 @@ int fsdp_backward(struct fsdp_engine *e, float dloss, char *err)
         model_block_params(e->m, e->units[u].full_grad, &g);
         layer_acts(e, l, &la);
         if (recomputed(e, l) && a->slot_holder != l) {
-            block_forward(e, &p, &la, B, T, 1);
+            block_forward(e, u, &p, &la, B, T, 1);
             a->slot_holder = l;
         }
-        block_backward(e, &p, &g, &la);
+        block_backward(e, u, &p, &g, &la);
         if (unit_grad_end(e, u, err))
             return -1;
         unit_reshard(e, u);

@@ -44,6 +44,14 @@ struct fsdp_opts {
      * keeps only the output of blocks 0, N, 2N, ... and recomputes the rest
      * of their forward pass during the backward (1: every block). */
     int recompute_every;
+    /* Mixed precision (FSDP's MixedPrecision with param_dtype bf16): the
+     * shards stay fp32 (master parameters, gradients, AdamW moments, so
+     * checkpoints do not change); units are all-gathered in bf16 and the
+     * matmuls run on bf16 operands with fp32 accumulation; LayerNorm,
+     * attention, GELU, softmax, the loss and every reduction stay fp32.
+     * Gradients are reduce-scattered in fp32. Needs kernels with bf16
+     * matmuls (fsdp_kernels_cpu_bf16). */
+    int bf16;
 };
 
 /* "none", "blocks" (every block) or "every-N" (blocks 0, N, 2N, ...). */
@@ -58,6 +66,8 @@ struct fsdp_unit {
     size_t shard_off; /* where this unit's shard starts in each state kind */
     size_t shard_lo;  /* first unit element this rank owns */
     float *full;      /* gathered parameters (valid while gathered) */
+    uint16_t *full16; /* bf16: the same, as gathered (valid while gathered16) */
+    int gathered16;
     float *full_grad; /* the unit's full gradient during backward */
     int gathered;
 };
@@ -95,11 +105,13 @@ struct fsdp_engine {
     enum fsdp_shard shard;
     int B, T;
     int recompute_every; /* fsdp_opts */
+    int bf16;            /* fsdp_opts */
 
     struct fsdp_unit *units;
     size_t shard_total;
     float *params, *grads, *exp_avg, *exp_avg_sq;
     float *gather_buf, *grad_full_buf, *rs_tmp;
+    uint16_t *gather16_buf, *shard16; /* bf16: gathered units; a shard on its way out */
     int block_holder; /* FULL: which block's parameters are in the shared buffer */
 
     struct fsdp_segment *segs;

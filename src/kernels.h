@@ -47,6 +47,17 @@ struct fsdp_kernels {
     /* dinp = dout W; dw += dout^T inp; dbias += sum_rows dout (dbias may be NULL) */
     void (*matmul_backward)(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, size_t N, int C, int OC);
+    /* bf16 is the upper half of a float. to_bf16 rounds to nearest even
+     * (NaN stays NaN); from_bf16 is exact. */
+    void (*to_bf16)(uint16_t *dst, const float *src, size_t n);
+    void (*from_bf16)(float *dst, const uint16_t *src, size_t n);
+    /* matmul_forward / matmul_backward with the weight in bf16: inp and dout
+     * are rounded to bf16 for the products, which accumulate in fp32; every
+     * output is fp32. Only called when fsdp_kernels_cpu_bf16 says yes. */
+    void (*matmul_forward_bf16)(float *out, const float *inp, const uint16_t *w,
+                                const float *bias, size_t N, int C, int OC);
+    void (*matmul_backward_bf16)(float *dinp, float *dw, float *dbias, const float *dout,
+                                 const float *inp, const uint16_t *w, size_t N, int C, int OC);
     /* causal multi-head attention on qkv (B,T,3C); att (B,NH,T,T) keeps the
      * softmax for the backward pass; out (B,T,C) */
     void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,
@@ -91,6 +102,9 @@ int fsdp_kernels_cpu_select(const char *want, char *err, size_t errlen);
 /* Picks the matmul library: "auto", "onednn" or "openblas" (cpu/gemm.h).
  * -1 with err when unknown or not in this build. */
 int fsdp_kernels_cpu_matmul(const char *want, char *err, size_t errlen);
+/* 1 when bf16 matmuls run at bf16 speed here (oneDNN chosen, and its
+ * instruction set includes AVX512_BF16); else 0 with the reason in why. */
+int fsdp_kernels_cpu_bf16(char *why, size_t len);
 /* A one-line description of the CPU math libraries in use. */
 const char *fsdp_kernels_cpu_blas(void);
 

@@ -29,6 +29,7 @@ struct trainer {
     struct token_file train_file, val_file;
     struct sample_stream stream;
     int threads, micro, accum; /* micro: sequences per rank per forward */
+    char precision[160];       /* what the banner says of it */
     uint64_t cursor;           /* samples of the stream consumed so far */
     int32_t *in, *tgt;         /* host batch, micro * T each */
     uint64_t *consumed;        /* sample indices this rank used in the step */
@@ -88,10 +89,10 @@ static void print_banner(const struct trainer *t)
         full += t->model.units[u].numel * sizeof(float);
     fprintf(stderr,
             "fsdp-train: model %s (L%d C%d H%d T%d V%d), %.2fM parameters; %d rank%s, shard %s, "
-            "%d thread%s per rank; %s kernels; %s\n",
+            "%s, %d thread%s per rank; %s kernels; %s\n",
             t->o.model_label, c->layers, c->dim, c->heads, c->seq, c->vocab,
             (double)t->model.numel / 1e6, t->comm.world, t->comm.world > 1 ? "s" : "",
-            fsdp_shard_name(t->o.shard), t->threads, t->threads > 1 ? "s" : "",
+            fsdp_shard_name(t->o.shard), t->precision, t->threads, t->threads > 1 ? "s" : "",
             fsdp_kernels_cpu()->name, fsdp_kernels_cpu_blas());
     fprintf(stderr,
             "fsdp-train: per rank: params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB "
@@ -513,7 +514,17 @@ static int setup(struct trainer *t, char *err)
     t->consumed = calloc((size_t)per_rank, sizeof *t->consumed);
     if (!t->in || !t->tgt || !t->consumed)
         return fsdp_err(err, "out of memory for the batch");
-    const struct fsdp_opts fo = {o->shard, t->micro, o->recompute_every};
+    char why[128];
+    int bf16 = o->bf16 && fsdp_kernels_cpu_bf16(why, sizeof why);
+    if (bf16)
+        snprintf(t->precision, sizeof t->precision,
+                 "precision bf16 (gathers and matmuls; fp32 master state)");
+    else if (o->bf16)
+        snprintf(t->precision, sizeof t->precision, "precision fp32 (bf16 asked for, but %s)",
+                 why);
+    else
+        snprintf(t->precision, sizeof t->precision, "precision fp32");
+    const struct fsdp_opts fo = {o->shard, t->micro, o->recompute_every, bf16};
     if (fsdp_init(&t->eng, &t->model, fsdp_kernels_cpu(), &t->comm, &fo, err))
         return -1;
     t->eng.on_progress = hb_progress;

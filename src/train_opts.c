@@ -35,6 +35,10 @@ void train_opts_usage(void)
            "  --grad-clip X          global gradient norm limit, 0 = off (default 1.0)\n"
            "  --seed S               initialisation and data order (default 1337)\n"
            "  --shard full|grad-op|none   FSDP strategy (default full)\n"
+           "  --precision fp32|bf16  bf16: mixed precision, as FSDP's MixedPrecision with\n"
+           "                         param_dtype bf16: bf16 all-gathers and matmuls, fp32\n"
+           "                         master state, optimizer and checkpoints (default fp32;\n"
+           "                         fp32 where the CPU lacks AVX512_BF16, said in the banner)\n"
            "  --activation-checkpointing none|blocks|every-N\n"
            "                         recompute blocks' activations in the backward instead\n"
            "                         of keeping them: every block, or blocks 0, N, 2N, ...\n"
@@ -220,6 +224,11 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
                 o->ckpt.resume = strcmp(v, "auto") == 0;
             else
                 rc = fsdp_err(err, "--resume '%s' is not auto or none", v);
+        } else if (strcmp(f, "--precision") == 0) {
+            if (strcmp(v, "fp32") == 0 || strcmp(v, "bf16") == 0)
+                o->bf16 = strcmp(v, "bf16") == 0;
+            else
+                rc = fsdp_err(err, "--precision '%s' is not fp32 or bf16", v);
         } else if (strcmp(f, "--activation-checkpointing") == 0) {
             if (fsdp_recompute_parse(v, &o->recompute_every))
                 rc = fsdp_err(err, "--activation-checkpointing '%s' is not none, blocks or "

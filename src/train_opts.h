@@ -23,6 +23,7 @@ struct train_opts {
     uint64_t seed;
     enum fsdp_shard shard;
     int recompute_every; /* --activation-checkpointing (fsdp_opts) */
+    int bf16;            /* --precision bf16 (fsdp_opts) */
     struct ckptr_opts ckpt; /* ckpt.uri NULL: no checkpoints */
 };
 

@@ -92,7 +92,7 @@ static void blas_gemm(char ta, char tb, int M, int N, int K, const float *A, int
 #define PLANS 64
 
 struct plan {
-    int used;
+    int used, bf16;
     char ta, tb;
     int M, N, K, lda, ldb, ldc, accumulate;
     dnnl_primitive_t prim;
@@ -119,11 +119,12 @@ static void plan_free(struct plan *p)
 }
 
 /* Row-major op(X) of r x c as a oneDNN memory descriptor over X's storage. */
-static dnnl_status_t matrix_md(dnnl_memory_desc_t *md, char trans, int r, int c, int ld)
+static dnnl_status_t matrix_md(dnnl_memory_desc_t *md, char trans, int r, int c, int ld,
+                               dnnl_data_type_t type)
 {
     dnnl_dims_t dims = {r, c};
     dnnl_dims_t strides = {trans == 'T' ? 1 : ld, trans == 'T' ? ld : 1};
-    return dnnl_memory_desc_init_by_strides(md, 2, dims, dnnl_f32, strides);
+    return dnnl_memory_desc_init_by_strides(md, 2, dims, type, strides);
 }
 
 static int plan_make(struct plan *p)
@@ -133,9 +134,10 @@ static int plan_make(struct plan *p)
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t ops = NULL;
     dnnl_primitive_desc_t pd = NULL;
-    int ok = matrix_md(&a, p->ta, p->M, p->K, p->lda) == dnnl_success &&
-             matrix_md(&b, p->tb, p->K, p->N, p->ldb) == dnnl_success &&
-             matrix_md(&c, 'N', p->M, p->N, p->ldc) == dnnl_success &&
+    const dnnl_data_type_t in = p->bf16 ? dnnl_bf16 : dnnl_f32;
+    int ok = matrix_md(&a, p->ta, p->M, p->K, p->lda, in) == dnnl_success &&
+             matrix_md(&b, p->tb, p->K, p->N, p->ldb, in) == dnnl_success &&
+             matrix_md(&c, 'N', p->M, p->N, p->ldc, dnnl_f32) == dnnl_success &&
              dnnl_matmul_desc_init(&d, &a, &b, NULL, &c) == dnnl_success &&
              dnnl_primitive_attr_create(&attr) == dnnl_success;
     if (ok && p->accumulate) /* C += A B: the "sum" post-op adds the old C */
@@ -158,8 +160,8 @@ static int plan_make(struct plan *p)
     return ok ? 0 : -1;
 }
 
-static struct plan *plan_for(char ta, char tb, int M, int N, int K, int lda, int ldb, int ldc,
-                             int accumulate)
+static struct plan *plan_for(int bf16, char ta, char tb, int M, int N, int K, int lda, int ldb,
+                             int ldc, int accumulate)
 {
     if (!engine && !broken) {
         if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success ||
@@ -170,24 +172,26 @@ static struct plan *plan_for(char ta, char tb, int M, int N, int K, int lda, int
         return NULL;
     for (int i = 0; i < PLANS; i++) {
         struct plan *p = &plans[i];
-        if (p->used && p->ta == ta && p->tb == tb && p->M == M && p->N == N && p->K == K &&
+        if (p->used && p->bf16 == bf16 && p->ta == ta && p->tb == tb && p->M == M && p->N == N &&
+            p->K == K &&
             p->lda == lda && p->ldb == ldb && p->ldc == ldc && p->accumulate == accumulate)
             return p;
     }
     struct plan *p = &plans[next_victim];
     next_victim = (next_victim + 1) % PLANS;
     plan_free(p);
-    *p = (struct plan){1, ta, tb, M, N, K, lda, ldb, ldc, accumulate, NULL, NULL, NULL, NULL};
+    *p = (struct plan){1,   bf16, ta,   tb,   M,    N,   K, lda, ldb, ldc, accumulate,
+                       NULL, NULL, NULL, NULL};
     return plan_make(p) == 0 ? p : NULL;
 }
 
 /* -1 before C was touched (OpenBLAS can take the call). A failure once the
  * primitive runs may leave C half-written, and with beta 1 nothing can redo
  * the call: that ends the process. */
-static int onednn_gemm(char ta, char tb, int M, int N, int K, const float *A, int lda,
-                       const float *B, int ldb, float beta, float *C, int ldc)
+static int onednn_gemm(int bf16, char ta, char tb, int M, int N, int K, const void *A, int lda,
+                       const void *B, int ldb, float beta, float *C, int ldc)
 {
-    struct plan *p = plan_for(ta, tb, M, N, K, lda, ldb, ldc, beta != 0.0f);
+    struct plan *p = plan_for(bf16, ta, tb, M, N, K, lda, ldb, ldc, beta != 0.0f);
     if (!p)
         return -1;
     dnnl_exec_arg_t args[3] = {
@@ -213,7 +217,7 @@ void fsdp_gemm(char ta, char tb, int M, int N, int K, const float *A, int lda, c
         fsdp_gemm_name(); /* chooses "auto" */
 #ifdef FSDP_HAVE_ONEDNN
     if (use_onednn && M > 0 && N > 0 && K > 0) {
-        if (onednn_gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
+        if (onednn_gemm(0, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
             return;
         static int said;
         if (!said++)
@@ -222,4 +226,92 @@ void fsdp_gemm(char ta, char tb, int M, int N, int K, const float *A, int lda, c
     }
 #endif
     blas_gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
+
+void fsdp_gemm_small(char ta, char tb, int M, int N, int K, float alpha, const float *A,
+                     int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+#ifdef FSDP_HAVE_ONEDNN
+    /* use_onednn was chosen before any parallel region (fsdp_gemm_name) */
+    if (use_onednn == 1 &&
+        dnnl_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == dnnl_success)
+        return;
+#endif
+    cblas_sgemm(CblasRowMajor, ta == 'T' ? CblasTrans : CblasNoTrans,
+                tb == 'T' ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                ldc);
+}
+
+/* ---- bf16 ------------------------------------------------------------------ */
+
+static uint16_t *scratch[2];
+static size_t scratch_n[2];
+
+uint16_t *fsdp_gemm_scratch(int slot, size_t n)
+{
+    if (n > scratch_n[slot]) {
+        uint16_t *p = realloc(scratch[slot], n * sizeof *p);
+        if (!p)
+            return NULL;
+        scratch[slot] = p;
+        scratch_n[slot] = n;
+    }
+    return scratch[slot];
+}
+
+int fsdp_gemm_bf16_fast(char *why, size_t len)
+{
+    if (use_onednn < 0)
+        fsdp_gemm_name();
+#ifdef FSDP_HAVE_ONEDNN
+    if (!use_onednn) {
+        snprintf(why, len, "--matmul openblas has no bf16 products");
+        return 0;
+    }
+    /* after any --cpu-kernels cap: x86-64-v4 itself has no AVX512_BF16 */
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    if ((isa & dnnl_cpu_isa_avx512_core_bf16) != dnnl_cpu_isa_avx512_core_bf16) {
+        snprintf(why, len, "this CPU or the --cpu-kernels level lacks AVX512_BF16");
+        return 0;
+    }
+    return 1;
+#else
+    snprintf(why, len, "this build has no oneDNN (libdnnl-dev)");
+    return 0;
+#endif
+}
+
+/* Widens op(X) of r x c (leading dimension ld) into a dense fp32 copy with
+ * the same layout. */
+static float *widen(const uint16_t *x, char trans, int r, int c, int ld)
+{
+    size_t n = trans == 'T' ? (size_t)(c - 1) * ld + r : (size_t)(r - 1) * ld + c;
+    float *f = malloc(n * sizeof *f);
+    if (!f)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)x[i] << 16;
+        memcpy(&f[i], &u, sizeof u);
+    }
+    return f;
+}
+
+void fsdp_gemm_bf16(char ta, char tb, int M, int N, int K, const uint16_t *A, int lda,
+                    const uint16_t *B, int ldb, float beta, float *C, int ldc)
+{
+    if (use_onednn < 0)
+        fsdp_gemm_name();
+#ifdef FSDP_HAVE_ONEDNN
+    if (use_onednn && M > 0 && N > 0 && K > 0 &&
+        onednn_gemm(1, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
+        return;
+#endif
+    float *a = widen(A, ta, M, K, lda), *b = widen(B, tb, K, N, ldb);
+    if (!a || !b) {
+        fprintf(stderr, "fsdp-train: out of memory widening a %dx%dx%d bf16 matmul\n", M, N, K);
+        abort();
+    }
+    blas_gemm(ta, tb, M, N, K, a, lda, b, ldb, beta, C, ldc);
+    free(a);
+    free(b);
 }

@@ -15,6 +15,7 @@
 #define FSDP_CPU_GEMM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* "auto" (oneDNN when built in), "onednn" or "openblas"; -1 with err when
  * the name is unknown or this build lacks the library. */
@@ -29,5 +30,23 @@ const char *fsdp_gemm_name(void);
  * op(X) is X or its transpose (ta, tb: 'N' or 'T') and beta is 0 or 1. */
 void fsdp_gemm(char ta, char tb, int M, int N, int K, const float *A, int lda, const float *B,
                int ldb, float beta, float *C, int ldc);
+
+/* As fsdp_gemm, for the small products inside OpenMP loops (the
+ * attention's per-head ones): runs on the calling thread, and may be
+ * called by many threads at once. */
+void fsdp_gemm_small(char ta, char tb, int M, int N, int K, float alpha, const float *A,
+                     int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
+/* As fsdp_gemm with A and B in bf16 (products accumulated in fp32, C
+ * fp32). Without oneDNN it widens both to fp32 and calls OpenBLAS (correct,
+ * slow). */
+void fsdp_gemm_bf16(char ta, char tb, int M, int N, int K, const uint16_t *A, int lda,
+                    const uint16_t *B, int ldb, float beta, float *C, int ldc);
+/* 1 when oneDNN is chosen and runs bf16 products in hardware here; else 0
+ * with the reason. */
+int fsdp_gemm_bf16_fast(char *why, size_t len);
+/* Scratch of at least n bf16 values, slot 0 or 1, kept between calls (the
+ * kernels round their fp32 operands into it). NULL when out of memory. */
+uint16_t *fsdp_gemm_scratch(int slot, size_t n);
 
 #endif

@@ -119,6 +119,8 @@ int fsdp_kernels_cpu_matmul(const char *want, char *err, size_t errlen)
     return fsdp_gemm_select(want, err, errlen);
 }
 
+int fsdp_kernels_cpu_bf16(char *why, size_t len) { return fsdp_gemm_bf16_fast(why, len); }
+
 const char *fsdp_kernels_cpu_blas(void)
 {
     static char desc[160];

@@ -27,6 +27,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -198,17 +199,33 @@ static void cpu_layernorm_backward(float *dinp, float *dw, float *db, const floa
 
 /* ---- matmul ---------------------------------------------------------------- */
 
+static void bias_rows(float *out, const float *bias, size_t N, int OC)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < N; i++)
+        memcpy(out + i * OC, bias, (size_t)OC * sizeof *out);
+}
+
+static void dbias_rows(float *dbias, const float *dout, size_t N, int OC)
+{
+#pragma omp parallel
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int o0 = (int)((long)OC * id / nt), o1 = (int)((long)OC * (id + 1) / nt);
+        for (size_t i = 0; i < N; i++) {
+            const float *d = dout + i * OC;
+            for (int o = o0; o < o1; o++)
+                dbias[o] += d[o];
+        }
+    }
+}
+
 static void cpu_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
                                size_t N, int C, int OC)
 {
-    float beta = 0.0f;
-    if (bias) {
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < N; i++)
-            memcpy(out + i * OC, bias, (size_t)OC * sizeof *out);
-        beta = 1.0f;
-    }
-    fsdp_gemm('N', 'T', (int)N, OC, C, inp, C, w, C, beta, out, OC);
+    if (bias)
+        bias_rows(out, bias, N, OC);
+    fsdp_gemm('N', 'T', (int)N, OC, C, inp, C, w, C, bias ? 1.0f : 0.0f, out, OC);
 }
 
 static void cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
@@ -217,18 +234,66 @@ static void cpu_matmul_backward(float *dinp, float *dw, float *dbias, const floa
     if (dinp)
         fsdp_gemm('N', 'N', (int)N, C, OC, dout, OC, w, C, 0.0f, dinp, C);
     fsdp_gemm('T', 'N', OC, C, (int)N, dout, OC, inp, C, 1.0f, dw, C);
-    if (dbias) {
-#pragma omp parallel
-        {
-            int nt = omp_get_num_threads(), id = omp_get_thread_num();
-            int o0 = (int)((long)OC * id / nt), o1 = (int)((long)OC * (id + 1) / nt);
-            for (size_t i = 0; i < N; i++) {
-                const float *d = dout + i * OC;
-                for (int o = o0; o < o1; o++)
-                    dbias[o] += d[o];
-            }
-        }
+    if (dbias)
+        dbias_rows(dbias, dout, N, OC);
+}
+
+/* ---- bf16 ------------------------------------------------------------------ */
+
+static void cpu_to_bf16(uint16_t *dst, const float *src, size_t n)
+{
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], sizeof u);
+        uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+        uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+        dst[i] = (uint16_t)(nan ? (u >> 16) | 0x40u : rne);
     }
+}
+
+static void cpu_from_bf16(float *dst, const uint16_t *src, size_t n)
+{
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)src[i] << 16;
+        memcpy(&dst[i], &u, sizeof u);
+    }
+}
+
+static uint16_t *scratch16(int slot, size_t n)
+{
+    uint16_t *p = fsdp_gemm_scratch(slot, n);
+    if (!p) { /* a kernel cannot fail softly; a few MiB at the first step */
+        fprintf(stderr, "fsdp-train: out of memory for %zu MiB of bf16 scratch\n",
+                (n * sizeof *p) >> 20);
+        abort();
+    }
+    return p;
+}
+
+static void cpu_matmul_forward_bf16(float *out, const float *inp, const uint16_t *w,
+                                    const float *bias, size_t N, int C, int OC)
+{
+    uint16_t *x = scratch16(0, N * (size_t)C);
+    cpu_to_bf16(x, inp, N * (size_t)C);
+    if (bias)
+        bias_rows(out, bias, N, OC);
+    fsdp_gemm_bf16('N', 'T', (int)N, OC, C, x, C, w, C, bias ? 1.0f : 0.0f, out, OC);
+}
+
+static void cpu_matmul_backward_bf16(float *dinp, float *dw, float *dbias, const float *dout,
+                                     const float *inp, const uint16_t *w, size_t N, int C,
+                                     int OC)
+{
+    uint16_t *d = scratch16(0, N * (size_t)OC), *x = scratch16(1, N * (size_t)C);
+    cpu_to_bf16(d, dout, N * (size_t)OC);
+    cpu_to_bf16(x, inp, N * (size_t)C);
+    if (dinp)
+        fsdp_gemm_bf16('N', 'N', (int)N, C, OC, d, OC, w, C, 0.0f, dinp, C);
+    fsdp_gemm_bf16('T', 'N', OC, C, (int)N, d, OC, x, C, 1.0f, dw, C);
+    if (dbias) /* from the fp32 gradient, as in fp32 */
+        dbias_rows(dbias, dout, N, OC);
 }
 
 /* ---- attention ------------------------------------------------------------- */
@@ -251,7 +316,7 @@ static void cpu_attention_forward(float *out, float *att, const float *qkv, int 
             float *o = out + (size_t)b * T * C + (size_t)h * hs;
             for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
                 int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale,
+                fsdp_gemm_small('N', 'T', r1 - r0, r1, hs, scale,
                             q + (size_t)r0 * C3, C3, k, C3, 0.0f, A + (size_t)r0 * T, T);
             }
             for (int t = 0; t < T; t++) {
@@ -274,7 +339,7 @@ static void cpu_attention_forward(float *out, float *att, const float *qkv, int 
             }
             for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
                 int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f,
+                fsdp_gemm_small('N', 'N', r1 - r0, hs, r1, 1.0f,
                             A + (size_t)r0 * T, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
             }
         }
@@ -298,11 +363,11 @@ static void cpu_attention_backward(float *dqkv, float *datt, const float *dout, 
             /* dA = dout V^T (lower blocks only) */
             for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
                 int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, 1.0f,
+                fsdp_gemm_small('N', 'T', r1 - r0, r1, hs, 1.0f,
                             d + (size_t)r0 * C, C, v, C3, 0.0f, dA + (size_t)r0 * T, T);
             }
             /* dV = A^T dout */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, A, T, d, C, 0.0f,
+            fsdp_gemm_small('T', 'N', T, hs, T, 1.0f, A, T, d, C, 0.0f,
                         dv, C3);
             /* softmax backward, in place: dpre = A * (dA - sum(A * dA)) * scale */
             for (int t = 0; t < T; t++) {
@@ -319,9 +384,9 @@ static void cpu_attention_backward(float *dqkv, float *datt, const float *dout, 
                     g[t2] = 0.0f;
             }
             /* dQ = dpre K, dK = dpre^T Q */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, dA, T, k, C3,
+            fsdp_gemm_small('N', 'N', T, hs, T, 1.0f, dA, T, k, C3,
                         0.0f, dq, C3);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, dA, T, q, C3,
+            fsdp_gemm_small('T', 'N', T, hs, T, 1.0f, dA, T, q, C3,
                         0.0f, dk, C3);
         }
     }
@@ -459,6 +524,10 @@ static const struct fsdp_kernels cpu_kernels = {
     .layernorm_backward = cpu_layernorm_backward,
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,
+    .to_bf16 = cpu_to_bf16,
+    .from_bf16 = cpu_from_bf16,
+    .matmul_forward_bf16 = cpu_matmul_forward_bf16,
+    .matmul_backward_bf16 = cpu_matmul_backward_bf16,
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
     .gelu_forward = cpu_gelu_forward,

@@ -16,6 +16,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 enum { B = 2, T = 7 };
 static const struct model_config cfg = {.layers = 2, .dim = 12, .heads = 3, .seq = T,
@@ -136,7 +137,7 @@ static void forward_matches_reference_gpt2(void)
     struct fsdp_engine e;
     REQUIRE(model_layout_init(&m, &cfg, err) == 0, "%s", err);
     fsdp_comm_local_init(&comm);
-    const struct fsdp_opts fo = {FSDP_SHARD_FULL, B, 0};
+    const struct fsdp_opts fo = {FSDP_SHARD_FULL, B, 0, 0};
     REQUIRE(fsdp_init(&e, &m, fsdp_kernels_cpu(), &comm, &fo, err) == 0, "%s", err);
     for (int ti = 0; ti < m.ntensors; ti++) {
         const struct model_tensor *t = &m.tensors[ti];
@@ -183,4 +184,98 @@ static void forward_matches_reference_gpt2(void)
     model_layout_free(&m);
 }
 
-CHECK_MAIN(TEST(forward_matches_reference_gpt2))
+/* ---- bf16 ------------------------------------------------------------------ */
+
+static float f32_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static void bf16_rounds_to_nearest_even(void)
+{
+    const struct fsdp_kernels *k = fsdp_kernels_cpu();
+    static const struct {
+        uint32_t in;
+        uint16_t out;
+    } cases[] = {
+        {0x3f800000u, 0x3f80}, /* 1 */
+        {0x3f808000u, 0x3f80}, /* 1 + 2^-8: a tie, to the even 1 */
+        {0x3f818000u, 0x3f82}, /* 1 + 3 * 2^-8: a tie, to the even above */
+        {0x3f808001u, 0x3f81}, /* just above the tie: up */
+        {0x3f807fffu, 0x3f80}, /* just below: down */
+        {0x80000000u, 0x8000}, /* -0 */
+        {0x7f800000u, 0x7f80}, /* inf */
+        {0x7f7fffffu, 0x7f80}, /* FLT_MAX rounds to inf, as RNE must */
+        {0x00000001u, 0x0000}, /* the smallest subnormal to zero */
+    };
+    enum { N = sizeof cases / sizeof cases[0] };
+    float in[N + 2];
+    uint16_t out[N + 2];
+    float back[N + 2];
+    for (int i = 0; i < N; i++)
+        in[i] = f32_bits(cases[i].in);
+    in[N] = f32_bits(0x7fc00001u);     /* quiet NaN with payload */
+    in[N + 1] = f32_bits(0x7f800001u); /* signalling NaN: must not become inf */
+    k->to_bf16(out, in, N + 2);
+    for (int i = 0; i < N; i++)
+        CHECK(out[i] == cases[i].out, "%08x -> %04x, want %04x", cases[i].in, out[i],
+              cases[i].out);
+    k->from_bf16(back, out, N + 2);
+    CHECK(isnan(back[N]) && isnan(back[N + 1]), "NaN did not stay NaN: %04x %04x", out[N],
+          out[N + 1]);
+    CHECK(back[0] == 1.0f && back[6] == INFINITY, "widening is not exact");
+}
+
+/* The bf16 matmuls against fp32 ones on the bf16-rounded operands (the
+ * same products, so only the accumulation order differs). */
+static void bf16_matmuls_match_fp32_on_rounded_operands(void)
+{
+    const struct fsdp_kernels *k = fsdp_kernels_cpu();
+    enum { N = 37, C = 48, OC = 40 };
+    static float x[N * C], w[OC * C], b[OC], dy[N * OC], xr[N * C], wr[OC * C], dyr[N * OC];
+    static float y16[N * OC], y32[N * OC], dx16[N * C], dx32[N * C], dw16[OC * C], dw32[OC * C],
+        db16[OC], db32[OC];
+    static uint16_t w16[OC * C], tmp[N * C + N * OC]; /* room for either operand */
+    for (int i = 0; i < N * C; i++)
+        x[i] = fsdp_normal_at(11, (uint64_t)i);
+    for (int i = 0; i < OC * C; i++)
+        w[i] = 0.1f * fsdp_normal_at(12, (uint64_t)i);
+    for (int i = 0; i < OC; i++)
+        b[i] = fsdp_normal_at(13, (uint64_t)i);
+    for (int i = 0; i < N * OC; i++)
+        dy[i] = fsdp_normal_at(14, (uint64_t)i);
+    k->to_bf16(w16, w, OC * C);
+    k->from_bf16(wr, w16, OC * C);
+    k->to_bf16(tmp, x, N * C);
+    k->from_bf16(xr, tmp, N * C);
+    k->to_bf16(tmp, dy, N * OC);
+    k->from_bf16(dyr, tmp, N * OC);
+    k->matmul_forward_bf16(y16, x, w16, b, N, C, OC);
+    k->matmul_forward(y32, xr, wr, b, N, C, OC);
+    k->matmul_backward_bf16(dx16, dw16, db16, dy, x, w16, N, C, OC);
+    k->matmul_backward(dx32, dw32, db32, dyr, xr, wr, N, C, OC);
+    double worst = 0;
+    struct {
+        const float *a, *b;
+        int n;
+    } pairs[] = {{y16, y32, N * OC}, {dx16, dx32, N * C}, {dw16, dw32, OC * C}};
+    for (size_t p = 0; p < 3; p++)
+        for (int i = 0; i < pairs[p].n; i++) {
+            double d = fabs(pairs[p].a[i] - pairs[p].b[i]) / (fabs(pairs[p].b[i]) + 1e-3);
+            worst = d > worst ? d : worst;
+        }
+    CHECK(worst < 1e-4, "bf16 matmuls differ from fp32 ones on the same operands by %.2e", worst);
+    /* the bias gradient comes from the fp32 dout (never rounded) */
+    for (int o = 0; o < OC; o++) {
+        double want = 0;
+        for (int i = 0; i < N; i++)
+            want += dy[i * OC + o];
+        CHECK(fabs(db16[o] - want) < 1e-4 * (1 + fabs(want)), "dbias[%d] %g, want %g", o,
+              db16[o], want);
+    }
+}
+
+CHECK_MAIN(TEST(forward_matches_reference_gpt2), TEST(bf16_rounds_to_nearest_even),
+           TEST(bf16_matmuls_match_fp32_on_rounded_operands))

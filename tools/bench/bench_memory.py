@@ -6,7 +6,8 @@ gpt2-124m shapes (L12 C768 H12 T1024) at global batch 8 on one rank (--threads,
 default 2), a few steps per setting of --activation-checkpointing: the
 activation bytes the banner reports, the peak resident memory (VmHWM) the run
 reports at its end, and the step time (median of the steps after the first).
-Each row's ratios are against "none" from the same run. Byte-level tokens (the
+Each row's ratios are against "none" at the same precision (--precision
+fp32 and bf16), from the same run. Byte-level tokens (the
 fortunes), so the run needs no tokenizer; the vocabulary is still GPT-2's.
 
     tools/bench/bench_memory.py [--out FILE] [--steps N] [--modes none,blocks]
@@ -35,18 +36,19 @@ def sh(args):
     return p
 
 
-def one(data, mode, steps, threads, tmp):
-    log = os.path.join(tmp, f"{mode}.jsonl")
+def one(data, mode, prec, steps, threads, tmp):
+    log = os.path.join(tmp, f"{mode}-{prec}.jsonl")
     if os.path.exists(log):
         os.unlink(log)
     p = sh([TRAIN, "--data", data, "--steps", str(steps), "--threads", str(threads), "--log",
-            log, "--log-every", "1", "--activation-checkpointing", mode] + MODEL)
+            log, "--log-every", "1", "--activation-checkpointing", mode, "--precision", prec] +
+           MODEL)
     act = re.search(r"activations ([\d.]+) MiB", p.stderr)
     peak = re.search(r"peak resident memory per rank: ([\d.]+) MiB", p.stderr)
     if not act or not peak:
         sys.exit(f"bench: no memory figures in:\n{p.stderr[-2000:]}")
     ms = [json.loads(l)["ms"] for l in open(log)][1:]
-    return {"mode": mode, "activation_mib": float(act.group(1)),
+    return {"mode": mode, "precision": prec, "activation_mib": float(act.group(1)),
             "peak_rss_mib": float(peak.group(1)), "step_ms": statistics.median(ms),
             "steps_ms": ms}
 
@@ -57,6 +59,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--modes", default="none,blocks")
+    ap.add_argument("--precisions", default="fp32,bf16")
     a = ap.parse_args()
     if not os.path.exists(os.path.join(BUILD, "build.ninja")):
         subprocess.run(["meson", "setup", BUILD, ROOT], check=True, capture_output=True)
@@ -67,18 +70,19 @@ def main():
         files = sorted(f for f in os.listdir("/usr/share/games/fortunes") if "." not in f)
         sh([DATA, "prepare", "--doc-sep", "%", "--out", data] +
            [os.path.join("/usr/share/games/fortunes", f) for f in files])
-        for mode in a.modes.split(","):
-            rows.append(one(data, mode, max(2, a.steps), a.threads, tmp))
+        for prec, mode in [(p, m) for p in a.precisions.split(",") for m in a.modes.split(",")]:
+            rows.append(one(data, mode, prec, max(2, a.steps), a.threads, tmp))
             r = rows[-1]
-            print(f"  {mode}: activations {r['activation_mib']:.0f} MiB, peak "
+            print(f"  {mode} {prec}: activations {r['activation_mib']:.0f} MiB, peak "
                   f"{r['peak_rss_mib']:.0f} MiB, step {r['step_ms'] / 1e3:.1f} s", flush=True)
-    base = rows[0]
-    print(f"{'checkpointing':<14} {'activations MiB':>16} {'peak RSS MiB':>13} {'step s':>8} "
-          f"{'act vs ' + base['mode']:>12} {'time vs ' + base['mode']:>13}")
+    print(f"{'checkpointing':<14} {'precision':<10} {'activations MiB':>16} {'peak RSS MiB':>13} "
+          f"{'step s':>8} {'act vs none':>12} {'time vs none':>13}")
     for r in rows:
+        base = next(b for b in rows if b["precision"] == r["precision"])
         r["activation_ratio"] = base["activation_mib"] / r["activation_mib"]
         r["time_ratio"] = r["step_ms"] / base["step_ms"]
-        print(f"{r['mode']:<14} {r['activation_mib']:16.0f} {r['peak_rss_mib']:13.0f} "
+        print(f"{r['mode']:<14} {r['precision']:<10} {r['activation_mib']:16.0f} "
+              f"{r['peak_rss_mib']:13.0f} "
               f"{r['step_ms'] / 1e3:8.1f} {r['activation_ratio']:11.2f}x "
               f"{r['time_ratio']:12.2f}x")
     print(f"(gpt2-124m shapes, global batch 8 x T 1024 on 1 rank x {a.threads} threads; "

@@ -6,7 +6,7 @@ For each model - tiny, small, and the comparison config (--layers 4 --dim 256
 --heads 4 --seq 256, byte vocabulary, global batch 8) - it measures
 fsdp-train's tokens/s on 1 rank with 2 threads and on 2 Open MPI ranks with
 1 thread each (shard full) for each setting in SETTINGS (the matmul library,
-activation checkpointing), and, when Debian's python3-torch is installed
+mixed precision, activation checkpointing), and, when Debian's python3-torch is installed
 (tools/setup.sh --bench), the same model trained by PyTorch on the CPU with 2
 threads, in fp32 and under bf16 autocast. tokens/s is the median over the
 steps after the first three. The summary line per model is our best setting
@@ -53,6 +53,8 @@ SETTINGS = [
     ("fp32 onednn", ["--matmul", "onednn"]),
     ("fp32 onednn, recompute blocks", ["--matmul", "onednn",
                                        "--activation-checkpointing", "blocks"]),
+    ("bf16", ["--precision", "bf16"]),
+    ("bf16, recompute blocks", ["--precision", "bf16", "--activation-checkpointing", "blocks"]),
 ]
 
 
