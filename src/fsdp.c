@@ -249,6 +249,17 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
     build_segments(e);
     if (alloc_acts(e, err))
         goto fail;
+    if (e->bf16) { /* the matmuls' rounded operands: up to the head's dlogits */
+        const size_t BT = (size_t)B * e->T, C = (size_t)m->cfg.dim;
+        const size_t Vp = (size_t)m->cfg.vocab_pad, wide = Vp > 4 * C ? Vp : 4 * C;
+        size_t held = k->bf16_scratch(BT * wide, BT * 4 * C);
+        if (!held) {
+            fsdp_err(err, "fsdp: out of memory for %zu MiB of bf16 scratch",
+                     (BT * (wide + 4 * C) * 2) >> 20);
+            goto fail;
+        }
+        e->mem.act_bytes += held;
+    }
     e->inputs = k->alloc((size_t)B * e->T * sizeof(int32_t));
     e->targets = k->alloc((size_t)B * e->T * sizeof(int32_t));
     if (!e->inputs || !e->targets)
@@ -290,7 +301,6 @@ static void unit_drop(struct fsdp_engine *e, int u)
 {
     if (e->shard != FSDP_SHARD_NONE || e->bf16)
         e->units[u].gathered = 0;
-    e->units[u].gathered16 = 0;
 }
 
 void fsdp_params_changed(struct fsdp_engine *e)
@@ -376,8 +386,7 @@ static int unit_gather(struct fsdp_engine *e, int u, char *err)
         return rc;
     if (e->bf16)
         e->k->from_bf16(U->full, U->full16, U->padded);
-    U->gathered = 1;
-    U->gathered16 = e->bf16;
+    U->gathered = 1; /* and in bf16, full16 with it */
     return 0;
 }
 

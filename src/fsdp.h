@@ -35,8 +35,8 @@ enum fsdp_shard { FSDP_SHARD_FULL, FSDP_SHARD_GRAD_OP, FSDP_SHARD_NONE };
 const char *fsdp_shard_name(enum fsdp_shard s);
 int fsdp_shard_parse(const char *s, enum fsdp_shard *out);
 
-/* How the engine is run; everything here changes speed and memory, never
- * the numbers (the losses are bit-identical for every recompute setting). */
+/* How the engine is run. The recompute setting changes speed and memory,
+ * never the numbers (bit-identical losses); bf16 changes the rounding. */
 struct fsdp_opts {
     enum fsdp_shard shard;
     int micro_batch; /* B: sequences per forward */
@@ -66,8 +66,7 @@ struct fsdp_unit {
     size_t shard_off; /* where this unit's shard starts in each state kind */
     size_t shard_lo;  /* first unit element this rank owns */
     float *full;      /* gathered parameters (valid while gathered) */
-    uint16_t *full16; /* bf16: the same, as gathered (valid while gathered16) */
-    int gathered16;
+    uint16_t *full16; /* bf16: the same, as gathered (valid while gathered) */
     float *full_grad; /* the unit's full gradient during backward */
     int gathered;
 };

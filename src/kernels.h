@@ -58,6 +58,10 @@ struct fsdp_kernels {
                                 const float *bias, size_t N, int C, int OC);
     void (*matmul_backward_bf16)(float *dinp, float *dw, float *dbias, const float *dout,
                                  const float *inp, const uint16_t *w, size_t N, int C, int OC);
+    /* Reserves the scratch those two round their operands into: room for
+     * a dout or inp of `out` elements and an inp of `in` elements. Returns
+     * the bytes held, 0 when out of memory. */
+    size_t (*bf16_scratch)(size_t out, size_t in);
     /* causal multi-head attention on qkv (B,T,3C); att (B,NH,T,T) keeps the
      * softmax for the backward pass; out (B,T,C) */
     void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,

@@ -30,6 +30,7 @@ struct trainer {
     struct token_file train_file, val_file;
     struct sample_stream stream;
     int threads, micro, accum; /* micro: sequences per rank per forward */
+    int bf16;                  /* --precision bf16, on every rank (agree_precision) */
     char precision[160];       /* what the banner says of it */
     uint64_t cursor;           /* samples of the stream consumed so far */
     int32_t *in, *tgt;         /* host batch, micro * T each */
@@ -483,6 +484,32 @@ static int train(struct trainer *t, char *err)
     return 0;
 }
 
+/* Collective: bf16 only when every rank can run it (a fleet may mix CPUs
+ * with and without AVX512_BF16, and the gathers' element type must match). */
+static int agree_precision(struct trainer *t, char *err)
+{
+    char why[128] = "";
+    double lacking[2] = {0, 0}; /* ranks that cannot; the lowest of them + 1 */
+    if (t->o.bf16 && !fsdp_kernels_cpu_bf16(why, sizeof why))
+        lacking[0] = 1;
+    if (t->comm.allreduce_sum_f64(&t->comm, lacking, 1, err))
+        return -1;
+    t->bf16 = t->o.bf16 && lacking[0] == 0;
+    if (t->bf16)
+        snprintf(t->precision, sizeof t->precision,
+                 "precision bf16 (gathers and matmuls; fp32 master state)");
+    else if (!t->o.bf16)
+        snprintf(t->precision, sizeof t->precision, "precision fp32");
+    else if (why[0]) /* rank 0 prints the banner: its own reason */
+        snprintf(t->precision, sizeof t->precision, "precision fp32 (bf16 asked for, but %s)",
+                 why);
+    else
+        snprintf(t->precision, sizeof t->precision,
+                 "precision fp32 (bf16 asked for, but %.0f of %d ranks lack AVX512_BF16 or "
+                 "oneDNN)", lacking[0], t->comm.world);
+    return 0;
+}
+
 static int setup(struct trainer *t, char *err)
 {
     const struct train_opts *o = &t->o;
@@ -515,17 +542,7 @@ static int setup(struct trainer *t, char *err)
     t->consumed = calloc((size_t)per_rank, sizeof *t->consumed);
     if (!t->in || !t->tgt || !t->consumed)
         return fsdp_err(err, "out of memory for the batch");
-    char why[128];
-    int bf16 = o->bf16 && fsdp_kernels_cpu_bf16(why, sizeof why);
-    if (bf16)
-        snprintf(t->precision, sizeof t->precision,
-                 "precision bf16 (gathers and matmuls; fp32 master state)");
-    else if (o->bf16)
-        snprintf(t->precision, sizeof t->precision, "precision fp32 (bf16 asked for, but %s)",
-                 why);
-    else
-        snprintf(t->precision, sizeof t->precision, "precision fp32");
-    const struct fsdp_opts fo = {o->shard, t->micro, o->recompute_every, bf16};
+    const struct fsdp_opts fo = {o->shard, t->micro, o->recompute_every, t->bf16};
     if (fsdp_init(&t->eng, &t->model, fsdp_kernels_cpu(), &t->comm, &fo, err))
         return -1;
     t->eng.on_progress = hb_progress;
@@ -593,29 +610,34 @@ static void teardown(struct trainer *t)
     free(t->consumed);
 }
 
-/* Collective: rank 0 prints every rank's peak resident memory (VmHWM). */
+/* Collective: rank 0 prints the largest peak resident memory (VmHWM) of
+ * any rank, and its own; ranks are reduced 64 at a time (no allocation). */
 static void report_peak_memory(struct trainer *t)
 {
     const int W = t->comm.world;
-    double *kib = calloc((size_t)W, sizeof *kib);
     struct rusage ru;
     char err[ERR_LEN];
-    if (!kib)
-        return; /* every rank is out of memory alike; nothing is left to report */
-    if (getrusage(RUSAGE_SELF, &ru) == 0)
-        kib[t->comm.rank] = (double)ru.ru_maxrss; /* KiB on Linux: VmHWM */
-    if (t->comm.allreduce_sum_f64(&t->comm, kib, (size_t)W, err) == 0 && t->comm.rank == 0) {
-        int top = 0;
-        for (int r = 1; r < W; r++)
-            if (kib[r] > kib[top])
-                top = r;
-        fprintf(stderr, "fsdp-train: peak resident memory per rank: %.1f MiB (rank %d)",
-                kib[top] / 1024, top);
-        if (W > 1)
-            fprintf(stderr, ", rank 0 %.1f MiB", kib[0] / 1024);
-        fputc('\n', stderr);
+    double mine = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss : 0; /* KiB */
+    double top = 0;
+    int top_rank = 0;
+    for (int base = 0; base < W; base += 64) {
+        double kib[64] = {0};
+        int n = W - base < 64 ? W - base : 64;
+        if (t->comm.rank >= base && t->comm.rank < base + n)
+            kib[t->comm.rank - base] = mine;
+        if (t->comm.allreduce_sum_f64(&t->comm, kib, (size_t)n, err))
+            return; /* the same answer on every rank: all stop here */
+        for (int i = 0; i < n; i++)
+            if (kib[i] > top)
+                top = kib[i], top_rank = base + i;
     }
-    free(kib);
+    if (t->comm.rank != 0)
+        return;
+    fprintf(stderr, "fsdp-train: peak resident memory per rank: %.1f MiB (rank %d)", top / 1024,
+            top_rank);
+    if (W > 1)
+        fprintf(stderr, ", rank 0 %.1f MiB", mine / 1024);
+    fputc('\n', stderr);
 }
 
 int main(int argc, char **argv)
@@ -627,7 +649,9 @@ int main(int argc, char **argv)
      * each free gives it back to the kernel (munmap, or a trim of the heap)
      * and the next call faults it in again: 5.4 ms per block's
      * reduce-scatter instead of 0.43 ms here, a third of a 2-rank step. */
-    mallopt(M_MMAP_THRESHOLD, 32 << 20); /* glibc's largest; fixes it there */
+    mallopt(M_MMAP_THRESHOLD, 32 << 20); /* glibc's largest: temporaries above it
+                                            (gpt2-124m's embedding unit, 154 MB)
+                                            are still mapped per call */
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
     fsdp_kernels_cpu_fix_blas_core(argv);
     int rc = train_opts_parse(&t.o, argc, argv, err);
@@ -658,6 +682,13 @@ int main(int argc, char **argv)
             fprintf(stderr, "fsdp-train: %s\n", err);
         t.comm.finalize(&t.comm);
         return 2;
+    }
+    rc = agree_precision(&t, err);
+    if (rc) {
+        fprintf(stderr, "fsdp-train: rank %d: %s\n", t.comm.rank, err);
+        hb_stop();
+        t.comm.abort(&t.comm, 1); /* a collective failed: no agreeing now */
+        return 1;
     }
     rc = setup(&t, err);
     /* Set-up errors (a bad file, a bad batch size) are usually the same on

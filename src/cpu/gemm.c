@@ -92,7 +92,7 @@ static void blas_gemm(char ta, char tb, int M, int N, int K, const float *A, int
 #define PLANS 64
 
 struct plan {
-    int used, bf16;
+    int used, failed, bf16; /* failed: oneDNN cannot plan this; OpenBLAS takes it */
     char ta, tb;
     int M, N, K, lda, ldb, ldc, accumulate;
     dnnl_primitive_t prim;
@@ -156,7 +156,7 @@ static int plan_make(struct plan *p)
     if (attr)
         dnnl_primitive_attr_destroy(attr);
     if (!ok)
-        plan_free(p);
+        plan_free(p); /* clears the entry; plan_for marks it failed */
     return ok ? 0 : -1;
 }
 
@@ -173,16 +173,22 @@ static struct plan *plan_for(int bf16, char ta, char tb, int M, int N, int K, in
     for (int i = 0; i < PLANS; i++) {
         struct plan *p = &plans[i];
         if (p->used && p->bf16 == bf16 && p->ta == ta && p->tb == tb && p->M == M && p->N == N &&
-            p->K == K &&
-            p->lda == lda && p->ldb == ldb && p->ldc == ldc && p->accumulate == accumulate)
-            return p;
+            p->K == K && p->lda == lda && p->ldb == ldb && p->ldc == ldc &&
+            p->accumulate == accumulate)
+            return p->failed ? NULL : p;
     }
     struct plan *p = &plans[next_victim];
     next_victim = (next_victim + 1) % PLANS;
     plan_free(p);
-    *p = (struct plan){1,   bf16, ta,   tb,   M,    N,   K, lda, ldb, ldc, accumulate,
+    *p = (struct plan){1, 0, bf16, ta, tb, M, N, K, lda, ldb, ldc, accumulate,
                        NULL, NULL, NULL, NULL};
-    return plan_make(p) == 0 ? p : NULL;
+    if (plan_make(p) == 0)
+        return p;
+    /* remembered, so a shape that cannot be planned is not tried (and does
+     * not evict a good plan) on every call */
+    *p = (struct plan){1, 1, bf16, ta, tb, M, N, K, lda, ldb, ldc, accumulate,
+                       NULL, NULL, NULL, NULL};
+    return NULL;
 }
 
 /* -1 before C was touched (OpenBLAS can take the call). A failure once the
@@ -221,7 +227,7 @@ void fsdp_gemm(char ta, char tb, int M, int N, int K, const float *A, int lda, c
             return;
         static int said;
         if (!said++)
-            fprintf(stderr, "fsdp-train: oneDNN could not run a %dx%dx%d matmul (out of "
+            fprintf(stderr, "fsdp-train: oneDNN could not plan a %dx%dx%d matmul (out of "
                             "memory?); OpenBLAS takes such calls\n", M, N, K);
     }
 #endif
@@ -301,10 +307,17 @@ void fsdp_gemm_bf16(char ta, char tb, int M, int N, int K, const uint16_t *A, in
 {
     if (use_onednn < 0)
         fsdp_gemm_name();
-#ifdef FSDP_HAVE_ONEDNN
-    if (use_onednn && M > 0 && N > 0 && K > 0 &&
-        onednn_gemm(1, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
+    if (M <= 0 || N <= 0 || K <= 0)
         return;
+#ifdef FSDP_HAVE_ONEDNN
+    if (use_onednn) {
+        if (onednn_gemm(1, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
+            return;
+        static int said;
+        if (!said++)
+            fprintf(stderr, "fsdp-train: oneDNN could not plan a %dx%dx%d bf16 matmul; such "
+                            "calls are widened to fp32 for OpenBLAS (slow)\n", M, N, K);
+    }
 #endif
     float *a = widen(A, ta, M, K, lda), *b = widen(B, tb, K, N, ldb);
     if (!a || !b) {

@@ -5,8 +5,9 @@
  * fsdp_gemm, which runs oneDNN's matmul primitive when the build has oneDNN
  * (libdnnl-dev; measured 1.0-2.3x OpenBLAS's sgemm on this model's shapes,
  * README "Matmuls") and OpenBLAS's sgemm otherwise or when --matmul openblas
- * asks for it. The attention's many small per-head products stay on
- * OpenBLAS, called from inside OpenMP loops.
+ * asks for it. The attention's many small per-head products, called from
+ * inside OpenMP loops, go through fsdp_gemm_small (oneDNN's dnnl_sgemm,
+ * one thread each, or OpenBLAS).
  *
  * fsdp_gemm is called by one thread at a time (the rank's compute thread);
  * the library parallelises each call over the OpenMP threads.

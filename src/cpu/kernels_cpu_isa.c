@@ -11,7 +11,7 @@
  * compiled for more than the baseline.
  *
  * Matmuls go to fsdp_gemm (oneDNN or OpenBLAS, gemm.h), the attention's
- * per-head products to OpenBLAS's sgemm; everything else is a loop
+ * per-head products to fsdp_gemm_small; everything else is a loop
  * that the compiler vectorises. Two rules keep results reproducible on one
  * kind of CPU: reductions never depend on the number of threads (each
  * output element is owned by one thread, or partial sums are taken over
@@ -264,12 +264,19 @@ static void cpu_from_bf16(float *dst, const uint16_t *src, size_t n)
 static uint16_t *scratch16(int slot, size_t n)
 {
     uint16_t *p = fsdp_gemm_scratch(slot, n);
-    if (!p) { /* a kernel cannot fail softly; a few MiB at the first step */
+    if (!p) { /* reserved by fsdp_init (bf16_scratch): only a caller that did not */
         fprintf(stderr, "fsdp-train: out of memory for %zu MiB of bf16 scratch\n",
                 (n * sizeof *p) >> 20);
         abort();
     }
     return p;
+}
+
+static size_t cpu_bf16_scratch(size_t out, size_t in)
+{
+    if (!fsdp_gemm_scratch(0, out) || !fsdp_gemm_scratch(1, in))
+        return 0;
+    return (out + in) * sizeof(uint16_t);
 }
 
 static void cpu_matmul_forward_bf16(float *out, const float *inp, const uint16_t *w,
@@ -528,6 +535,7 @@ static const struct fsdp_kernels cpu_kernels = {
     .from_bf16 = cpu_from_bf16,
     .matmul_forward_bf16 = cpu_matmul_forward_bf16,
     .matmul_backward_bf16 = cpu_matmul_backward_bf16,
+    .bf16_scratch = cpu_bf16_scratch,
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
     .gelu_forward = cpu_gelu_forward,

@@ -209,6 +209,9 @@ static void bf16_rounds_to_nearest_even(void)
         {0x7f800000u, 0x7f80}, /* inf */
         {0x7f7fffffu, 0x7f80}, /* FLT_MAX rounds to inf, as RNE must */
         {0x00000001u, 0x0000}, /* the smallest subnormal to zero */
+        {0xbf80c000u, 0xbf81}, /* -(1 + 3 * 2^-9): past the tie, away from zero */
+        {0x3fffffffu, 0x4000}, /* the carry runs into the exponent: 2 */
+        {0xff7fffffu, 0xff80}, /* -FLT_MAX to -inf */
     };
     enum { N = sizeof cases / sizeof cases[0] };
     float in[N + 2];

@@ -36,13 +36,13 @@ struct rig {
 };
 
 static int rig_init_opts(struct rig *r, const struct fsdp_kernels *k, enum fsdp_shard shard,
-                         int recompute_every)
+                         int recompute_every, int bf16)
 {
     char err[ERR_LEN];
     if (model_layout_init(&r->m, &cfg, err) != 0)
         return -1;
     fsdp_comm_local_init(&r->comm);
-    const struct fsdp_opts o = {shard, B, recompute_every, 0};
+    const struct fsdp_opts o = {shard, B, recompute_every, bf16};
     if (fsdp_init(&r->e, &r->m, k, &r->comm, &o, err) != 0)
         return -1;
     struct fsdp_rng rng = {42};
@@ -63,7 +63,7 @@ static int rig_init_opts(struct rig *r, const struct fsdp_kernels *k, enum fsdp_
 
 static int rig_init(struct rig *r, const struct fsdp_kernels *k, enum fsdp_shard shard)
 {
-    return rig_init_opts(r, k, shard, 0);
+    return rig_init_opts(r, k, shard, 0, 0);
 }
 
 static void rig_free(struct rig *r)
@@ -154,16 +154,17 @@ static void every_tensor_gradient_matches_finite_differences_no_shard(void)
 
 /* The gradient shard after one forward and backward (a validation-sized
  * forward first, so that a recompute must not trust what it left behind). */
-static float *grads_with(int recompute_every, enum fsdp_shard shard, size_t *n, size_t *act)
+static float *grads_with(int recompute_every, enum fsdp_shard shard, int bf16, int micro,
+                         size_t *n, size_t *act)
 {
     struct rig r;
     char err[ERR_LEN];
     double loss;
-    if (rig_init_opts(&r, fsdp_kernels_cpu(), shard, recompute_every) != 0)
+    if (rig_init_opts(&r, fsdp_kernels_cpu(), shard, recompute_every, bf16) != 0)
         return NULL;
     fsdp_zero_grad(&r.e);
     int rc = fsdp_forward(&r.e, 1, T / 2, &loss, err);
-    for (int i = 0; i < 2 && rc == 0; i++) /* two micro-batches: the accumulation path too */
+    for (int i = 0; i < micro && rc == 0; i++) /* 2: the accumulation path too */
         rc = fsdp_forward(&r.e, B, T, &loss, err) || fsdp_backward(&r.e, 1.0f / (B * T), err);
     if (rc) {
         rig_free(&r);
@@ -179,17 +180,18 @@ static float *grads_with(int recompute_every, enum fsdp_shard shard, size_t *n, 
 
 static void recomputing_blocks_gives_the_same_gradient_bits(void)
 {
-    for (int s = 0; s < 2; s++) {
-        enum fsdp_shard shard = s ? FSDP_SHARD_NONE : FSDP_SHARD_FULL;
+    for (int s = 0; s < 4; s++) { /* fp32 and bf16 (its fallback where no hardware) */
+        enum fsdp_shard shard = s % 2 ? FSDP_SHARD_NONE : FSDP_SHARD_FULL;
+        const int bf16 = s >= 2;
         size_t n0, n, act0, act;
-        float *ref = grads_with(0, shard, &n0, &act0);
+        float *ref = grads_with(0, shard, bf16, 2, &n0, &act0);
         REQUIRE(ref, "the reference run failed");
         for (int every = 1; every <= 3; every++) {
-            float *g = grads_with(every, shard, &n, &act);
+            float *g = grads_with(every, shard, bf16, 2, &n, &act);
             REQUIRE(g, "recompute every %d failed", every);
             CHECK(n == n0 && memcmp(g, ref, n * sizeof *g) == 0,
-                  "%s shard, recompute every %d: the gradients differ from keeping everything",
-                  fsdp_shard_name(shard), every);
+                  "%s shard, %s, recompute every %d: the gradients differ from keeping "
+                  "everything", fsdp_shard_name(shard), bf16 ? "bf16" : "fp32", every);
             /* two blocks: only "blocks" shares a slot between them */
             CHECK(every == 1 ? act < act0 : act == act0,
                   "recompute every %d keeps %zu activation bytes against %zu", every, act, act0);
@@ -221,6 +223,44 @@ static void the_recompute_option_parses_and_names_itself(void)
         int every = -1;
         CHECK(fsdp_recompute_parse(bad[i], &every) != 0, "'%s' was accepted", bad[i]);
     }
+}
+
+/* bf16 on one rank: every strategy reads the same rounded parameters, so
+ * one micro-batch's gradients agree to the bit (with two, NONE adds the
+ * second into the shard in another order, in fp32 too); and they are not
+ * fp32's, only near them (the rounding really happens). Runs the engine's bf16 path on any CPU: without bf16
+ * hardware the products are widened to fp32 for OpenBLAS, same values. */
+static void bf16_gives_the_same_gradients_for_every_strategy(void)
+{
+    size_t n0, n, act;
+    float *full = grads_with(0, FSDP_SHARD_FULL, 1, 1, &n0, &act);
+    float *fp32 = grads_with(0, FSDP_SHARD_FULL, 0, 1, &n, &act);
+    REQUIRE(full && fp32, "a run failed");
+    CHECK(memcmp(full, fp32, n * sizeof *full) != 0, "bf16 gave fp32's gradients exactly");
+    double d2 = 0, f2 = 0;
+    for (size_t i = 0; i < n; i++) {
+        d2 += (full[i] - fp32[i]) * (double)(full[i] - fp32[i]);
+        f2 += fp32[i] * (double)fp32[i];
+    }
+    CHECK(sqrt(d2 / f2) < 0.05, "bf16 gradients stray %.3g from fp32's (relative norm)",
+          sqrt(d2 / f2));
+    if (getenv("GRADCHECK_VERBOSE"))
+        printf("  bf16 gradients against fp32: relative norm of the difference %.3g\n",
+               sqrt(d2 / f2));
+    const enum fsdp_shard others[] = {FSDP_SHARD_GRAD_OP, FSDP_SHARD_NONE};
+    for (int i = 0; i < 2; i++) {
+        float *g = grads_with(0, others[i], 1, 1, &n, &act);
+        REQUIRE(g, "a run failed");
+        size_t first = 0;
+        while (first < n && g[first] == full[first])
+            first++;
+        CHECK(n == n0 && first == n, "bf16 %s gradients differ from full's at %zu of %zu (%g, %g)",
+              fsdp_shard_name(others[i]), first, n, first < n ? g[first] : 0.0,
+              first < n ? full[first] : 0.0);
+        free(g);
+    }
+    free(full);
+    free(fp32);
 }
 
 /* ---- the check must catch wrong kernels ---------------------------------- */
@@ -288,6 +328,7 @@ static void gradcheck_catches_a_wrong_layernorm_backward(void)
 
 CHECK_MAIN(TEST(every_tensor_gradient_matches_finite_differences_full_shard),
            TEST(recomputing_blocks_gives_the_same_gradient_bits),
+           TEST(bf16_gives_the_same_gradients_for_every_strategy),
            TEST(the_recompute_option_parses_and_names_itself),
            TEST(every_tensor_gradient_matches_finite_differences_no_shard),
            TEST(gradcheck_catches_a_wrong_gelu_backward),
