@@ -47,7 +47,8 @@ if [ $# -eq 0 ]; then
         --suite unit
     FSDP_QUICK=1 ASAN_OPTIONS=detect_leaks=0 meson test -C build-asan --print-errorlogs \
         --logbase programs \
-        cli token-files checkpoint reshard no-loss bad-inputs bad-files s3-signing-and-storage
+        cli token-files checkpoint reshard no-loss bad-inputs bad-files s3-signing-and-storage \
+        knobs
     # ThreadSanitizer: our threads (async checkpoint writers, the O_DIRECT
     # I/O thread, the heartbeat thread) with Open MPI's own reports
     # suppressed (tests/sanitizers/tsan.supp) and one OpenMP thread per rank

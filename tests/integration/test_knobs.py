@@ -26,7 +26,7 @@ import re
 import shutil
 
 from harness import (TRAIN, committed_steps, digest, kill_job, launch, main, mpirun,
-                     prepare_corpus, read_log, run, wait_stopped_or_exit)
+                     prepare_corpus, read_log, run, slow, wait_stopped_or_exit)
 
 STEPS = 20
 MODES = ("none", "blocks", "every-2", "every-3")
@@ -121,6 +121,7 @@ def precision_of(stderr):
     return m.group(1), m.group(0)
 
 
+@slow
 def bf16_follows_fp32_over_200_steps(tmp):
     train, val = prepare_corpus(tmp)
     runs = {}
