@@ -216,21 +216,35 @@ static int onednn_gemm(int bf16, char ta, char tb, int M, int N, int K, const vo
 
 #endif /* FSDP_HAVE_ONEDNN */
 
-void fsdp_gemm(char ta, char tb, int M, int N, int K, const float *A, int lda, const float *B,
-               int ldb, float beta, float *C, int ldc)
+/* 0 when oneDNN did the product (the library chosen, M, N, K > 0); -1 when
+ * OpenBLAS must, said once on stderr if oneDNN was chosen but could not. */
+static int by_onednn(int bf16, char ta, char tb, int M, int N, int K, const void *A, int lda,
+                     const void *B, int ldb, float beta, float *C, int ldc)
 {
     if (use_onednn < 0)
         fsdp_gemm_name(); /* chooses "auto" */
 #ifdef FSDP_HAVE_ONEDNN
     if (use_onednn && M > 0 && N > 0 && K > 0) {
-        if (onednn_gemm(0, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
-            return;
+        if (onednn_gemm(bf16, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
+            return 0;
         static int said;
         if (!said++)
-            fprintf(stderr, "fsdp-train: oneDNN could not plan a %dx%dx%d matmul (out of "
-                            "memory?); OpenBLAS takes such calls\n", M, N, K);
+            fprintf(stderr, "fsdp-train: oneDNN could not plan a %dx%dx%d %s matmul (out of "
+                            "memory?); OpenBLAS takes such calls%s\n", M, N, K,
+                    bf16 ? "bf16" : "fp32", bf16 ? ", widened to fp32 (slow)" : "");
     }
+#else
+    (void)bf16, (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B,
+        (void)ldb, (void)beta, (void)C, (void)ldc;
 #endif
+    return -1;
+}
+
+void fsdp_gemm(char ta, char tb, int M, int N, int K, const float *A, int lda, const float *B,
+               int ldb, float beta, float *C, int ldc)
+{
+    if (by_onednn(0, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
+        return;
     blas_gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
 
@@ -305,20 +319,9 @@ static float *widen(const uint16_t *x, char trans, int r, int c, int ld)
 void fsdp_gemm_bf16(char ta, char tb, int M, int N, int K, const uint16_t *A, int lda,
                     const uint16_t *B, int ldb, float beta, float *C, int ldc)
 {
-    if (use_onednn < 0)
-        fsdp_gemm_name();
-    if (M <= 0 || N <= 0 || K <= 0)
+    if (M <= 0 || N <= 0 || K <= 0 ||
+        by_onednn(1, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
         return;
-#ifdef FSDP_HAVE_ONEDNN
-    if (use_onednn) {
-        if (onednn_gemm(1, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
-            return;
-        static int said;
-        if (!said++)
-            fprintf(stderr, "fsdp-train: oneDNN could not plan a %dx%dx%d bf16 matmul; such "
-                            "calls are widened to fp32 for OpenBLAS (slow)\n", M, N, K);
-    }
-#endif
     float *a = widen(A, ta, M, K, lda), *b = widen(B, tb, K, N, ldb);
     if (!a || !b) {
         fprintf(stderr, "fsdp-train: out of memory widening a %dx%dx%d bf16 matmul\n", M, N, K);
