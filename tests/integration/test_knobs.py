@@ -206,6 +206,9 @@ def bf16_without_the_instructions_runs_fp32_and_says_so(tmp):
     # a fleet where one rank can and one cannot: all ranks agree on fp32 (the
     # gathers' element type must match), rank 0 reporting the count
     args = [TRAIN, "--data", train, "--model", "tiny", "--steps", "3", "--precision", "bf16"]
+    if precision_of(run(args).stderr)[0] != "bf16":
+        print("  (mixed fleet skipped: no rank here runs bf16)")
+        return
     p = run(["mpirun", "--oversubscribe", "-np", "1"] + args + [":", "-np", "1"] + args +
             ["--cpu-kernels", "x86-64-v3"])
     got, banner = precision_of(p.stderr)
