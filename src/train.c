@@ -489,12 +489,10 @@ static int train(struct trainer *t, char *err)
 static int agree_precision(struct trainer *t, char *err)
 {
     char why[128] = "";
-    double lacking[2] = {0, 0}; /* ranks that cannot; the lowest of them + 1 */
-    if (t->o.bf16 && !fsdp_kernels_cpu_bf16(why, sizeof why))
-        lacking[0] = 1;
-    if (t->comm.allreduce_sum_f64(&t->comm, lacking, 1, err))
+    double lacking = t->o.bf16 && !fsdp_kernels_cpu_bf16(why, sizeof why); /* ranks that cannot */
+    if (t->comm.allreduce_sum_f64(&t->comm, &lacking, 1, err))
         return -1;
-    t->bf16 = t->o.bf16 && lacking[0] == 0;
+    t->bf16 = t->o.bf16 && lacking == 0;
     if (t->bf16)
         snprintf(t->precision, sizeof t->precision,
                  "precision bf16 (gathers and matmuls; fp32 master state)");
@@ -506,7 +504,7 @@ static int agree_precision(struct trainer *t, char *err)
     else
         snprintf(t->precision, sizeof t->precision,
                  "precision fp32 (bf16 asked for, but %.0f of %d ranks lack AVX512_BF16 or "
-                 "oneDNN)", lacking[0], t->comm.world);
+                 "oneDNN)", lacking, t->comm.world);
     return 0;
 }
 
