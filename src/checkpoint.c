@@ -166,6 +166,9 @@ int ckptr_open(struct ckptr *c, const struct ckptr_opts *o, struct fsdp_engine *
         rc = fsdp_err(err, "checkpoint: out of memory for the codec");
     if (!rc && !(c->model_json = model_json(&m->cfg)))
         rc = fsdp_err(err, "checkpoint: out of memory");
+    for (int k = 0; !rc && e->k->on_device && k < CKPT_NKINDS; k++)
+        if (!(c->host[k] = e->k->host_alloc(e->shard_total * sizeof(float))))
+            rc = fsdp_err(err, "checkpoint: out of host memory for a copy of the state");
     if (!rc && comm->rank == 0)
         rc = claim_and_probe(c, err);
     if (agree(comm, rc, err) ||
@@ -185,13 +188,40 @@ void ckptr_close(struct ckptr *c)
     c->st = NULL;
     c->codec = NULL;
     c->model_json = NULL;
+    for (int k = 0; k < CKPT_NKINDS; k++)
+        if (c->host[k])
+            c->e->k->host_free(c->host[k]);
+    memset(c->host, 0, sizeof c->host);
 }
 
 /* ---- save -------------------------------------------------------------------------- */
 
+/* The engine's state of one kind (backend memory). */
 static float *kind_base(struct fsdp_engine *e, int kind)
 {
     return kind == CKPT_PARAM ? e->params : kind == CKPT_EXP_AVG ? e->exp_avg : e->exp_avg_sq;
+}
+
+/* The same in host memory, where the storage code reads and writes it. */
+static float *host_base(struct ckptr *c, int kind)
+{
+    return c->host[kind] ? c->host[kind] : kind_base(c->e, kind);
+}
+
+/* Device engines: the state's host copy is made current (before a save)
+ * or copied back (after a load). Nothing to do on the CPU. */
+static void state_to_host(struct ckptr *c)
+{
+    for (int k = 0; k < CKPT_NKINDS; k++)
+        if (c->host[k])
+            c->e->k->download(c->host[k], kind_base(c->e, k), c->e->shard_total * sizeof(float));
+}
+
+static void state_to_device(struct ckptr *c)
+{
+    for (int k = 0; k < CKPT_NKINDS; k++)
+        if (c->host[k])
+            c->e->k->upload(kind_base(c->e, k), c->host[k], c->e->shard_total * sizeof(float));
 }
 
 /* Writes this rank's shard from bases[kind] (the engine's state, or the
@@ -443,9 +473,12 @@ int ckptr_save(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
     hb_set(step, HB_SAVE);
     char *mine = NULL;
     int rc = 0;
-    float *const bases[CKPT_NKINDS] = {c->e->params, c->e->exp_avg, c->e->exp_avg_sq};
-    if (c->comm->rank < c->world)
+    float *const bases[CKPT_NKINDS] = {host_base(c, CKPT_PARAM), host_base(c, CKPT_EXP_AVG),
+                                       host_base(c, CKPT_EXP_AVG_SQ)};
+    if (c->comm->rank < c->world) {
+        state_to_host(c);
         rc = write_own_shard(c, step, bases, &mine, err);
+    }
     return finish_save(c, step, trainer, mine, rc, err);
 }
 
@@ -484,12 +517,11 @@ struct ckptr_async {
 
 static void async_snapshot(struct ckptr *c, struct ckptr_async *a)
 {
-    /* On the CPU the staging copy is a memcpy; a device backend would make
-     * it a device-to-host copy on a stream of its own. */
+    /* Staging is host memory: on the CPU the copy is a memcpy, on a GPU a
+     * device-to-host copy on this thread's own stream (kernels.h). */
     struct fsdp_engine *e = c->e;
-    const float *src[CKPT_NKINDS] = {e->params, e->exp_avg, e->exp_avg_sq};
     for (int k = 0; k < CKPT_NKINDS; k++)
-        e->k->copy(a->staging[k], src[k], e->shard_total);
+        e->k->download(a->staging[k], kind_base(e, k), e->shard_total * sizeof(float));
 }
 
 static void *async_main(void *arg)
@@ -561,7 +593,7 @@ int ckptr_async_start(struct ckptr *c, char *err)
     struct ckptr_async *a = calloc(1, sizeof *a);
     int rc = a ? 0 : -1;
     for (int k = 0; !rc && k < CKPT_NKINDS; k++)
-        if (!(a->staging[k] = c->e->k->alloc(c->e->shard_total * sizeof(float))))
+        if (!(a->staging[k] = c->e->k->host_alloc(c->e->shard_total * sizeof(float))))
             rc = -1;
     if (!rc) {
         pthread_mutex_init(&a->mu, NULL);
@@ -575,7 +607,7 @@ int ckptr_async_start(struct ckptr *c, char *err)
     if (rc && a) {
         for (int k = 0; k < CKPT_NKINDS; k++)
             if (a->staging[k])
-                c->e->k->free(a->staging[k]);
+                c->e->k->host_free(a->staging[k]);
         free(a);
     }
     return agree(c->comm, rc ? fsdp_err(err, "checkpoint: cannot set up async saves") : 0, err);
@@ -592,7 +624,7 @@ void ckptr_async_stop(struct ckptr *c)
     pthread_mutex_unlock(&a->mu);
     pthread_join(a->thread, NULL);
     for (int k = 0; k < CKPT_NKINDS; k++)
-        c->e->k->free(a->staging[k]);
+        c->e->k->host_free(a->staging[k]);
     free(a->json);
     json_decref(a->trainer);
     free(a);
@@ -715,8 +747,18 @@ int ckptr_verify_loaded(struct ckptr *c, const struct ckpt_manifest *man, char *
         return -1;
     }
     EVP_MD_CTX *md = EVP_MD_CTX_new(); /* agreed on: the loop below is collective */
-    if (agree(c->comm, md ? 0 : fsdp_err(err, "verify-load: out of memory"), err)) {
+    /* a device engine's gathered unit is hashed from a host copy (rank 0) */
+    size_t max_unit = 0;
+    for (int u = 0; u < c->m->nunits; u++)
+        if (e->units[u].padded > max_unit)
+            max_unit = e->units[u].padded;
+    float *hostunit = e->k->on_device && c->comm->rank == 0
+                          ? e->k->host_alloc(max_unit * sizeof(float)) : NULL;
+    int oom = !md || (e->k->on_device && c->comm->rank == 0 && !hostunit);
+    if (agree(c->comm, oom ? fsdp_err(err, "verify-load: out of memory") : 0, err)) {
         EVP_MD_CTX_free(md);
+        if (hostunit)
+            e->k->host_free(hostunit);
         free(want.v);
         return -1;
     }
@@ -728,6 +770,10 @@ int ckptr_verify_loaded(struct ckptr *c, const struct ckpt_manifest *man, char *
             if (full)
                 rc = c->comm->allgather(c->comm, src, full, U->shard_n, err);
             const float *unit = full ? full : src;
+            if (!rc && hostunit) {
+                e->k->download(hostunit, unit, (full ? U->padded : U->shard_n) * sizeof(float));
+                unit = hostunit;
+            }
             const struct model_unit *mu = &c->m->units[u];
             for (int t = 0; !rc && c->comm->rank == 0 && t < mu->ntensors; t++) {
                 const struct model_tensor *T = &c->m->tensors[mu->first_tensor + t];
@@ -748,6 +794,8 @@ int ckptr_verify_loaded(struct ckptr *c, const struct ckpt_manifest *man, char *
         }
     }
     EVP_MD_CTX_free(md);
+    if (hostunit)
+        e->k->host_free(hostunit);
     free(want.v);
     want.v = NULL;
     fsdp_params_changed(e); /* the gather buffers held other kinds */
@@ -831,10 +879,12 @@ static int load_step(struct ckptr *c, uint64_t step, struct ckpt_manifest *man,
         const struct fsdp_unit *U = &c->e->units[u];
         for (int k = 0; k < CKPT_NKINDS; k++)
             w[u * CKPT_NKINDS + k] = (struct ckpt_want){u, k, U->shard_lo, U->shard_n,
-                                                        kind_base(c->e, k) + U->shard_off};
+                                                        host_base(c, k) + U->shard_off};
     }
     if (!rc)
         rc = ckpt_load(&r, w, nw, err);
+    if (!rc)
+        state_to_device(c);
     *bytes_read = r.bytes_fetched;
     free(w);
     ckpt_reader_free(&r);

@@ -39,6 +39,11 @@ struct ckptr {
     uint64_t generation;       /* of this launch: fsdp-super's, or claimed at open */
     char tag[CKPT_TAG_LEN];    /* this launch's writer tag, in every shard name */
     struct ckptr_async *async; /* --ckpt-async */
+    /* Device engines (kernels on_device): the state as the storage code
+     * reads and writes it, in host memory; copied from the device before a
+     * save and to it after a load. NULL on the CPU, where the engine's own
+     * state is host memory. */
+    float *host[CKPT_NKINDS];
 };
 
 /* Result codes beyond 0 / -1. */

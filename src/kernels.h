@@ -21,6 +21,12 @@
 
 struct fsdp_kernels {
     const char *name;
+    /* 1 when alloc's memory is on a device (CUDA): the engine and the
+     * checkpoint code then never dereference it, they copy it through
+     * host_alloc's memory (pinned for fast copies) with upload/download */
+    int on_device;
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *p);
 
     /* memory: alloc returns zeroed, touched memory; upload/download copy
      * between host and backend memory */
@@ -28,6 +34,8 @@ struct fsdp_kernels {
     void (*free)(void *p);
     void (*zero)(float *p, size_t n);
     void (*copy)(float *dst, const float *src, size_t n);
+    /* Both return when the copy is done. download waits for the kernels
+     * queued before it, from any thread (the async checkpoint writer). */
     void (*upload)(void *dst, const void *src, size_t bytes);
     void (*download)(void *dst, const void *src, size_t bytes);
 

@@ -6,6 +6,7 @@
  * rank runs the same loop so the collectives line up.
  */
 #include "checkpoint.h"
+#include "cuda/cuda.h"
 #include "data.h"
 #include "fsdp.h"
 #include "heartbeat.h"
@@ -95,7 +96,7 @@ static void print_banner(const struct trainer *t)
             t->o.model_label, c->layers, c->dim, c->heads, c->seq, c->vocab,
             (double)t->model.numel / 1e6, t->comm.world, t->comm.world > 1 ? "s" : "",
             fsdp_shard_name(t->o.shard), t->precision, t->threads, t->threads > 1 ? "s" : "",
-            fsdp_kernels_cpu()->name, fsdp_kernels_cpu_blas());
+            t->eng.k->name, t->o.cuda ? "cuBLAS matmuls, NCCL collectives" : fsdp_kernels_cpu_blas());
     fprintf(stderr,
             "fsdp-train: per rank: params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB "
             "(unsharded %.2f / %.2f / %.2f MiB); gathered params %.2f MiB, full grads %.2f MiB, "
@@ -489,10 +490,13 @@ static int train(struct trainer *t, char *err)
 static int agree_precision(struct trainer *t, char *err)
 {
     char why[128] = "";
-    double lacking = t->o.bf16 && !fsdp_kernels_cpu_bf16(why, sizeof why); /* ranks that cannot */
+    int can = t->o.cuda ? fsdp_cuda_bf16(why, sizeof why) : fsdp_kernels_cpu_bf16(why, sizeof why);
+    double lacking = t->o.bf16 && !can; /* ranks that cannot */
     if (t->comm.allreduce_sum_f64(&t->comm, &lacking, 1, err))
         return -1;
     t->bf16 = t->o.bf16 && lacking == 0;
+    if (t->o.cuda) /* attention's fp32 products too, as under autocast */
+        fsdp_cuda_allow_tf32(t->bf16);
     if (t->bf16)
         snprintf(t->precision, sizeof t->precision,
                  "precision bf16 (gathers and matmuls; fp32 master state)");
@@ -503,8 +507,8 @@ static int agree_precision(struct trainer *t, char *err)
                  why);
     else
         snprintf(t->precision, sizeof t->precision,
-                 "precision fp32 (bf16 asked for, but %.0f of %d ranks lack AVX512_BF16 or "
-                 "oneDNN)", lacking, t->comm.world);
+                 "precision fp32 (bf16 asked for, but %.0f of %d ranks lack %s)", lacking,
+                 t->comm.world, t->o.cuda ? "a GPU with bf16" : "AVX512_BF16 or oneDNN");
     return 0;
 }
 
@@ -541,7 +545,8 @@ static int setup(struct trainer *t, char *err)
     if (!t->in || !t->tgt || !t->consumed)
         return fsdp_err(err, "out of memory for the batch");
     const struct fsdp_opts fo = {o->shard, t->micro, o->recompute_every, t->bf16};
-    if (fsdp_init(&t->eng, &t->model, fsdp_kernels_cpu(), &t->comm, &fo, err))
+    const struct fsdp_kernels *k = o->cuda ? fsdp_kernels_cuda() : fsdp_kernels_cpu();
+    if (fsdp_init(&t->eng, &t->model, k, &t->comm, &fo, err))
         return -1;
     t->eng.on_progress = hb_progress;
     fsdp_init_params(&t->eng, o->seed);
@@ -635,7 +640,30 @@ static void report_peak_memory(struct trainer *t)
             top_rank);
     if (W > 1)
         fprintf(stderr, ", rank 0 %.1f MiB", mine / 1024);
+    if (t->o.cuda)
+        fprintf(stderr, "; rank 0 device memory peak %.1f MiB",
+                (double)fsdp_cuda_peak_bytes() / 1048576.0);
     fputc('\n', stderr);
+}
+
+/* Collective: every rank takes its GPU, or none goes on; then the engine's
+ * collectives move to NCCL. A rank that failed says why (err set); the
+ * others return with err empty. */
+static int start_cuda(struct trainer *t, char *err)
+{
+    char agree_err[ERR_LEN];
+    double failed = fsdp_cuda_init(t->comm.local_rank, err, ERR_LEN) != 0;
+    if (t->comm.allreduce_sum_f64(&t->comm, &failed, 1, agree_err))
+        return fsdp_err(err, "%s", agree_err);
+    if (failed > 0) {
+        if (failed == t->comm.world && t->comm.rank != 0)
+            err[0] = 0; /* the same reason everywhere: rank 0 says it once */
+        else if (!err[0] && t->comm.rank == 0)
+            fsdp_err(err, "--device cuda: %.0f of %d ranks have no usable GPU", failed,
+                     t->comm.world);
+        return -1;
+    }
+    return fsdp_comm_nccl_init(&t->comm, err);
 }
 
 int main(int argc, char **argv)
@@ -673,6 +701,12 @@ int main(int argc, char **argv)
         }
     } else {
         fsdp_comm_local_init(&t.comm);
+    }
+    if (t.o.cuda && start_cuda(&t, err)) {
+        if (err[0])
+            fprintf(stderr, "fsdp-train: %s\n", err);
+        t.comm.finalize(&t.comm);
+        return 1;
     }
     double t0 = fsdp_now();
     if (hb_start(t.comm.rank, err)) { /* the same environment on every rank */

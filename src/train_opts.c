@@ -43,6 +43,9 @@ void train_opts_usage(void)
            "                         recompute blocks' activations in the backward instead\n"
            "                         of keeping them: every block, or blocks 0, N, 2N, ...\n"
            "                         (default none; the losses are the same bits)\n"
+           "  --device cpu|cuda      where each rank computes: cuda runs one rank per GPU\n"
+           "                         (device = rank on its host), NCCL collectives, the\n"
+           "                         same checkpoints (default cpu)\n"
            "  --threads N            compute threads per rank (default cores / local ranks)\n"
            "  --cpu-kernels ISA      auto | x86-64 | x86-64-v3 | x86-64-v4: the CPU kernels'\n"
            "                         instruction set (default auto: the widest this CPU\n"
@@ -159,6 +162,12 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
             o->cpu_kernels = v; /* checked against the CPU in main */
         else if (strcmp(f, "--matmul") == 0)
             o->matmul = v; /* checked against the build in main */
+        else if (strcmp(f, "--device") == 0) {
+            if (strcmp(v, "cpu") == 0 || strcmp(v, "cuda") == 0)
+                o->cuda = v[1] == 'u';
+            else
+                rc = fsdp_err(err, "--device '%s' is not cpu or cuda", v);
+        }
         else if (strcmp(f, "--layers") == 0)
             rc = need_int(f, v, 1, 256, &layers, err);
         else if (strcmp(f, "--dim") == 0)

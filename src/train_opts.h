@@ -14,6 +14,7 @@ struct train_opts {
     const char *data, *val_data, *log_path, *model_name;
     const char *cpu_kernels; /* auto, or an instruction set (kernels.h) */
     const char *matmul;      /* auto, onednn or openblas (kernels.h) */
+    int cuda;                /* --device cuda (cuda/cuda.h) */
     char model_label[64]; /* the preset, or "custom" when a field was overridden */
     struct model_config cfg;
     long long global_batch, micro_batch; /* micro_batch 0: global / world */

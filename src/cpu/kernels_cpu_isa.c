@@ -519,6 +519,9 @@ static double cpu_sumsq(const float *x, size_t n)
 
 static const struct fsdp_kernels cpu_kernels = {
     .name = "cpu " FSDP_ISA_NAME,
+    .on_device = 0,
+    .host_alloc = cpu_alloc,
+    .host_free = cpu_free,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .zero = cpu_zero,

@@ -31,6 +31,7 @@ def bad_flags_give_one_line_and_the_usage_hint(tmp):
         ([TRAIN, "--data", train, "--cpu-kernels", "avx9"], "--cpu-kernels 'avx9'"),
         ([TRAIN, "--data", train, "--matmul", "mkl"], "--matmul 'mkl'"),
         ([TRAIN, "--data", train, "--precision", "fp16"], "--precision 'fp16'"),
+        ([TRAIN, "--data", train, "--device", "tpu"], "--device 'tpu'"),
         ([TRAIN, "--data", train, "--activation-checkpointing", "every-0"],
          "--activation-checkpointing 'every-0'"),
     ]
@@ -66,7 +67,25 @@ def batch_that_does_not_divide_is_refused_once(tmp):
     assert p.returncode != 0 and "--micro-batch 3 does not divide the 4" in p.stderr, p.stderr
 
 
+def device_cuda_without_a_gpu_is_refused_once(tmp):
+    """Where there is no GPU (or no CUDA module), --device cuda is one line
+    from rank 0 and exit 1, on one rank and on two."""
+    train, _ = prepare_corpus(tmp)
+    args = [TRAIN, "--data", train, "--device", "cuda", "--steps", "1"]
+    p = run(args, check=False)
+    if p.returncode == 0:
+        print("  skipped: this machine has a GPU", flush=True)
+        return
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 1 and lines[0].startswith(
+        "fsdp-train: --device cuda: "), p.stderr
+    p = mpirun(2, args, check=False)
+    lines = [l for l in p.stderr.strip().splitlines() if l.startswith("fsdp-train")]
+    assert p.returncode != 0 and len(lines) == 1 and "--device cuda: " in lines[0], p.stderr
+
+
 if __name__ == "__main__":
     main([help_exits_zero, bad_flags_give_one_line_and_the_usage_hint,
           ckpt_tool_errors_are_one_line,
-          batch_that_does_not_divide_is_refused_once])
+          batch_that_does_not_divide_is_refused_once,
+          device_cuda_without_a_gpu_is_refused_once])

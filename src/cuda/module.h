@@ -1,0 +1,46 @@
+/*
+ * module.h - what the CUDA module (libfsdp-cuda.so) exports to the loader
+ * (cuda_load.c): one function returning one table. Private to src/cuda.
+ *
+ * The module is separate so that fsdp-train loads CUDA, cuBLAS and NCCL
+ * only when a run asks for --device cuda: linked in, they cost every CPU
+ * rank 0.35 s and 220 MiB at start, and a host without them could not run
+ * fsdp-train at all.
+ */
+#ifndef FSDP_CUDA_MODULE_H
+#define FSDP_CUDA_MODULE_H
+
+#include "../comm.h"
+#include "../kernels.h"
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FSDP_CUDA_MODULE_ABI 1
+
+struct fsdp_cuda_module {
+    int abi; /* FSDP_CUDA_MODULE_ABI: a module of another build is refused */
+    int (*init)(int local_rank, char *err, size_t len);
+    const struct fsdp_kernels *(*kernels)(void);
+    int (*bf16)(char *why, size_t len);
+    void (*allow_tf32)(int on);
+    size_t (*peak_bytes)(void);
+    int (*comm_nccl_init)(struct fsdp_comm *c, char *err);
+};
+
+/* Exported by the module (the only symbol it exports). */
+const struct fsdp_cuda_module *fsdp_cuda_module(void);
+
+/* Inside the module: the compute stream (kernels_cuda.cu) for NCCL, and
+ * NCCL's communicator set-up (comm_nccl.c). */
+void *fsdp_cudamod_stream(void);
+int fsdp_cudamod_comm_nccl_init(struct fsdp_comm *c, char *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,491 @@
+/*
+ * test_cuda.c - the CUDA backend against the CPU backend, kernel by kernel
+ * on random inputs, then the whole engine (loss and every gradient), a
+ * finite-difference gradient check on the GPU, and repeatability.
+ *
+ * Needs a GPU: without one (or in a build without CUDA) it prints why and
+ * exits 77, which meson reports as skipped. tools/device-check.sh runs it
+ * on a GPU machine.
+ *
+ * Errors are measured relative to the reference's largest magnitude,
+ *   max |gpu - cpu| / max |cpu|,
+ * so values near zero do not blow the ratio up. Tolerances, per kernel:
+ *   1e-5  pointwise and row kernels, fp32 matmuls (summation order only)
+ *   1e-4  attention (two products and a softmax), the loss, bf16 matmuls
+ *         (the same rounded operands; accumulation order differs)
+ *   0     bf16 rounding and widening (the same bits by construction)
+ * and for the engine, per gradient tensor, ||gpu - cpu|| / ||cpu|| < 1e-4.
+ */
+#include "check.h"
+
+#include "comm.h"
+#include "cuda/cuda.h"
+#include "fsdp.h"
+#include "kernels.h"
+#include "model.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct fsdp_kernels *cpu, *gpu;
+
+/* ---- helpers ------------------------------------------------------------------------- */
+
+static float *randv(size_t n, uint64_t seed, float scale)
+{
+    float *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++)
+        v[i] = scale * fsdp_normal_at(seed, i);
+    return v;
+}
+
+static void *dev(const void *host, size_t bytes)
+{
+    void *d = gpu->alloc(bytes);
+    if (host)
+        gpu->upload(d, host, bytes);
+    return d;
+}
+
+static float *back(const float *d, size_t n)
+{
+    float *h = malloc(n * sizeof *h);
+    gpu->download(h, d, n * sizeof *h);
+    return h;
+}
+
+static double rel_err(const float *got, const float *want, size_t n)
+{
+    double m = 0, d = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabs(want[i]) > m)
+            m = fabs(want[i]);
+        double e = fabs((double)got[i] - want[i]);
+        if (!(e <= d))
+            d = e; /* NaN sticks */
+    }
+    return d / (m > 0 ? m : 1.0);
+}
+
+/* compares device buffer d against host reference h */
+#define EXPECT_CLOSE(d, h, n, tol, what)                                                         \
+    do {                                                                                         \
+        float *got_ = back(d, n);                                                                \
+        double e_ = rel_err(got_, h, n);                                                         \
+        CHECK(e_ < (tol), "%s: relative error %.3g (tolerance %g)", what, e_, (double)(tol));    \
+        free(got_);                                                                              \
+    } while (0)
+
+enum { B = 2, T = 64, C = 96, NH = 4, OC = 288, V = 100, Vp = 128 };
+#define BT ((size_t)B * T)
+
+/* ---- kernels ------------------------------------------------------------------------- */
+
+static void encoder_matches_the_cpu(void)
+{
+    int32_t tok[BT];
+    for (size_t i = 0; i < BT; i++)
+        tok[i] = (int32_t)((i * 7919) % V);
+    tok[3] = tok[9] = tok[40]; /* repeated tokens: the scatter must add them all */
+    float *wte = randv((size_t)V * C, 1, 1), *wpe = randv((size_t)T * C, 2, 1);
+    float *out = calloc(BT * C, 4), *dout = randv(BT * C, 3, 1);
+    float *dwte = randv((size_t)V * C, 4, 1), *dwpe = randv((size_t)T * C, 5, 1);
+    int32_t *dtok = dev(tok, sizeof tok);
+    float *dwte_d = dev(wte, (size_t)V * C * 4), *dwpe_d = dev(wpe, (size_t)T * C * 4);
+    float *dout_d = dev(NULL, BT * C * 4), *gdout = dev(dout, BT * C * 4);
+    float *gdwte = dev(dwte, (size_t)V * C * 4), *gdwpe = dev(dwpe, (size_t)T * C * 4);
+    cpu->encoder_forward(out, tok, wte, wpe, B, T, C);
+    gpu->encoder_forward(dout_d, dtok, dwte_d, dwpe_d, B, T, C);
+    EXPECT_CLOSE(dout_d, out, BT * C, 1e-6, "encoder_forward");
+    cpu->encoder_backward(dwte, dwpe, dout, tok, B, T, C);
+    gpu->encoder_backward(gdwte, gdwpe, gdout, dtok, B, T, C);
+    EXPECT_CLOSE(gdwte, dwte, (size_t)V * C, 1e-6, "encoder_backward dwte");
+    EXPECT_CLOSE(gdwpe, dwpe, (size_t)T * C, 1e-6, "encoder_backward dwpe");
+    free(wte), free(wpe), free(out), free(dout), free(dwte), free(dwpe);
+    void *d[] = {dtok, dwte_d, dwpe_d, dout_d, gdout, gdwte, gdwpe};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
+        gpu->free(d[i]);
+}
+
+static void layernorm_matches_the_cpu(void)
+{
+    float *x = randv(BT * C, 10, 2), *w = randv(C, 11, 1), *b = randv(C, 12, 1);
+    float *out = calloc(BT * C, 4), *mean = calloc(BT, 4), *rstd = calloc(BT, 4);
+    float *dout = randv(BT * C, 13, 1), *dinp = randv(BT * C, 14, 1);
+    float *dw = randv(C, 15, 1), *db = randv(C, 16, 1);
+    float *gx = dev(x, BT * C * 4), *gw = dev(w, C * 4), *gb = dev(b, C * 4);
+    float *gout = dev(NULL, BT * C * 4), *gmean = dev(NULL, BT * 4), *grstd = dev(NULL, BT * 4);
+    float *gdout = dev(dout, BT * C * 4), *gdinp = dev(dinp, BT * C * 4);
+    float *gdw = dev(dw, C * 4), *gdb = dev(db, C * 4);
+    cpu->layernorm_forward(out, mean, rstd, x, w, b, BT, C);
+    gpu->layernorm_forward(gout, gmean, grstd, gx, gw, gb, BT, C);
+    EXPECT_CLOSE(gout, out, BT * C, 1e-5, "layernorm_forward out");
+    EXPECT_CLOSE(gmean, mean, BT, 1e-5, "layernorm_forward mean");
+    EXPECT_CLOSE(grstd, rstd, BT, 1e-5, "layernorm_forward rstd");
+    cpu->layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, BT, C);
+    gpu->layernorm_backward(gdinp, gdw, gdb, gdout, gx, gw, gmean, grstd, BT, C);
+    EXPECT_CLOSE(gdinp, dinp, BT * C, 1e-5, "layernorm_backward dinp (accumulated)");
+    EXPECT_CLOSE(gdw, dw, C, 1e-5, "layernorm_backward dw");
+    EXPECT_CLOSE(gdb, db, C, 1e-5, "layernorm_backward db");
+    float *h[] = {x, w, b, out, mean, rstd, dout, dinp, dw, db};
+    float *d[] = {gx, gw, gb, gout, gmean, grstd, gdout, gdinp, gdw, gdb};
+    for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
+        free(h[i]), gpu->free(d[i]);
+}
+
+static void matmuls_match_the_cpu(int bf16)
+{
+    const size_t nx = BT * C, nw = (size_t)OC * C, no = BT * OC;
+    float *x = randv(nx, 20, 1), *w = randv(nw, 21, 0.1f), *bias = randv(OC, 22, 1);
+    float *dout = randv(no, 23, 1), *out = calloc(no, 4), *dinp = calloc(nx, 4);
+    float *dw = randv(nw, 24, 1), *dbias = randv(OC, 25, 1);
+    uint16_t *w16 = malloc(nw * 2);
+    cpu->to_bf16(w16, w, nw);
+    float *gx = dev(x, nx * 4), *gw = dev(w, nw * 4), *gbias = dev(bias, OC * 4);
+    float *gdout = dev(dout, no * 4), *gout = dev(NULL, no * 4), *gdinp = dev(NULL, nx * 4);
+    float *gdw = dev(dw, nw * 4), *gdbias = dev(dbias, OC * 4);
+    uint16_t *gw16 = dev(w16, nw * 2);
+    const char *tag = bf16 ? "bf16" : "fp32";
+    char what[64];
+    if (bf16) {
+        cpu->bf16_scratch(no, nx);
+        gpu->bf16_scratch(no, nx);
+        cpu->matmul_forward_bf16(out, x, w16, bias, BT, C, OC);
+        gpu->matmul_forward_bf16(gout, gx, gw16, gbias, BT, C, OC);
+    } else {
+        cpu->matmul_forward(out, x, w, bias, BT, C, OC);
+        gpu->matmul_forward(gout, gx, gw, gbias, BT, C, OC);
+    }
+    const double tol = bf16 ? 1e-4 : 1e-5;
+    snprintf(what, sizeof what, "matmul_forward %s", tag);
+    EXPECT_CLOSE(gout, out, no, tol, what);
+    if (bf16) {
+        cpu->matmul_backward_bf16(dinp, dw, dbias, dout, x, w16, BT, C, OC);
+        gpu->matmul_backward_bf16(gdinp, gdw, gdbias, gdout, gx, gw16, BT, C, OC);
+    } else {
+        cpu->matmul_backward(dinp, dw, dbias, dout, x, w, BT, C, OC);
+        gpu->matmul_backward(gdinp, gdw, gdbias, gdout, gx, gw, BT, C, OC);
+    }
+    snprintf(what, sizeof what, "matmul_backward %s dinp", tag);
+    EXPECT_CLOSE(gdinp, dinp, nx, tol, what);
+    snprintf(what, sizeof what, "matmul_backward %s dw (accumulated)", tag);
+    EXPECT_CLOSE(gdw, dw, nw, tol, what);
+    snprintf(what, sizeof what, "matmul_backward %s dbias (accumulated)", tag);
+    EXPECT_CLOSE(gdbias, dbias, OC, 1e-5, what);
+    float *h[] = {x, w, bias, dout, out, dinp, dw, dbias};
+    float *d[] = {gx, gw, gbias, gdout, gout, gdinp, gdw, gdbias};
+    for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
+        free(h[i]), gpu->free(d[i]);
+    free(w16);
+    gpu->free(gw16);
+}
+
+static void fp32_matmuls_match_the_cpu(void) { matmuls_match_the_cpu(0); }
+static void bf16_matmuls_match_the_cpu(void) { matmuls_match_the_cpu(1); }
+
+static void bf16_rounding_is_the_cpus_bit_for_bit(void)
+{
+    const size_t n = 4096;
+    float *x = randv(n, 30, 100);
+    uint32_t special[] = {0x7fc00001u, 0xffc00000u, 0x7f800000u, 0xff800000u, 0x00000001u,
+                          0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x80000000u};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+        memcpy(&x[i], &special[i], 4);
+    uint16_t *a = malloc(n * 2), *b = malloc(n * 2);
+    float *wa = malloc(n * 4), *wb = malloc(n * 4);
+    float *gx = dev(x, n * 4), *gw = dev(NULL, n * 4);
+    uint16_t *g16 = dev(NULL, n * 2);
+    cpu->to_bf16(a, x, n);
+    gpu->to_bf16(g16, gx, n);
+    gpu->download(b, g16, n * 2);
+    CHECK(memcmp(a, b, n * 2) == 0, "to_bf16 differs from the CPU's");
+    cpu->from_bf16(wa, a, n);
+    gpu->from_bf16(gw, g16, n);
+    gpu->download(wb, gw, n * 4);
+    CHECK(memcmp(wa, wb, n * 4) == 0, "from_bf16 differs from the CPU's");
+    free(x), free(a), free(b), free(wa), free(wb);
+    gpu->free(gx), gpu->free(gw), gpu->free(g16);
+}
+
+static void attention_matches_the_cpu(void)
+{
+    const size_t nq = BT * 3 * C, na = (size_t)B * NH * T * T, no = BT * C;
+    float *qkv = randv(nq, 40, 1), *att = calloc(na, 4), *out = calloc(no, 4);
+    float *dout = randv(no, 41, 1), *dqkv = calloc(nq, 4), *datt = calloc(na, 4);
+    float *gqkv = dev(qkv, nq * 4), *gatt = dev(NULL, na * 4), *gout = dev(NULL, no * 4);
+    float *gdout = dev(dout, no * 4), *gdqkv = dev(NULL, nq * 4), *gdatt = dev(NULL, na * 4);
+    cpu->attention_forward(out, att, qkv, B, T, C, NH);
+    gpu->attention_forward(gout, gatt, gqkv, B, T, C, NH);
+    EXPECT_CLOSE(gatt, att, na, 1e-5, "attention_forward att (the stored softmax)");
+    EXPECT_CLOSE(gout, out, no, 1e-4, "attention_forward out");
+    cpu->attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+    gpu->attention_backward(gdqkv, gdatt, gdout, gqkv, gatt, B, T, C, NH);
+    EXPECT_CLOSE(gdqkv, dqkv, nq, 1e-4, "attention_backward dqkv");
+    float *h[] = {qkv, att, out, dout, dqkv, datt};
+    float *d[] = {gqkv, gatt, gout, gdout, gdqkv, gdatt};
+    for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
+        free(h[i]), gpu->free(d[i]);
+}
+
+static void pointwise_kernels_match_the_cpu(void)
+{
+    const size_t n = BT * 4 * C;
+    float *x = randv(n, 50, 3), *y = randv(n, 51, 1), *o = calloc(n, 4);
+    float *gx = dev(x, n * 4), *gy = dev(y, n * 4), *go = dev(NULL, n * 4);
+    cpu->gelu_forward(o, x, n);
+    gpu->gelu_forward(go, gx, n);
+    EXPECT_CLOSE(go, o, n, 1e-5, "gelu_forward");
+    cpu->gelu_backward(o, x, y, n);
+    gpu->gelu_backward(go, gx, gy, n);
+    EXPECT_CLOSE(go, o, n, 1e-5, "gelu_backward");
+    cpu->residual_forward(o, x, y, n);
+    gpu->residual_forward(go, gx, gy, n);
+    EXPECT_CLOSE(go, o, n, 1e-7, "residual_forward");
+    cpu->add(o, x, n);
+    gpu->add(go, gx, n);
+    EXPECT_CLOSE(go, o, n, 1e-7, "add");
+    double s1 = cpu->sumsq(x, n), s2 = gpu->sumsq(gx, n);
+    CHECK(fabs(s1 - s2) <= 1e-12 * s1, "sumsq: cpu %.17g gpu %.17g", s1, s2);
+    free(x), free(y), free(o);
+    gpu->free(gx), gpu->free(gy), gpu->free(go);
+}
+
+static void loss_matches_the_cpu(void)
+{
+    const size_t n = BT * Vp;
+    float *logits = randv(n, 60, 3), *losses = calloc(BT, 4);
+    int32_t tgt[BT];
+    for (size_t i = 0; i < BT; i++)
+        tgt[i] = (int32_t)((i * 31) % V);
+    float *gl = dev(logits, n * 4), *gloss = dev(NULL, BT * 4);
+    int32_t *gt = dev(tgt, sizeof tgt);
+    cpu->softmax_crossentropy_forward(logits, losses, tgt, BT, V, Vp);
+    gpu->softmax_crossentropy_forward(gl, gloss, gt, BT, V, Vp);
+    EXPECT_CLOSE(gl, logits, n, 1e-5, "softmax_crossentropy_forward probs");
+    EXPECT_CLOSE(gloss, losses, BT, 1e-5, "softmax_crossentropy_forward losses");
+    cpu->softmax_crossentropy_backward(logits, tgt, 1.0f / BT, BT, V, Vp);
+    gpu->softmax_crossentropy_backward(gl, gt, 1.0f / BT, BT, V, Vp);
+    EXPECT_CLOSE(gl, logits, n, 1e-5, "softmax_crossentropy_backward");
+    free(logits), free(losses);
+    gpu->free(gl), gpu->free(gloss), gpu->free(gt);
+}
+
+static void adamw_matches_the_cpu(void)
+{
+    const size_t n = 10000;
+    float *p = randv(n, 70, 1), *g = randv(n, 71, 1), *m = randv(n, 72, 0.1f);
+    float *v = randv(n, 73, 0.1f);
+    for (size_t i = 0; i < n; i++)
+        v[i] = v[i] * v[i];
+    float *gp = dev(p, n * 4), *gg = dev(g, n * 4), *gm = dev(m, n * 4), *gv = dev(v, n * 4);
+    cpu->adamw(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f, 0.0975f, 0.5f);
+    gpu->adamw(gp, gg, gm, gv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f, 0.0975f, 0.5f);
+    EXPECT_CLOSE(gp, p, n, 1e-6, "adamw params");
+    EXPECT_CLOSE(gm, m, n, 1e-6, "adamw exp_avg");
+    EXPECT_CLOSE(gv, v, n, 1e-6, "adamw exp_avg_sq");
+    free(p), free(g), free(m), free(v);
+    gpu->free(gp), gpu->free(gg), gpu->free(gm), gpu->free(gv);
+}
+
+/* ---- the engine ---------------------------------------------------------------------- */
+
+enum { EB = 2, ET = 8 };
+static const struct model_config ecfg = {.layers = 2, .dim = 16, .heads = 2, .seq = ET,
+                                         .vocab = 30, .vocab_pad = 32};
+
+struct rig {
+    struct model_layout m;
+    struct fsdp_comm comm;
+    struct fsdp_engine e;
+    float *host; /* the parameter shard, host copy */
+};
+
+static int rig_init(struct rig *r, const struct fsdp_kernels *k, int bf16)
+{
+    char err[ERR_LEN];
+    if (model_layout_init(&r->m, &ecfg, err) != 0)
+        return -1;
+    fsdp_comm_local_init(&r->comm);
+    if (k->on_device) { /* the one-rank copies are memmove: device buffers need NCCL */
+        if (fsdp_comm_nccl_init(&r->comm, err) != 0) {
+            fprintf(stderr, "  %s\n", err);
+            return -1;
+        }
+    }
+    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, 0, bf16};
+    if (fsdp_init(&r->e, &r->m, k, &r->comm, &o, err) != 0) {
+        fprintf(stderr, "  %s\n", err);
+        return -1;
+    }
+    r->host = calloc(r->e.shard_total, sizeof *r->host);
+    for (int ti = 0; ti < r->m.ntensors; ti++) {
+        const struct model_tensor *t = &r->m.tensors[ti];
+        float *p = r->host + r->e.units[t->unit].shard_off + t->offset;
+        for (size_t i = 0; i < t->numel; i++)
+            p[i] = t->init_value + 0.3f * fsdp_normal_at(1000 + (uint64_t)ti, i);
+    }
+    k->upload(r->e.params, r->host, r->e.shard_total * sizeof(float));
+    fsdp_params_changed(&r->e);
+    int32_t in[EB * ET], tgt[EB * ET];
+    struct fsdp_rng rng = {42};
+    for (int i = 0; i < EB * ET; i++) {
+        in[i] = (int32_t)fsdp_rng_below(&rng, (uint64_t)ecfg.vocab);
+        tgt[i] = (int32_t)fsdp_rng_below(&rng, (uint64_t)ecfg.vocab);
+    }
+    fsdp_set_batch(&r->e, in, tgt);
+    return 0;
+}
+
+static void rig_free(struct rig *r)
+{
+    fsdp_free(&r->e);
+    r->comm.finalize(&r->comm);
+    model_layout_free(&r->m);
+    free(r->host);
+}
+
+/* loss and the gradient shard (host copy, caller frees) of one step */
+static float *step_grads(const struct fsdp_kernels *k, int bf16, double *loss)
+{
+    struct rig r;
+    char err[ERR_LEN];
+    if (rig_init(&r, k, bf16) != 0)
+        return NULL;
+    fsdp_zero_grad(&r.e);
+    float *g = NULL;
+    if (fsdp_forward(&r.e, EB, ET, loss, err) == 0 &&
+        fsdp_backward(&r.e, 1.0f / (EB * ET), err) == 0) {
+        g = malloc(r.e.shard_total * sizeof *g);
+        k->download(g, r.e.grads, r.e.shard_total * sizeof *g);
+    } else {
+        fprintf(stderr, "  %s\n", err);
+    }
+    rig_free(&r);
+    return g;
+}
+
+static void engine_gradients_match_the_cpu(int bf16)
+{
+    double lc = 0, lg = 0;
+    float *gc = step_grads(cpu, bf16, &lc), *gg = step_grads(gpu, bf16, &lg);
+    REQUIRE(gc && gg, "a step failed");
+    CHECK(fabs(lc - lg) <= 1e-5 * fabs(lc), "loss: cpu %.9g gpu %.9g", lc, lg);
+    struct model_layout m;
+    char err[ERR_LEN];
+    model_layout_init(&m, &ecfg, err);
+    struct fsdp_comm comm;
+    fsdp_comm_local_init(&comm);
+    struct fsdp_engine e;
+    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, 0, 0};
+    fsdp_init(&e, &m, cpu, &comm, &o, err);
+    for (int ti = 0; ti < m.ntensors; ti++) {
+        const struct model_tensor *t = &m.tensors[ti];
+        size_t off = e.units[t->unit].shard_off + t->offset;
+        double d2 = 0, c2 = 0;
+        for (size_t i = 0; i < t->numel; i++) {
+            double d = (double)gg[off + i] - gc[off + i];
+            d2 += d * d;
+            c2 += (double)gc[off + i] * gc[off + i];
+        }
+        double rel = sqrt(d2) / (sqrt(c2) + 1e-30);
+        CHECK(rel < 1e-4, "%s gradient (%s): relative error %.3g", t->name,
+              bf16 ? "bf16" : "fp32", rel);
+    }
+    fsdp_free(&e);
+    model_layout_free(&m);
+    free(gc), free(gg);
+}
+
+static void engine_gradients_match_the_cpu_fp32(void) { engine_gradients_match_the_cpu(0); }
+static void engine_gradients_match_the_cpu_bf16(void) { engine_gradients_match_the_cpu(1); }
+
+/* Central differences of the loss on the GPU itself, every element, the
+ * same tolerance as the CPU's gradient check (test_gradcheck.c). */
+static void every_gradient_matches_finite_differences_on_the_gpu(void)
+{
+    struct rig r;
+    char err[ERR_LEN];
+    REQUIRE(rig_init(&r, gpu, 0) == 0, "rig");
+    double base;
+    fsdp_zero_grad(&r.e);
+    REQUIRE(fsdp_forward(&r.e, EB, ET, &base, err) == 0 &&
+                fsdp_backward(&r.e, 1.0f / (EB * ET), err) == 0, "%s", err);
+    float *grads = back(r.e.grads, r.e.shard_total);
+    const float eps = 5e-3f;
+    for (int ti = 0; ti < r.m.ntensors; ti++) {
+        const struct model_tensor *t = &r.m.tensors[ti];
+        size_t off = r.e.units[t->unit].shard_off + t->offset;
+        double diff2 = 0, a2 = 0, n2 = 0;
+        for (size_t i = 0; i < t->numel; i++) {
+            float saved = r.host[off + i], v;
+            double l[2];
+            for (int s = 0; s < 2; s++) {
+                v = saved + (s ? -eps : eps);
+                gpu->upload(r.e.params + off + i, &v, sizeof v);
+                fsdp_params_changed(&r.e);
+                fsdp_forward(&r.e, EB, ET, &l[s], err);
+            }
+            gpu->upload(r.e.params + off + i, &saved, sizeof saved);
+            double num = (l[0] - l[1]) / (EB * ET) / (2.0 * eps), ana = grads[off + i];
+            diff2 += (ana - num) * (ana - num);
+            a2 += ana * ana;
+            n2 += num * num;
+        }
+        double rel = sqrt(diff2) / (sqrt(a2) + sqrt(n2) + 1e-30);
+        CHECK(a2 > 0 && rel < 5e-3, "%s: relative error %.3g", t->name, rel);
+    }
+    free(grads);
+    rig_free(&r);
+}
+
+static void two_gpu_steps_give_the_same_bits(void)
+{
+    double l1, l2;
+    float *a = step_grads(gpu, 0, &l1), *b = step_grads(gpu, 0, &l2);
+    REQUIRE(a && b, "a step failed");
+    struct model_layout m;
+    char err[ERR_LEN];
+    model_layout_init(&m, &ecfg, err);
+    size_t n = 0;
+    struct fsdp_comm comm;
+    fsdp_comm_local_init(&comm);
+    struct fsdp_engine e;
+    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, 0, 0};
+    fsdp_init(&e, &m, cpu, &comm, &o, err);
+    n = e.shard_total;
+    fsdp_free(&e);
+    model_layout_free(&m);
+    CHECK(l1 == l2, "losses differ: %.17g %.17g", l1, l2);
+    CHECK(memcmp(a, b, n * sizeof *a) == 0, "gradients differ between two identical steps");
+    free(a), free(b);
+}
+
+int main(int argc, char **argv)
+{
+    char err[256];
+    if (fsdp_cuda_init(0, err, sizeof err) != 0) {
+        printf("skip: %s\n", err);
+        return 77;
+    }
+    cpu = fsdp_kernels_cpu();
+    gpu = fsdp_kernels_cuda();
+    printf("%s against %s\n", gpu->name, cpu->name);
+    static const struct check_test tests[] = {
+        TEST(encoder_matches_the_cpu),
+        TEST(layernorm_matches_the_cpu),
+        TEST(fp32_matmuls_match_the_cpu),
+        TEST(bf16_matmuls_match_the_cpu),
+        TEST(bf16_rounding_is_the_cpus_bit_for_bit),
+        TEST(attention_matches_the_cpu),
+        TEST(pointwise_kernels_match_the_cpu),
+        TEST(loss_matches_the_cpu),
+        TEST(adamw_matches_the_cpu),
+        TEST(engine_gradients_match_the_cpu_fp32),
+        TEST(engine_gradients_match_the_cpu_bf16),
+        TEST(every_gradient_matches_finite_differences_on_the_gpu),
+        TEST(two_gpu_steps_give_the_same_bits),
+    };
+    return check_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
+}
