@@ -34,16 +34,15 @@ static int nccl_check(ncclResult_t r, const char *what, char *err)
     return -1;
 }
 
-static int nccl_allgather(struct fsdp_comm *c, const float *shard, float *full, size_t n,
-                          char *err)
+static int nccl_allgather(struct fsdp_comm *c, const float *shard, float *full, size_t n, char *err)
 {
     struct nccl_impl *m = impl(c);
     return nccl_check(ncclAllGather(shard, full, n, ncclFloat32, m->nc, m->stream), "all-gather",
                       err);
 }
 
-static int nccl_allgather_bf16(struct fsdp_comm *c, const uint16_t *shard, uint16_t *full,
-                               size_t n, char *err)
+static int nccl_allgather_bf16(struct fsdp_comm *c, const uint16_t *shard, uint16_t *full, size_t n,
+                               char *err)
 {
     struct nccl_impl *m = impl(c); /* moved, never added: any 2-byte type will do */
     return nccl_check(ncclAllGather(shard, full, n * 2, ncclUint8, m->nc, m->stream),
@@ -90,6 +89,22 @@ static int host_gather(struct fsdp_comm *c, const void *buf, size_t n, int root,
     return h->gather_bytes(h, buf, n, root, out, lens, err);
 }
 
+/* Called while the host waits for the GPU (kernels_cuda.cu): NCCL reports
+ * a dead or failed peer as an asynchronous error; the communicator is then
+ * aborted, which ends this rank's collective kernels, and the rank exits. */
+static int nccl_watch(void *arg)
+{
+    struct nccl_impl *m = arg;
+    ncclResult_t r = ncclSuccess;
+    ncclResult_t q = ncclCommGetAsyncError(m->nc, &r);
+    if (q == ncclSuccess && (r == ncclSuccess || r == ncclInProgress))
+        return 0;
+    fprintf(stderr, "fsdp-train: NCCL: %s; aborting the communicator\n",
+            ncclGetErrorString(q != ncclSuccess ? q : r));
+    ncclCommAbort(m->nc);
+    return 1;
+}
+
 /* A dead peer must not leave this rank in a collective: abort NCCL's
  * communicator first (it ends the kernels waiting on the peer), then the
  * job. */
@@ -103,6 +118,7 @@ static void nccl_abort(struct fsdp_comm *c, int code)
 static void nccl_finalize(struct fsdp_comm *c)
 {
     struct nccl_impl *m = impl(c);
+    fsdp_cudamod_watch(NULL, NULL);
     cudaStreamSynchronize(m->stream);
     ncclCommDestroy(m->nc);
     struct fsdp_comm host = m->host;
@@ -136,6 +152,7 @@ int fsdp_cudamod_comm_nccl_init(struct fsdp_comm *c, char *err)
     }
     c->name = "nccl";
     c->impl = m;
+    fsdp_cudamod_watch(nccl_watch, m);
     c->allgather = nccl_allgather;
     c->allgather_bf16 = nccl_allgather_bf16;
     c->reduce_scatter = nccl_reduce_scatter;

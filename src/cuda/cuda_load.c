@@ -54,9 +54,11 @@ static int load(char *err, size_t len)
             h = try_open(FSDP_CUDA_MODULE_DIR "/" MODULE_NAME, why, sizeof why);
     }
     if (!h) {
-        snprintf(err, len, "--device cuda: cannot load the CUDA backend (%s): this build or "
+        snprintf(err, len,
+                 "--device cuda: cannot load the CUDA backend (%s): this build or "
                  "host has no CUDA (build with nvcc, cuBLAS and NCCL installed: meson "
-                 "-Dcuda=enabled)", why);
+                 "-Dcuda=enabled)",
+                 why);
         return -1;
     }
     const struct fsdp_cuda_module *(*get)(void) =

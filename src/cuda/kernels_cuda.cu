@@ -23,6 +23,7 @@
  */
 #include "module.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -33,17 +34,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static struct {
     int dev, major, minor, tf32;
     cudaStream_t stream;
     cublasHandle_t blas;
+    cublasLtHandle_t lt;
+    void *lt_ws; /* cuBLASLt's workspace */
     pthread_t main_thread;
     char desc[160];
     size_t live, peak;
     void *scratch[4]; /* grown on demand: see scratch() */
     size_t scratch_bytes[4];
-    double *partial;  /* sumsq */
+    double *partial;         /* sumsq */
+    int (*watch)(void *arg); /* comm_nccl.c: 1 when NCCL failed (then it aborted) */
+    void *watch_arg;
 } g;
 
 static void die(const char *what, const char *why, const char *file, int line)
@@ -52,17 +58,17 @@ static void die(const char *what, const char *why, const char *file, int line)
     exit(1);
 }
 
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (x);                                                                    \
-        if (e_ != cudaSuccess)                                                                   \
-            die(#x, cudaGetErrorString(e_), __FILE__, __LINE__);                                 \
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess)                                                                     \
+            die(#x, cudaGetErrorString(e_), __FILE__, __LINE__);                                   \
     } while (0)
-#define CB(x)                                                                                    \
-    do {                                                                                         \
-        cublasStatus_t s_ = (x);                                                                 \
-        if (s_ != CUBLAS_STATUS_SUCCESS)                                                         \
-            die(#x, cublasGetStatusString(s_), __FILE__, __LINE__);                              \
+#define CB(x)                                                                                      \
+    do {                                                                                           \
+        cublasStatus_t s_ = (x);                                                                   \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                           \
+            die(#x, cublasGetStatusString(s_), __FILE__, __LINE__);                                \
     } while (0)
 #define LAUNCHED() CK(cudaGetLastError())
 
@@ -122,7 +128,9 @@ static void prof_report(void)
     }
 }
 
-namespace { /* not exported from the module */
+/* not exported from the module */
+namespace
+{
 struct prof_scope {
     const char *name;
     int outer;
@@ -166,8 +174,9 @@ static void *cu_alloc(size_t bytes)
         cudaGetLastError();
         return NULL;
     }
-    CK(cudaMemset(p, 0, n + 256));
-    CK(cudaMemcpy(p, &n, sizeof n, cudaMemcpyHostToDevice));
+    CK(cudaMemsetAsync(p, 0, n + 256, g.stream)); /* the compute stream is non-blocking: */
+    CK(cudaMemcpyAsync(p, &n, sizeof n, cudaMemcpyHostToDevice, g.stream));
+    CK(cudaStreamSynchronize(g.stream)); /* order explicitly, then hand it out */
     g.live += n;
     if (g.live > g.peak)
         g.peak = g.live;
@@ -180,6 +189,7 @@ static void cu_free(void *p)
         return;
     size_t n = 0;
     char *base = (char *)p - 256;
+    CK(cudaStreamSynchronize(g.stream)); /* queued kernels may still read it */
     CK(cudaMemcpy(&n, base, sizeof n, cudaMemcpyDeviceToHost));
     g.live -= n;
     CK(cudaFree(base));
@@ -214,36 +224,76 @@ static void cu_copy(float *dst, const float *src, size_t n)
     CK(cudaMemcpyAsync(dst, src, n * sizeof *dst, cudaMemcpyDeviceToDevice, g.stream));
 }
 
+/* Waits for a stream the way NCCL asks: a peer that died leaves this
+ * rank's collective kernels spinning forever, so instead of blocking in
+ * cudaStreamSynchronize the host polls the stream and NCCL's asynchronous
+ * error; on an error comm_nccl.c aborts the communicator and the rank exits
+ * (the supervisor restarts the job). A rank that hangs without an error
+ * stops its progress counter here, which is what fsdp-super watches. */
+static void wait_stream(cudaStream_t s)
+{
+    if (!g.watch) {
+        CK(cudaStreamSynchronize(s));
+        return;
+    }
+    for (unsigned spins = 0;; spins++) {
+        cudaError_t e = cudaStreamQuery(s);
+        if (e == cudaSuccess)
+            return;
+        if (e != cudaErrorNotReady)
+            CK(e);
+        if (g.watch(g.watch_arg))
+            exit(1);
+        if (spins > 64)
+            usleep(50);
+    }
+}
+
+extern "C" __attribute__((visibility("hidden"))) void fsdp_cudamod_watch(int (*watch)(void *arg),
+                                                                         void *arg)
+{
+    g.watch_arg = arg;
+    g.watch = watch;
+}
+
 static void cu_upload(void *dst, const void *src, size_t bytes)
 {
     cudaStream_t s = stream_here();
     CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
-    CK(cudaStreamSynchronize(s));
+    wait_stream(s);
 }
 
 static void cu_download(void *dst, const void *src, size_t bytes)
 {
     cudaStream_t s = stream_here();
     CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
-    CK(cudaStreamSynchronize(s));
+    wait_stream(s);
 }
 
-
-/* Scratch of the backend's own (attention's permuted operands, bf16
- * operands, partial sums), grown when a call needs more. */
-static void *scratch(int slot, size_t bytes)
+/* Scratch of the backend's own (bf16 operands, partial sums), grown when
+ * a call needs more; NULL when out of memory. */
+static void *scratch_try(int slot, size_t bytes)
 {
     if (g.scratch_bytes[slot] >= bytes)
         return g.scratch[slot];
     if (g.scratch[slot])
         cu_free(g.scratch[slot]);
+    g.scratch_bytes[slot] = 0;
     g.scratch[slot] = cu_alloc(bytes);
-    if (!g.scratch[slot]) {
+    if (g.scratch[slot])
+        g.scratch_bytes[slot] = bytes;
+    return g.scratch[slot];
+}
+
+/* The same inside a kernel sequence, which has no way to fail: reserved
+ * ahead (bf16_scratch) or small. */
+static void *scratch(int slot, size_t bytes)
+{
+    if (!scratch_try(slot, bytes)) {
         fprintf(stderr, "fsdp-train: CUDA: out of device memory for %zu MiB of scratch\n",
                 bytes >> 20);
         exit(1);
     }
-    g.scratch_bytes[slot] = bytes;
     return g.scratch[slot];
 }
 enum { S_BF16_A, S_BF16_B, S_PARTIAL, S_PARTIAL2 };
@@ -348,8 +398,8 @@ __global__ static void encoder_forward_k(float *out, const int32_t *tok, const f
     }
 }
 
-static void cu_encoder_forward(float *out, const int32_t *tok, const float *wte,
-                               const float *wpe, int B, int T, int C)
+static void cu_encoder_forward(float *out, const int32_t *tok, const float *wte, const float *wpe,
+                               int B, int T, int C)
 {
     PROF("encoder_forward");
     size_t n = (size_t)B * T * C;
@@ -442,13 +492,13 @@ static void cu_layernorm_forward(float *out, float *mean, float *rstd, const flo
 {
     PROF("layernorm_forward");
     layernorm_forward_k<<<(unsigned)((N + 7) / 8), 256, 0, g.stream>>>(out, mean, rstd, inp, w, b,
-                                                                        N, C);
+                                                                       N, C);
     LAUNCHED();
 }
 
 __global__ static void layernorm_backward_dinp(float *dinp, const float *dout, const float *inp,
-                                               const float *w, const float *mean,
-                                               const float *rstd, size_t N, int C)
+                                               const float *w, const float *mean, const float *rstd,
+                                               size_t N, int C)
 {
     size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -504,8 +554,8 @@ static void cu_layernorm_backward(float *dinp, float *dw, float *db, const float
                                   const float *rstd, size_t N, int C)
 {
     PROF("layernorm_backward");
-    layernorm_backward_dinp<<<(unsigned)((N + 7) / 8), 256, 0, g.stream>>>(dinp, dout, inp, w,
-                                                                            mean, rstd, N, C);
+    layernorm_backward_dinp<<<(unsigned)((N + 7) / 8), 256, 0, g.stream>>>(dinp, dout, inp, w, mean,
+                                                                           rstd, N, C);
     LAUNCHED();
     int S = col_splits(N);
     float *pw = (float *)scratch(S_PARTIAL, (size_t)S * C * sizeof(float));
@@ -549,14 +599,114 @@ static void bias_rows(float *out, const float *bias, size_t N, int OC)
     LAUNCHED();
 }
 
+/* Forward matmuls through cuBLASLt with the bias added in the GEMM's
+ * epilogue: out = op(A) op(B) + bias, one write of out instead of a bias
+ * fill, a read and a write. Plans (descriptors and the heuristic's algorithm)
+ * are kept per shape, type and operand alignment; a shape cuBLASLt cannot
+ * do (or an out-of-memory) is remembered and takes the cuBLAS path. */
+#define LT_WS_BYTES (32u << 20)
+#define LT_PLANS    64
+struct lt_plan {
+    int used, ok, m, n, k, bf16, align;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+};
+static struct lt_plan lt_plans[LT_PLANS];
+
+static int align_of(const void *p)
+{
+    uintptr_t u = (uintptr_t)p;
+    return (u % 16 == 0) ? 16 : (u % 8 == 0) ? 8 : (u % 4 == 0) ? 4 : 2;
+}
+
+static struct lt_plan *lt_plan_for(int m, int n, int k, int bf16, int align)
+{
+    struct lt_plan *p = NULL;
+    for (int i = 0; i < LT_PLANS; i++) {
+        struct lt_plan *q = &lt_plans[i];
+        if (q->used && q->m == m && q->n == n && q->k == k && q->bf16 == bf16 && q->align == align)
+            return q;
+        if (!q->used && !p)
+            p = q;
+    }
+    if (!p)
+        return NULL; /* the cache is full: cuBLAS */
+    *p = (struct lt_plan){1, 0, m, n, k, bf16, align, NULL, NULL, NULL, NULL, {}};
+    cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    cudaDataType_t bias_t = CUDA_R_32F;
+    cublasLtMatmulPreference_t pref = NULL;
+    size_t ws = LT_WS_BYTES;
+    uint32_t al = (uint32_t)align;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    /* A: the weight, stored k x m (transposed); B: the input, k x n; D: m x n */
+    if (cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) ||
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ||
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ||
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ||
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t,
+                                       sizeof bias_t) ||
+        cublasLtMatrixLayoutCreate(&p->a, t, k, m, k) ||
+        cublasLtMatrixLayoutCreate(&p->b, t, k, n, k) ||
+        cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, m, n, m) ||
+        cublasLtMatmulPreferenceCreate(&pref) ||
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                             sizeof ws) ||
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al,
+                                             sizeof al) ||
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al,
+                                             sizeof al) ||
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al,
+                                             sizeof al) ||
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al,
+                                             sizeof al) ||
+        cublasLtMatmulAlgoGetHeuristic(g.lt, p->op, p->a, p->b, p->d, p->d, pref, 1, &res,
+                                       &found) ||
+        found < 1) {
+        cudaGetLastError();
+    } else {
+        p->algo = res.algo;
+        p->ok = 1;
+    }
+    if (pref)
+        cublasLtMatmulPreferenceDestroy(pref);
+    return p;
+}
+
+/* 0 when done; -1: use the cuBLAS path */
+static int lt_forward(float *out, const void *inp, const void *w, const float *bias, size_t N,
+                      int C, int OC, int bf16)
+{
+    if (!g.lt || N > (size_t)INT32_MAX)
+        return -1;
+    int align = align_of(out);
+    int ai = align_of(inp), aw = align_of(w), ab = align_of(bias);
+    align = ai < align ? ai : align;
+    align = aw < align ? aw : align;
+    align = ab < align ? ab : align;
+    struct lt_plan *p = lt_plan_for(OC, (int)N, C, bf16, align);
+    if (!p || !p->ok)
+        return -1;
+    float one = 1.0f, zero = 0.0f;
+    CB(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                      sizeof bias));
+    CB(cublasLtMatmul(g.lt, p->op, &one, w, p->a, inp, p->b, &zero, out, p->d, out, p->d, &p->algo,
+                      g.lt_ws, LT_WS_BYTES, g.stream));
+    return 0;
+}
+
 static void cu_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
                               size_t N, int C, int OC)
 {
     PROF("matmul_forward");
+    if (bias && lt_forward(out, inp, w, bias, N, C, OC, 0) == 0)
+        return;
     if (bias)
         bias_rows(out, bias, N, OC);
-    sgemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, (int)N, C, 1.0f, w, C, inp, C, bias ? 1.0f : 0.0f, out,
-          OC);
+    sgemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, (int)N, C, 1.0f, w, C, inp, C, bias ? 1.0f : 0.0f, out, OC);
 }
 
 static void cu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
@@ -605,7 +755,8 @@ static void cu_from_bf16(float *dst, const uint16_t *src, size_t n)
 
 static size_t cu_bf16_scratch(size_t out, size_t in)
 {
-    if (!scratch(S_BF16_A, out * sizeof(uint16_t)) || !scratch(S_BF16_B, in * sizeof(uint16_t)))
+    if (!scratch_try(S_BF16_A, out * sizeof(uint16_t)) ||
+        !scratch_try(S_BF16_B, in * sizeof(uint16_t)))
         return 0;
     return (out + in) * sizeof(uint16_t);
 }
@@ -616,6 +767,8 @@ static void cu_matmul_forward_bf16(float *out, const float *inp, const uint16_t 
     PROF("matmul_forward_bf16");
     uint16_t *x = (uint16_t *)scratch(S_BF16_B, N * (size_t)C * sizeof(uint16_t));
     cu_to_bf16(x, inp, N * (size_t)C);
+    if (bias && lt_forward(out, x, w, bias, N, C, OC, 1) == 0)
+        return;
     if (bias)
         bias_rows(out, bias, N, OC);
     bgemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, (int)N, C, 1.0f, w, C, x, C, bias ? 1.0f : 0.0f, out, OC);
@@ -642,8 +795,8 @@ static void cu_matmul_backward_bf16(float *dinp, float *dw, float *dbias, const 
  * place (head h of q starts at column h * hs, rows C3 apart). TF32 only
  * when a bf16 run allowed it. */
 static void att_gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
-                     const float *A, int lda, long long sa, const float *B, int ldb,
-                     long long sb, float *Cm, int ldc, long long sc, int batch)
+                     const float *A, int lda, long long sa, const float *B, int ldb, long long sb,
+                     float *Cm, int ldc, long long sc, int batch)
 {
     float beta = 0.0f;
     CB(cublasGemmStridedBatchedEx(g.blas, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, sa, B,
@@ -713,8 +866,8 @@ static void cu_attention_forward(float *out, float *att, const float *qkv, int B
     LAUNCHED();
     for (int b = 0; b < B; b++) { /* out = A V */
         const float *v = qkv + (size_t)b * T * C3 + 2 * C;
-        att_gemm(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, C3, hs, att + (size_t)b * NH * TT,
-                 T, TT, out + (size_t)b * T * C, C, hs, NH);
+        att_gemm(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, C3, hs, att + (size_t)b * NH * TT, T,
+                 TT, out + (size_t)b * T * C, C, hs, NH);
     }
 }
 
@@ -766,8 +919,8 @@ __global__ static void gelu_backward_k(float *dinp, const float *inp, const floa
         float x = inp[i];
         float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
         float sech2 = 1.0f - th * th;
-        float gr = 0.5f * (1.0f + th) +
-                   0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        float gr =
+            0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
         dinp[i] = gr * dout[i];
     }
 }
@@ -816,24 +969,28 @@ static void cu_add(float *dst, const float *src, size_t n)
 
 /* ---- loss -------------------------------------------------------------------------- */
 
-/* one block per row */
-__global__ static void softmax_ce_forward_k(float *p, float *losses, const int32_t *targets,
-                                            int V, int Vp)
+/* One block per row, two passes over it: the running maximum and the sum
+ * of exponentials rescaled to it (the "online" softmax), then the
+ * probabilities written once. */
+__global__ static void softmax_ce_forward_k(float *p, float *losses, const int32_t *targets, int V,
+                                            int Vp)
 {
     float *row = p + (size_t)blockIdx.x * Vp;
-    float mx = -INFINITY;
-    for (int j = threadIdx.x; j < V; j += blockDim.x)
-        mx = fmaxf(mx, row[j]);
-    mx = block_reduce(mx, 1);
-    float sum = 0.0f;
+    float mx = -INFINITY, sum = 0.0f;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float e = expf(row[j] - mx);
-        row[j] = e;
-        sum += e;
+        float x = row[j];
+        if (x > mx) {
+            sum = sum * expf(mx - x) + 1.0f;
+            mx = x;
+        } else {
+            sum += expf(x - mx);
+        }
     }
-    float inv = 1.0f / block_reduce(sum, 0);
+    float M = block_reduce(mx, 1);
+    float S = block_reduce(mx == -INFINITY ? 0.0f : sum * expf(mx - M), 0);
+    float inv = 1.0f / S;
     for (int j = threadIdx.x; j < Vp; j += blockDim.x)
-        row[j] = j < V ? row[j] * inv : 0.0f;
+        row[j] = j < V ? expf(row[j] - M) * inv : 0.0f;
     __syncthreads();
     if (threadIdx.x == 0)
         losses[blockIdx.x] = -logf(row[targets[blockIdx.x]]);
@@ -867,8 +1024,8 @@ static void cu_softmax_crossentropy_backward(float *probs_dlogits, const int32_t
 /* ---- optimizer --------------------------------------------------------------------- */
 
 __global__ static void adamw_k(float *p, const float *gr, float *m, float *v, size_t n, float lr,
-                               float beta1, float beta2, float eps, float wd, float bc1,
-                               float bc2, float gscale)
+                               float beta1, float beta2, float eps, float wd, float bc1, float bc2,
+                               float gscale)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -882,9 +1039,8 @@ __global__ static void adamw_k(float *p, const float *gr, float *m, float *v, si
     }
 }
 
-static void cu_adamw(float *p, const float *gr, float *m, float *v, size_t n, float lr,
-                     float beta1, float beta2, float eps, float wd, float bc1, float bc2,
-                     float gscale)
+static void cu_adamw(float *p, const float *gr, float *m, float *v, size_t n, float lr, float beta1,
+                     float beta2, float eps, float wd, float bc1, float bc2, float gscale)
 {
     PROF("adamw");
     adamw_k<<<blocks_for(n, 256), 256, 0, g.stream>>>(p, gr, m, v, n, lr, beta1, beta2, eps, wd,
@@ -990,6 +1146,12 @@ static int cu_init(int local_rank, char *err, size_t len)
         snprintf(err, len, "--device cuda: cuBLAS: %s", cublasGetStatusString(s));
         return -1;
     }
+    /* cuBLASLt for the forward matmuls' bias epilogue; without it, cuBLAS */
+    if (cublasLtCreate(&g.lt) != CUBLAS_STATUS_SUCCESS ||
+        cudaMalloc(&g.lt_ws, LT_WS_BYTES) != cudaSuccess) {
+        cudaGetLastError();
+        g.lt = NULL;
+    }
     g.major = p.major;
     g.minor = p.minor;
     g.main_thread = pthread_self();
@@ -1033,8 +1195,7 @@ extern "C" __attribute__((visibility("default"))) const struct fsdp_cuda_module 
 fsdp_cuda_module(void)
 {
     static const struct fsdp_cuda_module m = {
-        FSDP_CUDA_MODULE_ABI, cu_init,       cu_kernels,
-        cu_bf16,              cu_allow_tf32, cu_peak_bytes,
+        FSDP_CUDA_MODULE_ABI,        cu_init, cu_kernels, cu_bf16, cu_allow_tf32, cu_peak_bytes,
         fsdp_cudamod_comm_nccl_init,
     };
     return &m;

@@ -37,6 +37,9 @@ const struct fsdp_cuda_module *fsdp_cuda_module(void);
 /* Inside the module: the compute stream (kernels_cuda.cu) for NCCL, and
  * NCCL's communicator set-up (comm_nccl.c). */
 void *fsdp_cudamod_stream(void);
+/* Hands the backend a check it calls while waiting for the GPU: nonzero
+ * when the communicator failed (and was aborted); the rank then exits. */
+void fsdp_cudamod_watch(int (*watch)(void *arg), void *arg);
 int fsdp_cudamod_comm_nccl_init(struct fsdp_comm *c, char *err);
 
 #ifdef __cplusplus

@@ -123,6 +123,7 @@ def gpu_checkpoint_resumes_on_cpu_ranks_and_back(tmp):
     if out:  # for the two-rank half on a machine with mpirun
         shutil.copytree(half, os.path.join(out, "gpu-run", "ckpt"), dirs_exist_ok=True)
         shutil.copy(os.path.join(tmp, "gpu.jsonl"), os.path.join(out, "gpu-run", "log.jsonl"))
+        shutil.copy(data, os.path.join(out, "gpu-run", "train.bin"))
     on_cpu, _ = train(tmp, data, "on-cpu", "cpu", np=np, extra=["--ckpt", half])
     close(on_cpu, gpu[10:], FP32_TOL, f"GPU checkpoint resumed on {np} CPU rank(s)")
 
@@ -152,13 +153,13 @@ def two_rank_cpu_checkpoint_resumes_on_the_gpu(tmp):
 
 
 def gpu_checkpoint_resumes_on_two_cpu_ranks(tmp):
-    """The host half: FSDP_GPU_RUN holds ckpt/ and log.jsonl of a 20-step GPU
-    run (tools/device-check.sh brings them back)."""
+    """The host half: FSDP_GPU_RUN holds ckpt/, log.jsonl and train.bin of a
+    20-step GPU run (tools/device-check.sh brings them back)."""
     src = os.environ.get("FSDP_GPU_RUN")
     if not src or not HAVE_MPIRUN:
         print("  skipped: needs FSDP_GPU_RUN and mpirun", flush=True)
         return
-    data = corpus(tmp)
+    data = os.path.join(src, "train.bin")
     ref = [s["loss"] for s in read_log(os.path.join(src, "log.jsonl"))]
     half = os.path.join(tmp, "g10")
     run([CKPT, "cp", f"{os.path.join(src, 'ckpt')}@10", half])

@@ -14,7 +14,9 @@
  *   1e-4  attention (two products and a softmax), the loss, bf16 matmuls
  *         (the same rounded operands; accumulation order differs)
  *   0     bf16 rounding and widening (the same bits by construction)
- * and for the engine, per gradient tensor, ||gpu - cpu|| / ||cpu|| < 1e-4.
+ * and for the engine, per gradient tensor, ||gpu - cpu|| / ||cpu|| < 1e-4
+ * in fp32 and 1e-2 in bf16 (a last-bit fp32 difference can flip a bf16
+ * operand's rounding: 0.4% on that element; 1.8e-3 seen in CPU trials).
  */
 #include "check.h"
 
@@ -70,12 +72,12 @@ static double rel_err(const float *got, const float *want, size_t n)
 }
 
 /* compares device buffer d against host reference h */
-#define EXPECT_CLOSE(d, h, n, tol, what)                                                         \
-    do {                                                                                         \
-        float *got_ = back(d, n);                                                                \
-        double e_ = rel_err(got_, h, n);                                                         \
-        CHECK(e_ < (tol), "%s: relative error %.3g (tolerance %g)", what, e_, (double)(tol));    \
-        free(got_);                                                                              \
+#define EXPECT_CLOSE(d, h, n, tol, what)                                                           \
+    do {                                                                                           \
+        float *got_ = back(d, n);                                                                  \
+        double e_ = rel_err(got_, h, n);                                                           \
+        CHECK(e_ < (tol), "%s: relative error %.3g (tolerance %g)", what, e_, (double)(tol));      \
+        free(got_);                                                                                \
     } while (0)
 
 enum { B = 2, T = 64, C = 96, NH = 4, OC = 288, V = 100, Vp = 128 };
@@ -292,8 +294,8 @@ static void adamw_matches_the_cpu(void)
 /* ---- the engine ---------------------------------------------------------------------- */
 
 enum { EB = 2, ET = 8 };
-static const struct model_config ecfg = {.layers = 2, .dim = 16, .heads = 2, .seq = ET,
-                                         .vocab = 30, .vocab_pad = 32};
+static const struct model_config ecfg = {
+    .layers = 2, .dim = 16, .heads = 2, .seq = ET, .vocab = 30, .vocab_pad = 32};
 
 struct rig {
     struct model_layout m;
@@ -390,8 +392,11 @@ static void engine_gradients_match_the_cpu(int bf16)
             c2 += (double)gc[off + i] * gc[off + i];
         }
         double rel = sqrt(d2) / (sqrt(c2) + 1e-30);
-        CHECK(rel < 1e-4, "%s gradient (%s): relative error %.3g", t->name,
-              bf16 ? "bf16" : "fp32", rel);
+        /* bf16: an fp32 difference in the last bit can flip an operand's
+         * rounding (0.4% on that element); fp32: summation order only */
+        const double tol = bf16 ? 1e-2 : 1e-4;
+        CHECK(rel < tol, "%s gradient (%s): relative error %.3g (tolerance %g)", t->name,
+              bf16 ? "bf16" : "fp32", rel, tol);
     }
     fsdp_free(&e);
     model_layout_free(&m);
@@ -411,7 +416,8 @@ static void every_gradient_matches_finite_differences_on_the_gpu(void)
     double base;
     fsdp_zero_grad(&r.e);
     REQUIRE(fsdp_forward(&r.e, EB, ET, &base, err) == 0 &&
-                fsdp_backward(&r.e, 1.0f / (EB * ET), err) == 0, "%s", err);
+                fsdp_backward(&r.e, 1.0f / (EB * ET), err) == 0,
+            "%s", err);
     float *grads = back(r.e.grads, r.e.shard_total);
     const float eps = 5e-3f;
     for (int ti = 0; ti < r.m.ntensors; ti++) {

@@ -6,11 +6,14 @@ tokens, one rank, FULL_SHARD, micro-batch = global batch. Each setting runs
 --steps steps; the first --warmup are dropped (cuBLAS heuristics, first
 allocations) and the median of the rest is reported.
 
-MFU counts llm.c's model FLOPs per token, 6 N + 6 L T C (N parameters with
-the padded vocabulary; the attention term for a causal mask of length T),
+MFU is llm.c's (gpt2_estimate_mfu in its train_gpt2.cu): 6 N + 6 L T C
+FLOPs per token (N parameters with the padded vocabulary: 124,475,904),
 against the GPU's dense bf16 peak (--peak-tflops; default 989.4, the
-H100/H200 SXM figure NVIDIA publishes without sparsity). fp32 runs use the
-same peak, so their MFU reads as a fraction of what bf16 could reach.
+H100/H200 SXM figure NVIDIA publishes without sparsity; llm.c's table says
+988.8 for the H100 SXM and has no H200). fp32 runs use the same peak, so
+their MFU reads as a fraction of what bf16 could reach. The anchor, llm.c's
+published 124M run: 8 x A100 80GB SXM, about 300 ms per 524,288-token step
+(scripts/run_gpt2_124M.sh), about 218,000 tokens/s per GPU.
 
   python3 tools/bench/bench_gpu.py --build build-cuda [--batch 16] [--steps 12]
 """
