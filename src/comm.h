@@ -25,7 +25,12 @@ struct fsdp_comm {
     /* shard = sum over ranks of full[rank * n .. (rank+1) * n) */
     int (*reduce_scatter)(struct fsdp_comm *c, const float *full, float *shard, size_t n,
                           char *err);
+    /* the same on bf16 elements (--reduce-dtype bf16): each partial sum is
+     * rounded to bf16 (to nearest even), as NCCL's bf16 sum does */
+    int (*reduce_scatter_bf16)(struct fsdp_comm *c, const uint16_t *full, uint16_t *shard,
+                               size_t n, char *err);
     int (*allreduce_sum)(struct fsdp_comm *c, float *buf, size_t n, char *err);
+    int (*allreduce_sum_bf16)(struct fsdp_comm *c, uint16_t *buf, size_t n, char *err);
     /* host memory, doubles: small reductions (loss, norms) */
     int (*allreduce_sum_f64)(struct fsdp_comm *c, double *buf, size_t n, char *err);
     int (*bcast_bytes)(struct fsdp_comm *c, void *buf, size_t bytes, int root, char *err);

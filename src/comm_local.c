@@ -34,6 +34,21 @@ static int local_reduce_scatter(struct fsdp_comm *c, const float *full, float *s
     return 0;
 }
 
+static int local_reduce_scatter_bf16(struct fsdp_comm *c, const uint16_t *full,
+                                     uint16_t *shard, size_t n, char *err)
+{
+    (void)c, (void)err;
+    if (full != shard)
+        memmove(shard, full, n * sizeof *shard);
+    return 0;
+}
+
+static int local_allreduce_bf16(struct fsdp_comm *c, uint16_t *buf, size_t n, char *err)
+{
+    (void)c, (void)buf, (void)n, (void)err;
+    return 0;
+}
+
 static int local_allreduce(struct fsdp_comm *c, float *buf, size_t n, char *err)
 {
     (void)c, (void)buf, (void)n, (void)err;
@@ -89,7 +104,9 @@ void fsdp_comm_local_init(struct fsdp_comm *c)
         .allgather = local_allgather,
         .allgather_bf16 = local_allgather_bf16,
         .reduce_scatter = local_reduce_scatter,
+        .reduce_scatter_bf16 = local_reduce_scatter_bf16,
         .allreduce_sum = local_allreduce,
+        .allreduce_sum_bf16 = local_allreduce_bf16,
         .allreduce_sum_f64 = local_allreduce_f64,
         .bcast_bytes = local_bcast,
         .barrier = local_barrier,

@@ -61,6 +61,39 @@ static int mpi_reduce_scatter(struct fsdp_comm *c, const float *full, float *sha
     return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "reduce-scatter", err);
 }
 
+/* bf16 sums: MPI has no bf16 type, so a user operation on 16-bit words
+ * adds in fp32 and rounds each partial sum back to bf16 */
+static MPI_Op bf16_sum_op = MPI_OP_NULL;
+
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
+{
+    (void)type;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++)
+        b[i] = fsdp_bf16_round(fsdp_bf16_widen(a[i]) + fsdp_bf16_widen(b[i]));
+}
+
+static int mpi_reduce_scatter_bf16(struct fsdp_comm *c, const uint16_t *full, uint16_t *shard,
+                                   size_t n, char *err)
+{
+    (void)c;
+    if (count_ok(n, "reduce-scatter", err))
+        return -1;
+    int rc = MPI_Reduce_scatter_block(full, shard, (int)n, MPI_UINT16_T, bf16_sum_op,
+                                      MPI_COMM_WORLD);
+    return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "reduce-scatter (bf16)", err);
+}
+
+static int mpi_allreduce_bf16(struct fsdp_comm *c, uint16_t *buf, size_t n, char *err)
+{
+    (void)c;
+    if (count_ok(n, "allreduce", err))
+        return -1;
+    int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_UINT16_T, bf16_sum_op, MPI_COMM_WORLD);
+    return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "allreduce (bf16)", err);
+}
+
 static int mpi_allreduce(struct fsdp_comm *c, float *buf, size_t n, char *err)
 {
     (void)c;
@@ -152,6 +185,8 @@ static void mpi_abort(struct fsdp_comm *c, int code)
 static void mpi_finalize(struct fsdp_comm *c)
 {
     (void)c;
+    if (bf16_sum_op != MPI_OP_NULL)
+        MPI_Op_free(&bf16_sum_op);
     MPI_Finalize();
 }
 
@@ -167,12 +202,16 @@ int fsdp_comm_mpi_init(struct fsdp_comm *c, int *argc, char ***argv, char *err)
     if (rc != MPI_SUCCESS)
         return fsdp_err(err, "mpi: MPI_Init failed (code %d)", rc);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    if ((rc = MPI_Op_create(bf16_sum, 1, &bf16_sum_op)) != MPI_SUCCESS)
+        return mpi_fail(rc, "creating the bf16 sum", err);
     *c = (struct fsdp_comm){
         .name = "mpi",
         .allgather = mpi_allgather,
         .allgather_bf16 = mpi_allgather_bf16,
         .reduce_scatter = mpi_reduce_scatter,
+        .reduce_scatter_bf16 = mpi_reduce_scatter_bf16,
         .allreduce_sum = mpi_allreduce,
+        .allreduce_sum_bf16 = mpi_allreduce_bf16,
         .allreduce_sum_f64 = mpi_allreduce_f64,
         .bcast_bytes = mpi_bcast,
         .barrier = mpi_barrier,

@@ -163,6 +163,7 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
     e->T = m->cfg.seq;
     e->recompute_every = o->recompute_every;
     e->bf16 = o->bf16;
+    e->reduce_bf16 = o->reduce_bf16;
     e->block_holder = -1;
     const int nu = m->nunits;
     const size_t W = shard == FSDP_SHARD_NONE ? 1 : (size_t)comm->world;
@@ -246,6 +247,19 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
             e->units[u].full16 = e->gather16_buf + (e->units[u].full - base);
         e->mem.gather_bytes += n16 * sizeof(uint16_t);
     }
+    if (e->reduce_bf16) { /* bf16 copies of what is reduced, and of a reduced shard */
+        size_t n16 = 0;
+        for (int u = 0; u < nu; u++)
+            if (e->units[u].padded > n16)
+                n16 = e->units[u].padded;
+        if (shard == FSDP_SHARD_NONE)
+            n16 = e->shard_total;
+        e->grad16 = k->alloc(n16 * sizeof(uint16_t));
+        e->rs16 = k->alloc(round_up(max_shard, ALIGN_FLOATS) * sizeof(uint16_t));
+        if (!e->grad16 || !e->rs16)
+            goto oom;
+        e->mem.grad_full_bytes += (n16 + round_up(max_shard, ALIGN_FLOATS)) * sizeof(uint16_t);
+    }
     build_segments(e);
     if (alloc_acts(e, err))
         goto fail;
@@ -285,6 +299,10 @@ void fsdp_free(struct fsdp_engine *e)
         e->k->free(e->gather16_buf);
     if (e->shard16)
         e->k->free(e->shard16);
+    if (e->grad16)
+        e->k->free(e->grad16);
+    if (e->rs16)
+        e->k->free(e->rs16);
     if (e->inputs)
         e->k->free(e->inputs);
     if (e->targets)
@@ -413,11 +431,17 @@ static int unit_grad_end(struct fsdp_engine *e, int u, char *err)
     if (e->shard == FSDP_SHARD_NONE)
         return 0;
     const struct fsdp_unit *U = &e->units[u];
+    if (e->reduce_bf16)
+        e->k->to_bf16(e->grad16, U->full_grad, U->padded);
     double t0 = fsdp_now();
-    int rc = e->comm->reduce_scatter(e->comm, U->full_grad, e->rs_tmp, U->shard_n, err);
+    int rc = e->reduce_bf16
+                 ? e->comm->reduce_scatter_bf16(e->comm, e->grad16, e->rs16, U->shard_n, err)
+                 : e->comm->reduce_scatter(e->comm, U->full_grad, e->rs_tmp, U->shard_n, err);
     e->comm_seconds += fsdp_now() - t0;
     if (rc)
         return rc;
+    if (e->reduce_bf16)
+        e->k->from_bf16(e->rs_tmp, e->rs16, U->shard_n);
     e->k->add(e->grads + U->shard_off, e->rs_tmp, U->shard_n);
     return 0;
 }
@@ -673,9 +697,14 @@ int fsdp_reduce_grads(struct fsdp_engine *e, char *err)
 {
     if (e->shard != FSDP_SHARD_NONE || e->comm->world == 1)
         return 0;
+    if (e->reduce_bf16)
+        e->k->to_bf16(e->grad16, e->grads, e->shard_total);
     double t0 = fsdp_now();
-    int rc = e->comm->allreduce_sum(e->comm, e->grads, e->shard_total, err);
+    int rc = e->reduce_bf16 ? e->comm->allreduce_sum_bf16(e->comm, e->grad16, e->shard_total, err)
+                            : e->comm->allreduce_sum(e->comm, e->grads, e->shard_total, err);
     e->comm_seconds += fsdp_now() - t0;
+    if (!rc && e->reduce_bf16)
+        e->k->from_bf16(e->grads, e->grad16, e->shard_total);
     return rc;
 }
 

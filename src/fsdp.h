@@ -52,6 +52,11 @@ struct fsdp_opts {
      * Gradients are reduce-scattered in fp32. Needs kernels with bf16
      * matmuls (fsdp_kernels_cpu_bf16). */
     int bf16;
+    /* --reduce-dtype bf16 (MixedPrecision's reduce_dtype): each unit's
+     * gradient is rounded to bf16 and reduce-scattered (all-reduced for
+     * none) in bf16, half the bytes; the shard still accumulates in fp32.
+     * Independent of bf16 above and of the CPU: conversions only. */
+    int reduce_bf16;
 };
 
 /* "none", "blocks" (every block) or "every-N" (blocks 0, N, 2N, ...). */
@@ -105,12 +110,14 @@ struct fsdp_engine {
     int B, T;
     int recompute_every; /* fsdp_opts */
     int bf16;            /* fsdp_opts */
+    int reduce_bf16;     /* fsdp_opts */
 
     struct fsdp_unit *units;
     size_t shard_total;
     float *params, *grads, *exp_avg, *exp_avg_sq;
     float *gather_buf, *grad_full_buf, *rs_tmp;
     uint16_t *gather16_buf, *shard16; /* bf16: gathered units; a shard on its way out */
+    uint16_t *grad16, *rs16; /* reduce_bf16: a unit's gradient (none: all of them); a shard */
     int block_holder; /* FULL: which block's parameters are in the shared buffer */
 
     struct fsdp_segment *segs;

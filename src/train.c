@@ -92,10 +92,12 @@ static void print_banner(const struct trainer *t)
         full += t->model.units[u].numel * sizeof(float);
     fprintf(stderr,
             "fsdp-train: model %s (L%d C%d H%d T%d V%d), %.2fM parameters; %d rank%s, shard %s, "
-            "%s, %d thread%s per rank; %s kernels; %s\n",
+            "%s%s, %d thread%s per rank; %s kernels; %s\n",
             t->o.model_label, c->layers, c->dim, c->heads, c->seq, c->vocab,
             (double)t->model.numel / 1e6, t->comm.world, t->comm.world > 1 ? "s" : "",
-            fsdp_shard_name(t->o.shard), t->precision, t->threads, t->threads > 1 ? "s" : "",
+            fsdp_shard_name(t->o.shard), t->precision,
+            t->o.reduce_bf16 ? ", gradients reduced in bf16" : "", t->threads,
+            t->threads > 1 ? "s" : "",
             t->eng.k->name, t->o.cuda ? "cuBLAS matmuls, NCCL collectives" : fsdp_kernels_cpu_blas());
     fprintf(stderr,
             "fsdp-train: per rank: params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB "
@@ -544,7 +546,8 @@ static int setup(struct trainer *t, char *err)
     t->consumed = calloc((size_t)per_rank, sizeof *t->consumed);
     if (!t->in || !t->tgt || !t->consumed)
         return fsdp_err(err, "out of memory for the batch");
-    const struct fsdp_opts fo = {o->shard, t->micro, o->recompute_every, t->bf16};
+    const struct fsdp_opts fo = {o->shard, t->micro, o->recompute_every, t->bf16,
+                                 o->reduce_bf16};
     const struct fsdp_kernels *k = o->cuda ? fsdp_kernels_cuda() : fsdp_kernels_cpu();
     if (fsdp_init(&t->eng, &t->model, k, &t->comm, &fo, err))
         return -1;

@@ -39,6 +39,10 @@ void train_opts_usage(void)
            "                         param_dtype bf16: bf16 all-gathers and matmuls, fp32\n"
            "                         master state, optimizer and checkpoints (default fp32;\n"
            "                         fp32 where the CPU lacks AVX512_BF16, said in the banner)\n"
+           "  --reduce-dtype fp32|bf16  the gradients' type in their reduce-scatter\n"
+           "                         (all-reduce for --shard none), as MixedPrecision's\n"
+           "                         reduce_dtype: bf16 moves half the bytes; the shard\n"
+           "                         accumulates in fp32 either way (default fp32)\n"
            "  --activation-checkpointing none|blocks|every-N\n"
            "                         recompute blocks' activations in the backward instead\n"
            "                         of keeping them: every block, or blocks 0, N, 2N, ...\n"
@@ -233,6 +237,11 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
                 o->ckpt.resume = strcmp(v, "auto") == 0;
             else
                 rc = fsdp_err(err, "--resume '%s' is not auto or none", v);
+        } else if (strcmp(f, "--reduce-dtype") == 0) {
+            if (strcmp(v, "fp32") == 0 || strcmp(v, "bf16") == 0)
+                o->reduce_bf16 = v[0] == 'b';
+            else
+                rc = fsdp_err(err, "--reduce-dtype '%s' is not fp32 or bf16", v);
         } else if (strcmp(f, "--precision") == 0) {
             if (strcmp(v, "fp32") == 0 || strcmp(v, "bf16") == 0)
                 o->bf16 = strcmp(v, "bf16") == 0;

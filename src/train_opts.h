@@ -25,6 +25,7 @@ struct train_opts {
     enum fsdp_shard shard;
     int recompute_every; /* --activation-checkpointing (fsdp_opts) */
     int bf16;            /* --precision bf16 (fsdp_opts) */
+    int reduce_bf16;     /* --reduce-dtype bf16 (fsdp_opts) */
     struct ckptr_opts ckpt; /* ckpt.uri NULL: no checkpoints */
 };
 

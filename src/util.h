@@ -61,4 +61,27 @@ double fsdp_now(void);
 int fsdp_parse_i64(const char *s, long long lo, long long hi, long long *out);
 int fsdp_parse_f64(const char *s, double *out);
 
+/* bf16 is the upper half of a float: widening is exact; rounding is to
+ * nearest even, and a NaN stays a NaN (the kernels' to_bf16, one value). */
+static inline float fsdp_bf16_widen(uint16_t h)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+
+static inline uint16_t fsdp_bf16_round(float f)
+{
+    union {
+        float f;
+        uint32_t u;
+    } v = {.f = f};
+    uint32_t u = v.u;
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 #endif

@@ -57,6 +57,21 @@ static int nccl_reduce_scatter(struct fsdp_comm *c, const float *full, float *sh
                       "reduce-scatter", err);
 }
 
+static int nccl_reduce_scatter_bf16(struct fsdp_comm *c, const uint16_t *full, uint16_t *shard,
+                                    size_t n, char *err)
+{
+    struct nccl_impl *m = impl(c);
+    return nccl_check(ncclReduceScatter(full, shard, n, ncclBfloat16, ncclSum, m->nc, m->stream),
+                      "reduce-scatter (bf16)", err);
+}
+
+static int nccl_allreduce_bf16(struct fsdp_comm *c, uint16_t *buf, size_t n, char *err)
+{
+    struct nccl_impl *m = impl(c);
+    return nccl_check(ncclAllReduce(buf, buf, n, ncclBfloat16, ncclSum, m->nc, m->stream),
+                      "all-reduce (bf16)", err);
+}
+
 static int nccl_allreduce(struct fsdp_comm *c, float *buf, size_t n, char *err)
 {
     struct nccl_impl *m = impl(c);
@@ -156,7 +171,9 @@ int fsdp_cudamod_comm_nccl_init(struct fsdp_comm *c, char *err)
     c->allgather = nccl_allgather;
     c->allgather_bf16 = nccl_allgather_bf16;
     c->reduce_scatter = nccl_reduce_scatter;
+    c->reduce_scatter_bf16 = nccl_reduce_scatter_bf16;
     c->allreduce_sum = nccl_allreduce;
+    c->allreduce_sum_bf16 = nccl_allreduce_bf16;
     c->allreduce_sum_f64 = host_allreduce_f64;
     c->bcast_bytes = host_bcast;
     c->barrier = host_barrier;

@@ -32,6 +32,7 @@ def bad_flags_give_one_line_and_the_usage_hint(tmp):
         ([TRAIN, "--data", train, "--matmul", "mkl"], "--matmul 'mkl'"),
         ([TRAIN, "--data", train, "--precision", "fp16"], "--precision 'fp16'"),
         ([TRAIN, "--data", train, "--device", "tpu"], "--device 'tpu'"),
+        ([TRAIN, "--data", train, "--reduce-dtype", "fp16"], "--reduce-dtype 'fp16'"),
         ([TRAIN, "--data", train, "--activation-checkpointing", "every-0"],
          "--activation-checkpointing 'every-0'"),
     ]

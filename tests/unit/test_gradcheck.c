@@ -35,6 +35,8 @@ struct rig {
     int32_t in[B * T], tgt[B * T];
 };
 
+static int reduce_bf16; /* fsdp_opts.reduce_bf16 for the next rig */
+
 static int rig_init_opts(struct rig *r, const struct fsdp_kernels *k, enum fsdp_shard shard,
                          int recompute_every, int bf16)
 {
@@ -42,7 +44,7 @@ static int rig_init_opts(struct rig *r, const struct fsdp_kernels *k, enum fsdp_
     if (model_layout_init(&r->m, &cfg, err) != 0)
         return -1;
     fsdp_comm_local_init(&r->comm);
-    const struct fsdp_opts o = {shard, B, recompute_every, bf16};
+    const struct fsdp_opts o = {shard, B, recompute_every, bf16, reduce_bf16};
     if (fsdp_init(&r->e, &r->m, k, &r->comm, &o, err) != 0)
         return -1;
     struct fsdp_rng rng = {42};
@@ -326,7 +328,42 @@ static void gradcheck_catches_a_wrong_layernorm_backward(void)
     CHECK(worst > 10 * TOL, "worst relative error %.3g should exceed %g", worst, 10 * TOL);
 }
 
+/* --reduce-dtype bf16 on one rank: the reduce-scatter is a copy, so the
+ * gradient shard after one micro-batch is exactly the fp32 gradient rounded
+ * to bf16 (to nearest even), for the strategies that reduce-scatter; none
+ * has nothing to reduce on one rank and keeps fp32. */
+static void bf16_reduction_rounds_the_gradient_and_nothing_else(void)
+{
+    for (int s = 0; s < 3; s++) {
+        enum fsdp_shard shard = s == 0   ? FSDP_SHARD_FULL
+                                : s == 1 ? FSDP_SHARD_GRAD_OP
+                                         : FSDP_SHARD_NONE;
+        size_t n, n2, act;
+        reduce_bf16 = 0;
+        float *g32 = grads_with(0, shard, 0, 1, &n, &act);
+        reduce_bf16 = 1;
+        float *g16 = grads_with(0, shard, 0, 1, &n2, &act);
+        reduce_bf16 = 0;
+        REQUIRE(g32 && g16 && n == n2, "a step failed");
+        size_t differ = 0, changed = 0;
+        for (size_t i = 0; i < n; i++) {
+            float want = shard == FSDP_SHARD_NONE ? g32[i]
+                                                  : fsdp_bf16_widen(fsdp_bf16_round(g32[i]));
+            differ += memcmp(&want, &g16[i], sizeof want) != 0;
+            changed += g32[i] != g16[i];
+        }
+        CHECK(differ == 0, "%s: %zu of %zu gradient elements are not the rounded fp32 ones",
+              fsdp_shard_name(shard), differ, n);
+        CHECK(shard == FSDP_SHARD_NONE || changed > n / 2,
+              "%s: only %zu of %zu elements changed: was anything rounded?",
+              fsdp_shard_name(shard), changed, n);
+        free(g32);
+        free(g16);
+    }
+}
+
 CHECK_MAIN(TEST(every_tensor_gradient_matches_finite_differences_full_shard),
+           TEST(bf16_reduction_rounds_the_gradient_and_nothing_else),
            TEST(recomputing_blocks_gives_the_same_gradient_bits),
            TEST(bf16_gives_the_same_gradients_for_every_strategy),
            TEST(the_recompute_option_parses_and_names_itself),
