@@ -202,8 +202,11 @@ int fsdp_comm_mpi_init(struct fsdp_comm *c, int *argc, char ***argv, char *err)
     if (rc != MPI_SUCCESS)
         return fsdp_err(err, "mpi: MPI_Init failed (code %d)", rc);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    if ((rc = MPI_Op_create(bf16_sum, 1, &bf16_sum_op)) != MPI_SUCCESS)
-        return mpi_fail(rc, "creating the bf16 sum", err);
+    if ((rc = MPI_Op_create(bf16_sum, 1, &bf16_sum_op)) != MPI_SUCCESS) {
+        mpi_fail(rc, "creating the bf16 sum", err);
+        MPI_Finalize(); /* the caller has no communicator to finalize */
+        return -1;
+    }
     *c = (struct fsdp_comm){
         .name = "mpi",
         .allgather = mpi_allgather,

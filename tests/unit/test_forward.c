@@ -225,6 +225,15 @@ static void bf16_rounds_to_nearest_even(void)
     for (int i = 0; i < N; i++)
         CHECK(out[i] == cases[i].out, "%08x -> %04x, want %04x", cases[i].in, out[i],
               cases[i].out);
+    /* the scalar helper (the MPI bf16 sum's rounding) is the kernel's, bit for bit */
+    for (int i = 0; i < N + 2; i++) {
+        uint32_t u;
+        memcpy(&u, &in[i], sizeof u);
+        CHECK(fsdp_bf16_round(in[i]) == out[i], "fsdp_bf16_round(%08x) = %04x, the kernel %04x",
+              u, fsdp_bf16_round(in[i]), out[i]);
+        uint32_t w = (uint32_t)out[i] << 16;
+        CHECK(memcmp(&w, &(float){fsdp_bf16_widen(out[i])}, 4) == 0, "widening %04x", out[i]);
+    }
     k->from_bf16(back, out, N + 2);
     CHECK(isnan(back[N]) && isnan(back[N + 1]), "NaN did not stay NaN: %04x %04x", out[N],
           out[N + 1]);
