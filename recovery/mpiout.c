@@ -98,6 +98,24 @@ void mpirun_report_parse(const char *line, struct mpirun_report *r)
         snprintf(r->host, sizeof r->host, "%s", host);
         return;
     }
+    /* The launch agent's own word (OpenSSH: "Connection to HOST closed by
+     * remote host.", mh-rsh the same): the daemon it carried is gone. Open
+     * MPI may then say only that it was "unable to reliably start one or
+     * more daemons", naming no host, and exit before any heartbeat times
+     * out: this line is what names the host. */
+    const char *h = NULL;
+    if (strncmp(line, "Connection to ", 14) == 0)
+        h = line + 14;
+    else if ((p = strstr(line, ": connection to ")) || (p = strstr(line, ": Connection to ")))
+        h = p + 16;
+    if (h) {
+        const char *end = strchr(h, ' ');
+        if (end && strncmp(end, " closed by remote host", 22) == 0 && take_host(h, host) == 0) {
+            r->kind = MPIRUN_DAEMON_LOST;
+            snprintf(r->host, sizeof r->host, "%s", host);
+        }
+        return;
+    }
     p = strstr(line, "Peer host:");
     if (p) {
         p += strlen("Peer host:");

@@ -252,10 +252,19 @@ static void mpirun_lines_name_the_rank_and_host(void)
     CHECK(r.kind == MPIRUN_DAEMON_LOST && strcmp(r.host, "host2.example") == 0, "%s", r.host);
     mpirun_report_parse("  Peer host:  10.213.77.12", &r);
     CHECK(r.kind == MPIRUN_PEER_LOST && strcmp(r.host, "10.213.77.12") == 0, "%s", r.host);
+    /* the launch agent names the host when Open MPI does not */
+    mpirun_report_parse("mh-rsh: connection to 10.213.77.12 closed by remote host", &r);
+    CHECK(r.kind == MPIRUN_DAEMON_LOST && strcmp(r.host, "10.213.77.12") == 0, "%s", r.host);
+    mpirun_report_parse("Connection to node-2.example closed by remote host.", &r);
+    CHECK(r.kind == MPIRUN_DAEMON_LOST && strcmp(r.host, "node-2.example") == 0, "%s", r.host);
     static const char *nothing[] = {
         "",
         "  Peer host:  ",
         "  Peer host:  a;b",
+        "Connection to node-2 closed.",
+        "mh-rsh: connection to 10.213.77.12 lost: Connection refused",
+        "Connection to a;b closed by remote host.",
+        "Reconnection to x closed by remote host",
         "fsdp-train: done",
         "mpirun noticed that process rank x with PID 1 on node n exited on signal 9",
         "mpirun noticed that process rank 1 with PID 1 on node n",
