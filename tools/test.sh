@@ -6,7 +6,8 @@
 # integration tests on the second, the tests whose code runs threads of our
 # own on the third, a short run of every libFuzzer target (clang, ASan +
 # UBSan, tests/fuzz) on the fourth, and ends with one line: "N passed, M
-# failed".
+# failed", followed by ", K skipped (names)" when some were skipped (the GPU
+# tests, where there is no GPU).
 #
 #   tools/test.sh                  everything
 #   tools/test.sh --suite unit     only some suites of the default build
