@@ -11,6 +11,31 @@
 #include <stddef.h>
 #include <stdint.h>
 
+enum fsdp_coll_kind {
+    FSDP_COLL_ALLGATHER,
+    FSDP_COLL_ALLGATHER_BF16,
+    FSDP_COLL_REDUCE_SCATTER,
+    FSDP_COLL_REDUCE_SCATTER_BF16,
+};
+
+/* A collective that runs while the caller computes (--prefetch on). The
+ * caller fills kind, in, out, n (elements per rank, as in the blocking
+ * calls) and, for a reduce-scatter, tmp: world * n elements of scratch.
+ * From start until wait returns, the buffers belong to the collective.
+ * Every rank starts the same collectives in the same order. */
+struct fsdp_coll {
+    enum fsdp_coll_kind kind;
+    const void *in;
+    void *out, *tmp;
+    size_t n;
+    int state;                        /* 0 idle, 1 running, 2 arrived (wait finishes it) */
+    union {
+        unsigned char bytes[16];
+        void *align_p;
+        unsigned long long align_u;
+    } req; /* the backend's request */
+};
+
 struct fsdp_comm {
     const char *name;
     int rank, world;
@@ -22,7 +47,9 @@ struct fsdp_comm {
     /* the same on bf16 elements (half the bytes: mixed precision) */
     int (*allgather_bf16)(struct fsdp_comm *c, const uint16_t *shard, uint16_t *full, size_t n,
                           char *err);
-    /* shard = sum over ranks of full[rank * n .. (rank+1) * n) */
+    /* shard = sum over ranks of full[rank * n .. (rank+1) * n); the MPI
+     * backend adds in rank order (an all-to-all, then the sum), so the bits
+     * do not depend on MPI's choice of algorithm nor on --prefetch */
     int (*reduce_scatter)(struct fsdp_comm *c, const float *full, float *shard, size_t n,
                           char *err);
     /* the same on bf16 elements (--reduce-dtype bf16): each partial sum is
@@ -31,6 +58,15 @@ struct fsdp_comm {
                                size_t n, char *err);
     int (*allreduce_sum)(struct fsdp_comm *c, float *buf, size_t n, char *err);
     int (*allreduce_sum_bf16)(struct fsdp_comm *c, uint16_t *buf, size_t n, char *err);
+    /* Non-blocking versions of the four above; NULL where a backend has
+     * none (local: nothing to wait for; NCCL: already asynchronous on the
+     * GPU's stream), and the caller then runs the blocking call. progress
+     * lets the running collectives advance (Open MPI moves data only inside
+     * its calls), never blocks, and is called between kernels. The result
+     * is the same bits as the blocking call. */
+    int (*start)(struct fsdp_comm *c, struct fsdp_coll *op, char *err);
+    void (*progress)(struct fsdp_comm *c);
+    int (*wait)(struct fsdp_comm *c, struct fsdp_coll *op, char *err);
     /* host memory, doubles: small reductions (loss, norms) */
     int (*allreduce_sum_f64)(struct fsdp_comm *c, double *buf, size_t n, char *err);
     int (*bcast_bytes)(struct fsdp_comm *c, void *buf, size_t bytes, int root, char *err);

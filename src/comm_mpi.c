@@ -13,6 +13,7 @@
 #include <limits.h>
 #include <mpi.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int mpi_fail(int rc, const char *what, char *err)
 {
@@ -51,18 +52,9 @@ static int mpi_allgather_bf16(struct fsdp_comm *c, const uint16_t *shard, uint16
     return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "allgather (bf16)", err);
 }
 
-static int mpi_reduce_scatter(struct fsdp_comm *c, const float *full, float *shard, size_t n,
-                              char *err)
-{
-    (void)c;
-    if (count_ok(n, "reduce-scatter", err))
-        return -1;
-    int rc = MPI_Reduce_scatter_block(full, shard, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "reduce-scatter", err);
-}
-
 /* bf16 sums: MPI has no bf16 type, so a user operation on 16-bit words
- * adds in fp32 and rounds each partial sum back to bf16 */
+ * adds in fp32 and rounds each partial sum back to bf16 (the all-reduce of
+ * --shard none) */
 static MPI_Op bf16_sum_op = MPI_OP_NULL;
 
 static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
@@ -74,15 +66,131 @@ static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
         b[i] = fsdp_bf16_round(fsdp_bf16_widen(a[i]) + fsdp_bf16_widen(b[i]));
 }
 
+/* ---- non-blocking collectives ----------------------------------------------
+ *
+ * A reduce-scatter is an all-to-all (rank r receives every rank's part r)
+ * followed by the sum in rank order on the receiver: the same bits for any
+ * world size whatever algorithm Open MPI picks, and whether the call blocks
+ * or not. The running collectives are listed so progress can test them. */
+
+#define MAX_RUNNING 8
+
+static struct fsdp_coll *running[MAX_RUNNING];
+
+_Static_assert(sizeof(MPI_Request) <= sizeof(((struct fsdp_coll *)0)->req.bytes),
+               "an MPI_Request must fit in fsdp_coll.req");
+
+static MPI_Request *req_of(struct fsdp_coll *op) { return (MPI_Request *)(void *)op->req.bytes; }
+
+static int mpi_start(struct fsdp_comm *c, struct fsdp_coll *op, char *err)
+{
+    static const char *const what[] = {"allgather", "allgather (bf16)", "reduce-scatter",
+                                       "reduce-scatter (bf16)"};
+    const int bf16 = op->kind == FSDP_COLL_ALLGATHER_BF16 ||
+                     op->kind == FSDP_COLL_REDUCE_SCATTER_BF16;
+    const MPI_Datatype type = bf16 ? MPI_UINT16_T : MPI_FLOAT;
+    const size_t esize = bf16 ? sizeof(uint16_t) : sizeof(float);
+    int slot = 0;
+    while (slot < MAX_RUNNING && running[slot])
+        slot++;
+    if (op->state != 0 || slot == MAX_RUNNING)
+        return fsdp_err(err, "mpi: %s started while %s", what[op->kind],
+                        op->state ? "it runs already" : "too many collectives run");
+    if (count_ok(op->n, what[op->kind], err))
+        return -1;
+    const int n = (int)op->n;
+    int rc;
+    if (op->kind == FSDP_COLL_ALLGATHER || op->kind == FSDP_COLL_ALLGATHER_BF16) {
+        const char *mine = (const char *)op->out + (size_t)c->rank * op->n * esize;
+        const void *send = op->in == (const void *)mine ? MPI_IN_PLACE : op->in;
+        rc = MPI_Iallgather(send, n, type, op->out, n, type, MPI_COMM_WORLD, req_of(op));
+    } else {
+        rc = MPI_Ialltoall(op->in, n, type, op->tmp, n, type, MPI_COMM_WORLD, req_of(op));
+    }
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rc, what[op->kind], err);
+    op->state = 1;
+    running[slot] = op;
+    return 0;
+}
+
+static void mpi_progress(struct fsdp_comm *c)
+{
+    (void)c;
+    for (int i = 0; i < MAX_RUNNING; i++) {
+        int done = 0;
+        if (running[i] && running[i]->state == 1 &&
+            MPI_Test(req_of(running[i]), &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done)
+            running[i]->state = 2; /* an error is reported by wait */
+    }
+}
+
+/* out = the sum of the world's parts in tmp, in rank order */
+static void sum_parts(const struct fsdp_coll *op, int world)
+{
+    const size_t n = op->n;
+    if (op->kind == FSDP_COLL_REDUCE_SCATTER) {
+        const float *t = op->tmp;
+        float *o = op->out;
+        memcpy(o, t, n * sizeof *o);
+        for (int r = 1; r < world; r++)
+            for (size_t i = 0; i < n; i++)
+                o[i] += t[(size_t)r * n + i];
+    } else {
+        const uint16_t *t = op->tmp;
+        uint16_t *o = op->out;
+        memcpy(o, t, n * sizeof *o);
+        for (int r = 1; r < world; r++)
+            for (size_t i = 0; i < n; i++)
+                o[i] = fsdp_bf16_round(fsdp_bf16_widen(o[i]) +
+                                       fsdp_bf16_widen(t[(size_t)r * n + i]));
+    }
+}
+
+static int mpi_wait(struct fsdp_comm *c, struct fsdp_coll *op, char *err)
+{
+    for (int i = 0; i < MAX_RUNNING; i++)
+        if (running[i] == op)
+            running[i] = NULL;
+    if (op->state == 0)
+        return 0;
+    int rc = op->state == 1 ? MPI_Wait(req_of(op), MPI_STATUS_IGNORE) : MPI_SUCCESS;
+    op->state = 0;
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rc, "waiting for a collective", err);
+    if (op->kind == FSDP_COLL_REDUCE_SCATTER || op->kind == FSDP_COLL_REDUCE_SCATTER_BF16)
+        sum_parts(op, c->world);
+    return 0;
+}
+
+/* The blocking reduce-scatters: the same all-to-all and sum. */
+static int blocking_reduce_scatter(struct fsdp_comm *c, enum fsdp_coll_kind kind,
+                                   const void *full, void *shard, size_t n, size_t esize,
+                                   char *err)
+{
+    void *tmp = malloc(n * (size_t)c->world * esize + 1);
+    if (!tmp)
+        return fsdp_err(err, "mpi: out of memory for a reduce-scatter of %zu elements", n);
+    struct fsdp_coll op = {.kind = kind, .in = full, .out = shard, .tmp = tmp, .n = n};
+    int rc = mpi_start(c, &op, err);
+    if (rc == 0)
+        rc = mpi_wait(c, &op, err);
+    free(tmp);
+    return rc;
+}
+
+static int mpi_reduce_scatter(struct fsdp_comm *c, const float *full, float *shard, size_t n,
+                              char *err)
+{
+    return blocking_reduce_scatter(c, FSDP_COLL_REDUCE_SCATTER, full, shard, n, sizeof(float),
+                                   err);
+}
+
 static int mpi_reduce_scatter_bf16(struct fsdp_comm *c, const uint16_t *full, uint16_t *shard,
                                    size_t n, char *err)
 {
-    (void)c;
-    if (count_ok(n, "reduce-scatter", err))
-        return -1;
-    int rc = MPI_Reduce_scatter_block(full, shard, (int)n, MPI_UINT16_T, bf16_sum_op,
-                                      MPI_COMM_WORLD);
-    return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "reduce-scatter (bf16)", err);
+    return blocking_reduce_scatter(c, FSDP_COLL_REDUCE_SCATTER_BF16, full, shard, n,
+                                   sizeof(uint16_t), err);
 }
 
 static int mpi_allreduce_bf16(struct fsdp_comm *c, uint16_t *buf, size_t n, char *err)
@@ -215,6 +323,9 @@ int fsdp_comm_mpi_init(struct fsdp_comm *c, int *argc, char ***argv, char *err)
         .reduce_scatter_bf16 = mpi_reduce_scatter_bf16,
         .allreduce_sum = mpi_allreduce,
         .allreduce_sum_bf16 = mpi_allreduce_bf16,
+        .start = mpi_start,
+        .progress = mpi_progress,
+        .wait = mpi_wait,
         .allreduce_sum_f64 = mpi_allreduce_f64,
         .bcast_bytes = mpi_bcast,
         .barrier = mpi_barrier,

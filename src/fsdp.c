@@ -59,6 +59,20 @@ const char *fsdp_recompute_name(int every, char *buf, size_t len)
 
 static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
+static int gather_finish(struct fsdp_engine *e, char *err);
+static int rs_finish(struct fsdp_engine *e, char *err);
+
+/* Finishes whatever collective is in flight; a pass that failed half-way
+ * may leave one (its error was reported then). */
+static void settle(struct fsdp_engine *e)
+{
+    char err[ERR_LEN];
+    if (e->units) {
+        gather_finish(e, err);
+        rs_finish(e, err);
+    }
+}
+
 static int recomputed(const struct fsdp_engine *e, int l)
 {
     return e->recompute_every > 0 && l % e->recompute_every == 0;
@@ -98,33 +112,48 @@ static int alloc_acts(struct fsdp_engine *e, char *err)
     const size_t L = (size_t)e->a.nslots, C = (size_t)c->dim, NH = (size_t)c->heads;
     const size_t LB = (size_t)c->layers;
     const size_t BT = (size_t)e->B * e->T, TT = (size_t)e->T * e->T;
+    /* bf16: the matmul inputs' slots hold bf16 copies (struct fsdp_acts) */
+    const size_t Lx = e->bf16 ? 1 : L, L16 = e->bf16 ? L : 0, lnf16 = e->bf16 ? BT * C : 0;
     struct fsdp_acts *a = &e->a;
     struct {
         float **p;
         size_t n;
     } plan[] = {
-        {&a->encoded, BT * C},        {&a->ln1, L * BT * C},          {&a->ln1_mean, L * BT},
-        {&a->ln1_rstd, L * BT},       {&a->qkv, L * BT * 3 * C},      {&a->atty, L * BT * C},
-        {&a->att, L * e->B * NH * TT}, {&a->residual2, L * BT * C},   {&a->ln2, L * BT * C},
+        {&a->encoded, BT * C},        {&a->ln1, Lx * BT * C},         {&a->ln1_mean, L * BT},
+        {&a->ln1_rstd, L * BT},       {&a->qkv, L * BT * 3 * C},      {&a->atty, Lx * BT * C},
+        {&a->att, L * e->B * NH * TT}, {&a->residual2, L * BT * C},   {&a->ln2, Lx * BT * C},
         {&a->ln2_mean, L * BT},       {&a->ln2_rstd, L * BT},         {&a->fch, L * BT * 4 * C},
-        {&a->fch_gelu, L * BT * 4 * C}, {&a->residual3, LB * BT * C},  {&a->lnf, BT * C},
+        {&a->fch_gelu, Lx * BT * 4 * C}, {&a->residual3, LB * BT * C}, {&a->lnf, BT * C},
         {&a->lnf_mean, BT},           {&a->lnf_rstd, BT},             {&a->logits, BT * c->vocab_pad},
         {&a->losses, BT},             {&a->scratch, BT * C},          {&a->dres, BT * C},
         {&a->dbtc, BT * C},           {&a->d4c, BT * 4 * C},          {&a->datt, e->B * NH * TT},
     };
-    size_t total = 0;
+    struct {
+        uint16_t **p;
+        size_t n;
+    } plan16[] = {
+        {&a->ln1_16, L16 * BT * C}, {&a->atty16, L16 * BT * C}, {&a->ln2_16, L16 * BT * C},
+        {&a->fch_gelu16, L16 * BT * 4 * C}, {&a->lnf16, lnf16},
+    };
+    size_t total = 0, total16 = 0; /* floats; bf16 values after them */
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
         total += round_up(plan[i].n, ALIGN_FLOATS);
-    float *base = e->k->alloc(total * sizeof(float));
+    for (size_t i = 0; i < sizeof plan16 / sizeof plan16[0]; i++)
+        total16 += round_up(plan16[i].n, 2 * ALIGN_FLOATS);
+    const size_t bytes = total * sizeof(float) + total16 * sizeof(uint16_t);
+    float *base = e->k->alloc(bytes);
     if (!base)
-        return fsdp_err(err, "fsdp: out of memory for %zu MiB of activations",
-                        total * sizeof(float) >> 20);
-    a->floats = total;
+        return fsdp_err(err, "fsdp: out of memory for %zu MiB of activations", bytes >> 20);
     for (size_t i = 0, off = 0; i < sizeof plan / sizeof plan[0]; i++) {
         *plan[i].p = base + off;
         off += round_up(plan[i].n, ALIGN_FLOATS);
     }
-    e->mem.act_bytes = total * sizeof(float);
+    uint16_t *base16 = (uint16_t *)(base + total);
+    for (size_t i = 0, off = 0; i < sizeof plan16 / sizeof plan16[0]; i++) {
+        *plan16[i].p = plan16[i].n ? base16 + off : NULL;
+        off += round_up(plan16[i].n, 2 * ALIGN_FLOATS);
+    }
+    e->mem.act_bytes = bytes;
     return 0;
 }
 
@@ -164,7 +193,10 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
     e->recompute_every = o->recompute_every;
     e->bf16 = o->bf16;
     e->reduce_bf16 = o->reduce_bf16;
-    e->block_holder = -1;
+    e->prefetch = o->prefetch && shard != FSDP_SHARD_NONE && comm->start; /* else nothing overlaps */
+    e->nbuf = e->prefetch ? 2 : 1;
+    e->holder[0] = e->holder[1] = -1;
+    e->gather_unit = e->rs_unit = -1;
     const int nu = m->nunits;
     const size_t W = shard == FSDP_SHARD_NONE ? 1 : (size_t)comm->world;
     const size_t rank = shard == FSDP_SHARD_NONE ? 0 : (size_t)comm->rank;
@@ -211,29 +243,38 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
             e->units[u].gathered = !e->bf16;
         }
     } else {
-        /* Full-size buffers: grad-op keeps every unit, full shares one block
-         * buffer between all blocks. Full gradients always share one block
-         * buffer: only one block is in its backward pass at a time. */
+        /* Full-size buffers: grad-op keeps every unit, full shares nbuf
+         * block buffers between all blocks (block l uses buffer l % nbuf).
+         * Full gradients always share nbuf block buffers: one block is in
+         * its backward pass while (prefetch) the one before is reduced. */
+        const size_t nb = (size_t)e->nbuf;
         size_t pe = round_up(e->units[0].padded, ALIGN_FLOATS);
         size_t pb = round_up(e->units[blk].padded, ALIGN_FLOATS);
         size_t pl = round_up(e->units[lnf].padded, ALIGN_FLOATS);
-        size_t gather = shard == FSDP_SHARD_FULL ? pe + pb + pl : pe + pb * m->cfg.layers + pl;
+        size_t gather = shard == FSDP_SHARD_FULL ? pe + pb * nb + pl : pe + pb * m->cfg.layers + pl;
+        size_t max_padded = pe > pb ? (pe > pl ? pe : pl) : (pb > pl ? pb : pl);
         e->gather_buf = k->alloc(gather * sizeof(float));
-        e->grad_full_buf = k->alloc((pe + pb + pl) * sizeof(float));
+        e->grad_full_buf = k->alloc((pe + pb * nb + pl) * sizeof(float));
         e->rs_tmp = k->alloc(round_up(max_shard, ALIGN_FLOATS) * sizeof(float));
         if (!e->gather_buf || !e->grad_full_buf || !e->rs_tmp)
             goto oom;
         e->mem.gather_bytes = gather * sizeof(float);
-        e->mem.grad_full_bytes = (pe + pb + pl) * sizeof(float);
+        e->mem.grad_full_bytes = (pe + pb * nb + pl) * sizeof(float);
+        if (comm->start) { /* the all-to-all's landing place (comm.h) */
+            if (!(e->rs_parts = k->alloc(max_padded * sizeof(float))))
+                goto oom;
+            e->mem.grad_full_bytes += max_padded * sizeof(float);
+        }
         e->units[0].full = e->gather_buf;
         e->units[0].full_grad = e->grad_full_buf;
         for (int l = 0; l < m->cfg.layers; l++) {
             struct fsdp_unit *U = &e->units[model_unit_block(l)];
-            U->full = e->gather_buf + pe + (shard == FSDP_SHARD_FULL ? 0 : pb * (size_t)l);
-            U->full_grad = e->grad_full_buf + pe;
+            size_t b = (size_t)l % nb;
+            U->full = e->gather_buf + pe + pb * (shard == FSDP_SHARD_FULL ? b : (size_t)l);
+            U->full_grad = e->grad_full_buf + pe + pb * b;
         }
         e->units[lnf].full = e->gather_buf + gather - pl;
-        e->units[lnf].full_grad = e->grad_full_buf + pe + pb;
+        e->units[lnf].full_grad = e->grad_full_buf + pe + pb * nb;
     }
     if (e->bf16) {
         /* a bf16 twin of every gathered buffer, at the same offsets */
@@ -267,13 +308,12 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
     build_segments(e);
     if (alloc_acts(e, err))
         goto fail;
-    if (e->bf16) { /* the matmuls' rounded operands: up to the head's dlogits */
+    if (e->bf16) { /* the backward's rounded dout: up to the head's dlogits */
         const size_t BT = (size_t)B * e->T, C = (size_t)m->cfg.dim;
         const size_t Vp = (size_t)m->cfg.vocab_pad, wide = Vp > 4 * C ? Vp : 4 * C;
-        size_t held = k->bf16_scratch(BT * wide, BT * 4 * C);
+        size_t held = k->bf16_scratch(BT * wide);
         if (!held) {
-            fsdp_err(err, "fsdp: out of memory for %zu MiB of bf16 scratch",
-                     (BT * (wide + 4 * C) * 2) >> 20);
+            fsdp_err(err, "fsdp: out of memory for %zu MiB of bf16 scratch", (BT * wide * 2) >> 20);
             goto fail;
         }
         e->mem.act_bytes += held;
@@ -294,8 +334,9 @@ void fsdp_free(struct fsdp_engine *e)
 {
     if (!e->k)
         return;
+    settle(e);
     float *bufs[] = {e->params, e->grads, e->exp_avg, e->exp_avg_sq, e->gather_buf,
-                     e->grad_full_buf, e->rs_tmp, e->a.encoded};
+                     e->grad_full_buf, e->rs_tmp, e->rs_parts, e->a.encoded};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             e->k->free(bufs[i]);
@@ -327,9 +368,10 @@ static void unit_drop(struct fsdp_engine *e, int u)
 
 void fsdp_params_changed(struct fsdp_engine *e)
 {
+    settle(e);
     for (int u = 0; u < e->m->nunits; u++)
         unit_drop(e, u);
-    e->block_holder = -1;
+    e->holder[0] = e->holder[1] = -1;
 }
 
 void fsdp_init_params(struct fsdp_engine *e, uint64_t seed)
@@ -380,36 +422,133 @@ void fsdp_set_batch(struct fsdp_engine *e, const int32_t *inputs, const int32_t 
 
 /* ---- gather / free / reduce ------------------------------------------------ */
 
-/* Makes unit u's full parameters valid (and in bf16 mode their bf16 copy,
- * which the matmuls read). bf16 gathers move half the bytes; the fp32 copy
- * is widened from them, so every kernel sees the same rounded values. */
-static int unit_gather(struct fsdp_engine *e, int u, char *err)
+/* Collectives go through start and wait; a backend without non-blocking
+ * calls (comm.h) does the blocking call in start. Time spent here is time
+ * the compute thread waited: comm_seconds. */
+static int coll_start(struct fsdp_engine *e, struct fsdp_coll *op, char *err)
 {
-    struct fsdp_unit *U = &e->units[u];
-    if (U->gathered)
-        return 0;
-    if (e->shard == FSDP_SHARD_FULL && u != 0 && u != model_unit_lnf(e->m)) {
-        if (e->block_holder >= 0)
-            unit_drop(e, e->block_holder);
-        e->block_holder = u;
-    }
+    struct fsdp_comm *c = e->comm;
     double t0 = fsdp_now();
-    int rc = 0;
-    if (e->bf16 && e->shard == FSDP_SHARD_NONE) { /* the shard is the unit */
-        e->k->to_bf16(U->full16, e->params + U->shard_off, U->shard_n);
-    } else if (e->bf16) {
-        e->k->to_bf16(e->shard16, e->params + U->shard_off, U->shard_n);
-        rc = e->comm->allgather_bf16(e->comm, e->shard16, U->full16, U->shard_n, err);
+    int rc;
+    if (c->start) {
+        rc = c->start(c, op, err);
     } else {
-        rc = e->comm->allgather(e->comm, e->params + U->shard_off, U->full, U->shard_n, err);
+        switch (op->kind) {
+        case FSDP_COLL_ALLGATHER:
+            rc = c->allgather(c, op->in, op->out, op->n, err);
+            break;
+        case FSDP_COLL_ALLGATHER_BF16:
+            rc = c->allgather_bf16(c, op->in, op->out, op->n, err);
+            break;
+        case FSDP_COLL_REDUCE_SCATTER:
+            rc = c->reduce_scatter(c, op->in, op->out, op->n, err);
+            break;
+        default:
+            rc = c->reduce_scatter_bf16(c, op->in, op->out, op->n, err);
+            break;
+        }
+        op->state = rc ? 0 : 2;
     }
     e->comm_seconds += fsdp_now() - t0;
-    if (rc)
-        return rc;
-    if (e->bf16)
+    return rc;
+}
+
+static int coll_wait(struct fsdp_engine *e, struct fsdp_coll *op, char *err)
+{
+    if (op->state == 0)
+        return 0;
+    if (!e->comm->wait) {
+        op->state = 0;
+        return 0;
+    }
+    double t0 = fsdp_now();
+    int rc = e->comm->wait(e->comm, op, err);
+    e->comm_seconds += fsdp_now() - t0;
+    return rc;
+}
+
+/* Lets the collectives in flight advance; called between kernels. */
+static void poke(struct fsdp_engine *e)
+{
+    if (e->comm->progress && (e->gather_op.state == 1 || e->rs_op.state == 1)) {
+        double t0 = fsdp_now();
+        e->comm->progress(e->comm);
+        e->comm_seconds += fsdp_now() - t0;
+    }
+}
+
+/* Finishes the gather in flight: its unit becomes gathered. */
+static int gather_finish(struct fsdp_engine *e, char *err)
+{
+    const int u = e->gather_unit;
+    if (u < 0)
+        return 0;
+    e->gather_unit = -1;
+    if (coll_wait(e, &e->gather_op, err))
+        return -1;
+    struct fsdp_unit *U = &e->units[u];
+    if (e->bf16) /* the fp32 copy is widened from the bf16 one: every kernel sees the same */
         e->k->from_bf16(U->full, U->full16, U->padded);
     U->gathered = 1; /* and in bf16, full16 with it */
     return 0;
+}
+
+/* Starts unit u's gather unless it is gathered or on its way. One gather
+ * runs at a time (shard16 is its source): one in flight is finished first.
+ * bf16 gathers move half the bytes. */
+static int gather_start(struct fsdp_engine *e, int u, char *err)
+{
+    struct fsdp_unit *U = &e->units[u];
+    if (U->gathered || e->gather_unit == u)
+        return 0;
+    if (gather_finish(e, err))
+        return -1;
+    if (e->shard == FSDP_SHARD_FULL && u != 0 && u != model_unit_lnf(e->m)) {
+        int *h = &e->holder[(u - model_unit_block(0)) % e->nbuf];
+        if (*h >= 0)
+            unit_drop(e, *h);
+        *h = u;
+    }
+    if (e->comm->world == 1 || e->shard == FSDP_SHARD_NONE) { /* the shard is the unit */
+        if (e->bf16) {
+            e->k->to_bf16(U->full16, e->params + U->shard_off, U->shard_n);
+            e->k->from_bf16(U->full, U->full16, U->padded);
+        } else {
+            e->k->copy(U->full, e->params + U->shard_off, U->shard_n);
+        }
+        U->gathered = 1;
+        return 0;
+    }
+    struct fsdp_coll *op = &e->gather_op;
+    if (e->bf16) {
+        e->k->to_bf16(e->shard16, e->params + U->shard_off, U->shard_n);
+        *op = (struct fsdp_coll){.kind = FSDP_COLL_ALLGATHER_BF16, .in = e->shard16,
+                                 .out = U->full16, .n = U->shard_n};
+    } else {
+        *op = (struct fsdp_coll){.kind = FSDP_COLL_ALLGATHER, .in = e->params + U->shard_off,
+                                 .out = U->full, .n = U->shard_n};
+    }
+    if (coll_start(e, op, err))
+        return -1;
+    e->gather_unit = u;
+    return 0;
+}
+
+/* Makes unit u's full parameters valid (and in bf16 mode their bf16 copy,
+ * which the matmuls read). */
+static int unit_gather(struct fsdp_engine *e, int u, char *err)
+{
+    if (e->units[u].gathered)
+        return 0;
+    if (gather_start(e, u, err))
+        return -1;
+    return gather_finish(e, err);
+}
+
+/* --prefetch: starts the gather of the unit computed next (u < 0: none). */
+static int unit_prefetch(struct fsdp_engine *e, int u, char *err)
+{
+    return e->prefetch && u >= 0 ? gather_start(e, u, err) : 0;
 }
 
 /* FULL_SHARD drops a unit's gathered parameters after use. */
@@ -418,8 +557,9 @@ static void unit_reshard(struct fsdp_engine *e, int u)
     if (e->shard != FSDP_SHARD_FULL)
         return;
     unit_drop(e, u);
-    if (e->block_holder == u)
-        e->block_holder = -1;
+    for (int b = 0; b < 2; b++)
+        if (e->holder[b] == u)
+            e->holder[b] = -1;
 }
 
 static void unit_grad_begin(struct fsdp_engine *e, int u)
@@ -428,35 +568,66 @@ static void unit_grad_begin(struct fsdp_engine *e, int u)
         e->k->zero(e->units[u].full_grad, e->units[u].padded);
 }
 
-/* Reduce-scatters a unit's full gradient and adds this rank's part to the
+/* Finishes the reduce-scatter in flight and adds this rank's part to the
  * gradient shard (gradients accumulate over micro-batches). */
-static int unit_grad_end(struct fsdp_engine *e, int u, char *err)
+static int rs_finish(struct fsdp_engine *e, char *err)
 {
-    if (e->shard == FSDP_SHARD_NONE)
+    const int u = e->rs_unit;
+    if (u < 0)
         return 0;
+    e->rs_unit = -1;
+    if (coll_wait(e, &e->rs_op, err))
+        return -1;
     const struct fsdp_unit *U = &e->units[u];
-    if (e->reduce_bf16)
-        e->k->to_bf16(e->grad16, U->full_grad, U->padded);
-    double t0 = fsdp_now();
-    int rc = e->reduce_bf16
-                 ? e->comm->reduce_scatter_bf16(e->comm, e->grad16, e->rs16, U->shard_n, err)
-                 : e->comm->reduce_scatter(e->comm, U->full_grad, e->rs_tmp, U->shard_n, err);
-    e->comm_seconds += fsdp_now() - t0;
-    if (rc)
-        return rc;
     if (e->reduce_bf16)
         e->k->from_bf16(e->rs_tmp, e->rs16, U->shard_n);
     e->k->add(e->grads + U->shard_off, e->rs_tmp, U->shard_n);
     return 0;
 }
 
+/* Reduce-scatters a unit's full gradient; with prefetch it runs while the
+ * next unit's backward computes, and is finished before the one after
+ * starts (its buffers are reused) or at the end of the backward. */
+static int unit_grad_end(struct fsdp_engine *e, int u, char *err)
+{
+    if (e->shard == FSDP_SHARD_NONE)
+        return 0;
+    if (rs_finish(e, err))
+        return -1;
+    const struct fsdp_unit *U = &e->units[u];
+    if (e->comm->world == 1) { /* nothing to reduce; bf16 still rounds (fsdp_opts) */
+        const float *g = U->full_grad;
+        if (e->reduce_bf16) {
+            e->k->to_bf16(e->grad16, U->full_grad, U->padded);
+            e->k->from_bf16(e->rs_tmp, e->grad16, U->padded);
+            g = e->rs_tmp;
+        }
+        e->k->add(e->grads + U->shard_off, g, U->shard_n);
+        return 0;
+    }
+    struct fsdp_coll *op = &e->rs_op;
+    if (e->reduce_bf16) {
+        e->k->to_bf16(e->grad16, U->full_grad, U->padded);
+        *op = (struct fsdp_coll){.kind = FSDP_COLL_REDUCE_SCATTER_BF16, .in = e->grad16,
+                                 .out = e->rs16, .tmp = e->rs_parts, .n = U->shard_n};
+    } else {
+        *op = (struct fsdp_coll){.kind = FSDP_COLL_REDUCE_SCATTER, .in = U->full_grad,
+                                 .out = e->rs_tmp, .tmp = e->rs_parts, .n = U->shard_n};
+    }
+    if (coll_start(e, op, err))
+        return -1;
+    e->rs_unit = u;
+    return e->prefetch ? 0 : rs_finish(e, err);
+}
+
 void fsdp_release(struct fsdp_engine *e)
 {
     if (e->shard != FSDP_SHARD_FULL)
         return;
+    settle(e);
     for (int u = 0; u < e->m->nunits; u++)
         unit_drop(e, u);
-    e->block_holder = -1;
+    e->holder[0] = e->holder[1] = -1;
 }
 
 /* ---- forward / backward ---------------------------------------------------- */
@@ -468,26 +639,32 @@ static const struct model_tensor *tensor(const struct fsdp_engine *e, int unit, 
 
 /* The matmuls of unit u, on its fp32 or (bf16 mode) bf16 weights; w is the
  * weight's place in the unit's fp32 buffer, and the bf16 twin lies at the
- * same offset. */
-static void mm_forward(struct fsdp_engine *e, int u, float *out, const float *inp, const float *w,
-                       const float *bias, size_t N, int C, int OC)
+ * same offset. In bf16 the forward rounds inp into inp16, which the
+ * backward then reads (the same bits it would round again). */
+static void mm_forward(struct fsdp_engine *e, int u, float *out, const float *inp,
+                       uint16_t *inp16, const float *w, const float *bias, size_t N, int C,
+                       int OC)
 {
-    if (e->bf16)
-        e->k->matmul_forward_bf16(out, inp, e->units[u].full16 + (w - e->units[u].full), bias, N,
-                                  C, OC);
-    else
+    if (e->bf16) {
+        e->k->to_bf16(inp16, inp, N * (size_t)C);
+        e->k->matmul_forward_bf16(out, inp16, e->units[u].full16 + (w - e->units[u].full), bias,
+                                  N, C, OC);
+    } else {
         e->k->matmul_forward(out, inp, w, bias, N, C, OC);
+    }
+    poke(e);
 }
 
 static void mm_backward(struct fsdp_engine *e, int u, float *dinp, float *dw, float *dbias,
-                        const float *dout, const float *inp, const float *w, size_t N, int C,
-                        int OC)
+                        const float *dout, const float *inp, const uint16_t *inp16,
+                        const float *w, size_t N, int C, int OC)
 {
     if (e->bf16)
-        e->k->matmul_backward_bf16(dinp, dw, dbias, dout, inp,
+        e->k->matmul_backward_bf16(dinp, dw, dbias, dout, inp16,
                                    e->units[u].full16 + (w - e->units[u].full), N, C, OC);
     else
         e->k->matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
+    poke(e);
 }
 
 /* Where block l's activations live. */
@@ -495,6 +672,7 @@ struct layer_acts {
     const float *res; /* the block's input: the residual stream */
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
         *fch_gelu;
+    uint16_t *ln1_16, *atty16, *ln2_16, *fch_gelu16; /* bf16: the products' inputs */
     float *res3; /* the block's output */
 };
 
@@ -504,19 +682,24 @@ static void layer_acts(const struct fsdp_engine *e, int l, struct layer_acts *la
     const size_t C = (size_t)e->m->cfg.dim, NH = (size_t)e->m->cfg.heads;
     const size_t S = (size_t)e->B * e->T, TT = (size_t)e->T * e->T; /* S: per-layer stride */
     const size_t s = (size_t)a->slot[l];
+    const size_t x = e->bf16 ? 0 : s; /* bf16 keeps the products' inputs in x16 */
     la->res = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * S * C;
-    la->ln1 = a->ln1 + s * S * C;
+    la->ln1 = a->ln1 + x * S * C;
     la->ln1_mean = a->ln1_mean + s * S;
     la->ln1_rstd = a->ln1_rstd + s * S;
     la->qkv = a->qkv + s * S * 3 * C;
-    la->atty = a->atty + s * S * C;
+    la->atty = a->atty + x * S * C;
     la->att = a->att + s * (size_t)e->B * NH * TT;
     la->res2 = a->residual2 + s * S * C;
-    la->ln2 = a->ln2 + s * S * C;
+    la->ln2 = a->ln2 + x * S * C;
     la->ln2_mean = a->ln2_mean + s * S;
     la->ln2_rstd = a->ln2_rstd + s * S;
     la->fch = a->fch + s * S * 4 * C;
-    la->fch_gelu = a->fch_gelu + s * S * 4 * C;
+    la->fch_gelu = a->fch_gelu + x * S * 4 * C;
+    la->ln1_16 = e->bf16 ? a->ln1_16 + s * S * C : NULL;
+    la->atty16 = e->bf16 ? a->atty16 + s * S * C : NULL;
+    la->ln2_16 = e->bf16 ? a->ln2_16 + s * S * C : NULL;
+    la->fch_gelu16 = e->bf16 ? a->fch_gelu16 + s * S * 4 * C : NULL;
     la->res3 = a->residual3 + (size_t)l * S * C;
 }
 
@@ -532,17 +715,25 @@ static void block_forward(struct fsdp_engine *e, int u, const struct block_param
     float *scratch = e->a.scratch;
     k->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->res, p->t[BT_LN1_W],
                          p->t[BT_LN1_B], BT, C);
-    mm_forward(e, u, la->qkv, la->ln1, p->t[BT_QKV_W], p->t[BT_QKV_B], BT, C, 3 * C);
+    mm_forward(e, u, la->qkv, la->ln1, la->ln1_16, p->t[BT_QKV_W], p->t[BT_QKV_B], BT, C,
+               3 * C);
     k->attention_forward(la->atty, la->att, la->qkv, B, T, C, NH);
-    mm_forward(e, u, scratch, la->atty, p->t[BT_ATTPROJ_W], p->t[BT_ATTPROJ_B], BT, C, C);
+    poke(e);
+    mm_forward(e, u, scratch, la->atty, la->atty16, p->t[BT_ATTPROJ_W], p->t[BT_ATTPROJ_B],
+               BT, C, C);
     k->residual_forward(la->res2, la->res, scratch, BT * C);
     k->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, p->t[BT_LN2_W],
                          p->t[BT_LN2_B], BT, C);
-    mm_forward(e, u, la->fch, la->ln2, p->t[BT_FC_W], p->t[BT_FC_B], BT, C, 4 * C);
+    mm_forward(e, u, la->fch, la->ln2, la->ln2_16, p->t[BT_FC_W], p->t[BT_FC_B], BT, C,
+               4 * C);
     k->gelu_forward(la->fch_gelu, la->fch, BT * 4 * C);
-    if (recompute)
+    if (recompute) { /* the backward reads fch_gelu as the last product's input */
+        if (e->bf16)
+            k->to_bf16(la->fch_gelu16, la->fch_gelu, BT * 4 * C);
         return;
-    mm_forward(e, u, scratch, la->fch_gelu, p->t[BT_FCPROJ_W], p->t[BT_FCPROJ_B], BT, 4 * C, C);
+    }
+    mm_forward(e, u, scratch, la->fch_gelu, la->fch_gelu16, p->t[BT_FCPROJ_W],
+               p->t[BT_FCPROJ_B], BT, 4 * C, C);
     k->residual_forward(la->res3, la->res2, scratch, BT * C);
 }
 
@@ -557,18 +748,19 @@ static void block_backward(struct fsdp_engine *e, int u, const struct block_para
     struct fsdp_acts *a = &e->a;
     /* residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
     mm_backward(e, u, a->d4c, g->t[BT_FCPROJ_W], g->t[BT_FCPROJ_B], a->dres, la->fch_gelu,
-                       p->t[BT_FCPROJ_W], BT, 4 * C, C);
+                la->fch_gelu16, p->t[BT_FCPROJ_W], BT, 4 * C, C);
     k->gelu_backward(a->d4c, la->fch, a->d4c, BT * 4 * C);
-    mm_backward(e, u, a->dbtc, g->t[BT_FC_W], g->t[BT_FC_B], a->d4c, la->ln2, p->t[BT_FC_W], BT,
-                       C, 4 * C);
+    mm_backward(e, u, a->dbtc, g->t[BT_FC_W], g->t[BT_FC_B], a->d4c, la->ln2, la->ln2_16,
+                p->t[BT_FC_W], BT, C, 4 * C);
     k->layernorm_backward(a->dres, g->t[BT_LN2_W], g->t[BT_LN2_B], a->dbtc, la->res2,
                           p->t[BT_LN2_W], la->ln2_mean, la->ln2_rstd, BT, C);
     /* residual2 = residual + attproj(attention(qkv(ln1(residual)))) */
     mm_backward(e, u, a->dbtc, g->t[BT_ATTPROJ_W], g->t[BT_ATTPROJ_B], a->dres, la->atty,
-                       p->t[BT_ATTPROJ_W], BT, C, C);
+                la->atty16, p->t[BT_ATTPROJ_W], BT, C, C);
     k->attention_backward(a->d4c, a->datt, a->dbtc, la->qkv, la->att, B, T, C, NH);
-    mm_backward(e, u, a->dbtc, g->t[BT_QKV_W], g->t[BT_QKV_B], a->d4c, la->ln1, p->t[BT_QKV_W],
-                       BT, C, 3 * C);
+    poke(e);
+    mm_backward(e, u, a->dbtc, g->t[BT_QKV_W], g->t[BT_QKV_B], a->d4c, la->ln1, la->ln1_16,
+                p->t[BT_QKV_W], BT, C, 3 * C);
     k->layernorm_backward(a->dres, g->t[BT_LN1_W], g->t[BT_LN1_B], a->dbtc, la->res,
                           p->t[BT_LN1_W], la->ln1_mean, la->ln1_rstd, BT, C);
 }
@@ -581,7 +773,8 @@ int fsdp_forward(struct fsdp_engine *e, int B, int T, double *loss_sum, char *er
     const size_t BT = (size_t)B * T, S = (size_t)e->B * e->T; /* S: per-layer stride */
     struct fsdp_acts *a = &e->a;
 
-    if (unit_gather(e, 0, err))
+    const int lnf = model_unit_lnf(e->m);
+    if (unit_gather(e, 0, err) || unit_prefetch(e, model_unit_block(0), err))
         return -1;
     const float *wte = e->units[0].full + tensor(e, 0, 0)->offset;
     const float *wpe = e->units[0].full + tensor(e, 0, 1)->offset;
@@ -590,7 +783,7 @@ int fsdp_forward(struct fsdp_engine *e, int B, int T, double *loss_sum, char *er
     a->slot_holder = -1;
     for (int l = 0; l < L; l++) {
         const int u = model_unit_block(l);
-        if (unit_gather(e, u, err))
+        if (unit_gather(e, u, err) || unit_prefetch(e, l + 1 < L ? u + 1 : lnf, err))
             return -1;
         struct block_params p;
         struct layer_acts la;
@@ -604,14 +797,13 @@ int fsdp_forward(struct fsdp_engine *e, int B, int T, double *loss_sum, char *er
             e->on_progress();
     }
 
-    const int lnf = model_unit_lnf(e->m);
     if (unit_gather(e, lnf, err))
         return -1;
     const float *lnfw = e->units[lnf].full + tensor(e, lnf, 0)->offset;
     const float *lnfb = e->units[lnf].full + tensor(e, lnf, 1)->offset;
     k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->residual3 + (L - 1) * S * C, lnfw,
                          lnfb, BT, C);
-    mm_forward(e, 0, a->logits, a->lnf, wte, NULL, BT, C, Vp);
+    mm_forward(e, 0, a->logits, a->lnf, a->lnf16, wte, NULL, BT, C, Vp);
     if (!loss_sum)
         return 0;
     if (!e->have_targets)
@@ -641,7 +833,8 @@ int fsdp_backward(struct fsdp_engine *e, float dloss, char *err)
 
     /* Head (tied to wte) and final LayerNorm. The embedding unit is still
      * gathered from the forward pass. */
-    if (unit_gather(e, 0, err) || unit_gather(e, lnf, err))
+    if (unit_gather(e, 0, err) || unit_gather(e, lnf, err) ||
+        unit_prefetch(e, model_unit_block(L - 1), err))
         return -1;
     unit_grad_begin(e, 0);
     unit_grad_begin(e, lnf);
@@ -649,7 +842,7 @@ int fsdp_backward(struct fsdp_engine *e, float dloss, char *err)
     float *dwte = e->units[0].full_grad + tensor(e, 0, 0)->offset;
     float *dwpe = e->units[0].full_grad + tensor(e, 0, 1)->offset;
     k->softmax_crossentropy_backward(a->logits, e->targets, dloss, BT, V, Vp);
-    mm_backward(e, 0, a->dbtc, dwte, NULL, a->logits, a->lnf, wte, BT, C, Vp);
+    mm_backward(e, 0, a->dbtc, dwte, NULL, a->logits, a->lnf, a->lnf16, wte, BT, C, Vp);
     k->zero(a->dres, BT * C);
     k->layernorm_backward(a->dres, e->units[lnf].full_grad + tensor(e, lnf, 0)->offset,
                           e->units[lnf].full_grad + tensor(e, lnf, 1)->offset, a->dbtc,
@@ -666,7 +859,7 @@ int fsdp_backward(struct fsdp_engine *e, float dloss, char *err)
      * its activations (the last recomputed block of the forward). */
     for (int l = L - 1; l >= 0; l--) {
         const int u = model_unit_block(l);
-        if (unit_gather(e, u, err))
+        if (unit_gather(e, u, err) || unit_prefetch(e, l > 0 ? u - 1 : -1, err))
             return -1;
         unit_grad_begin(e, u);
         struct block_params p, g;
@@ -687,7 +880,7 @@ int fsdp_backward(struct fsdp_engine *e, float dloss, char *err)
     }
 
     k->encoder_backward(dwte, dwpe, a->dres, e->inputs, B, T, C);
-    if (unit_grad_end(e, 0, err))
+    if (unit_grad_end(e, 0, err) || rs_finish(e, err))
         return -1;
     unit_reshard(e, 0);
     return 0;

@@ -60,6 +60,13 @@ struct fsdp_opts {
      * in bf16, so on one rank, with nothing to reduce, it rounds nothing.
      * Independent of bf16 above and of the CPU: conversions only. */
     int reduce_bf16;
+    /* --prefetch on: the next unit's all-gather runs while this unit
+     * computes (forward and backward), and a unit's reduce-scatter while the
+     * next unit's backward computes (FSDP's forward_prefetch and
+     * BACKWARD_PRE); non-blocking collectives, advanced between kernels.
+     * Costs one more block of gathered parameters and of full gradient
+     * (full) or of full gradient (grad-op). The same bits as off. */
+    int prefetch;
 };
 
 /* "none", "blocks" (every block) or "every-N" (blocks 0, N, 2N, ...). */
@@ -87,12 +94,15 @@ struct fsdp_segment {
 
 /* Activations. A block's inner activations (ln1 ... fch_gelu) live in a
  * slot: every kept block has its own, all recomputed blocks share the last
- * one. Block outputs (residual3) are kept for every block. */
+ * one. Block outputs (residual3) are kept for every block. In bf16 the
+ * matmuls' inputs (ln1, atty, ln2, fch_gelu, lnf) are needed again only as
+ * the bf16 operands of the backward's products: those bf16 copies (x16)
+ * are what the slots keep, and the fp32 ones are one shared layer's worth. */
 struct fsdp_acts {
     float *encoded, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean,
         *ln2_rstd, *fch, *fch_gelu, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
     float *scratch, *dres, *dbtc, *d4c, *datt; /* one layer's worth, reused */
-    size_t floats;
+    uint16_t *ln1_16, *atty16, *ln2_16, *fch_gelu16, *lnf16; /* bf16 only */
     int nslots;
     int *slot;       /* per block: its slot */
     int slot_holder; /* the recomputed block whose activations the shared slot holds, or -1 */
@@ -121,7 +131,12 @@ struct fsdp_engine {
     float *gather_buf, *grad_full_buf, *rs_tmp;
     uint16_t *gather16_buf, *shard16; /* bf16: gathered units; a shard on its way out */
     uint16_t *grad16, *rs16; /* reduce_bf16: a unit's gradient (none: all of them); a shard */
-    int block_holder; /* FULL: which block's parameters are in the shared buffer */
+    void *rs_parts;          /* every rank's part of this rank's shard, on their way in */
+    int nbuf;                /* block buffers: 2 with prefetch (one computes, one fills) */
+    int holder[2];           /* FULL: the block whose parameters each block buffer holds */
+    int prefetch;            /* fsdp_opts */
+    struct fsdp_coll gather_op, rs_op; /* at most one of each in flight: */
+    int gather_unit, rs_unit;          /* their units, or -1 */
 
     struct fsdp_segment *segs;
     int nsegs;
@@ -131,7 +146,7 @@ struct fsdp_engine {
     int have_targets;
 
     struct fsdp_mem mem;
-    double comm_seconds;
+    double comm_seconds; /* time the compute thread spent in collectives (not hidden) */
     void (*on_progress)(void); /* after each unit's forward and backward (heartbeats) */
 };
 

@@ -59,17 +59,20 @@ struct fsdp_kernels {
      * (NaN stays NaN); from_bf16 is exact. */
     void (*to_bf16)(uint16_t *dst, const float *src, size_t n);
     void (*from_bf16)(float *dst, const uint16_t *src, size_t n);
-    /* matmul_forward / matmul_backward with the weight in bf16: inp and dout
-     * are rounded to bf16 for the products, which accumulate in fp32; every
-     * output is fp32. Only called when fsdp_kernels_cpu_bf16 says yes. */
-    void (*matmul_forward_bf16)(float *out, const float *inp, const uint16_t *w,
+    /* matmul_forward / matmul_backward on bf16 operands: inp is the input
+     * already rounded to bf16 (the engine keeps that copy for the backward,
+     * as autocast does), w the weight in bf16; dout is rounded to bf16 for
+     * the products, which accumulate in fp32; dbias is summed from the fp32
+     * dout; every output is fp32. Only called when the kernels say they run
+     * bf16 (fsdp_kernels_cpu_bf16, fsdp_cuda_bf16). */
+    void (*matmul_forward_bf16)(float *out, const uint16_t *inp, const uint16_t *w,
                                 const float *bias, size_t N, int C, int OC);
     void (*matmul_backward_bf16)(float *dinp, float *dw, float *dbias, const float *dout,
-                                 const float *inp, const uint16_t *w, size_t N, int C, int OC);
-    /* Reserves the scratch those two round their operands into: room for
-     * a dout or inp of `out` elements and an inp of `in` elements. Returns
-     * the bytes held, 0 when out of memory. */
-    size_t (*bf16_scratch)(size_t out, size_t in);
+                                 const uint16_t *inp, const uint16_t *w, size_t N, int C,
+                                 int OC);
+    /* Reserves the scratch matmul_backward_bf16 rounds dout into: room for
+     * n elements. Returns the bytes held, 0 when out of memory. */
+    size_t (*bf16_scratch)(size_t n);
     /* causal multi-head attention on qkv (B,T,3C); att (B,NH,T,T) keeps the
      * softmax for the backward pass; out (B,T,C) */
     void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,

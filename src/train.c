@@ -92,11 +92,12 @@ static void print_banner(const struct trainer *t)
         full += t->model.units[u].numel * sizeof(float);
     fprintf(stderr,
             "fsdp-train: model %s (L%d C%d H%d T%d V%d), %.2fM parameters; %d rank%s, shard %s, "
-            "%s%s, %d thread%s per rank; %s kernels; %s\n",
+            "%s%s, prefetch %s, %d thread%s per rank; %s kernels; %s\n",
             t->o.model_label, c->layers, c->dim, c->heads, c->seq, c->vocab,
             (double)t->model.numel / 1e6, t->comm.world, t->comm.world > 1 ? "s" : "",
             fsdp_shard_name(t->o.shard), t->precision,
-            t->o.reduce_bf16 ? ", gradients reduced in bf16" : "", t->threads,
+            t->o.reduce_bf16 ? ", gradients reduced in bf16" : "",
+            t->eng.prefetch ? "on" : "off", t->threads,
             t->threads > 1 ? "s" : "",
             t->eng.k->name, t->o.cuda ? "cuBLAS matmuls, NCCL collectives" : fsdp_kernels_cpu_blas());
     fprintf(stderr,
@@ -265,11 +266,12 @@ static void log_step(struct trainer *t, long long step, double loss, double lr, 
         fputc('\n', stderr);
     }
     if (t->log) {
-        json_t *j = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:I}", "step",
+        json_t *j = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:f, s:I}", "step",
                               (json_int_t)step + 1, "loss", loss, "lr", lr, "grad_norm", norm,
                               "tokens_per_s", tps, "ms", dt * 1e3, "samples_seen",
                               (json_int_t)t->cursor, "elapsed_s", fsdp_now() - t->train_t0,
-                              "ckpt_s", t->ckpt_s, "activation_bytes",
+                              "ckpt_s", t->ckpt_s, "comm_s", t->eng.comm_seconds,
+                              "activation_bytes",
                               (json_int_t)t->eng.mem.act_bytes);
         if (j && !isnan(val))
             json_object_set_new(j, "val_loss", json_real(val));
@@ -547,7 +549,7 @@ static int setup(struct trainer *t, char *err)
     if (!t->in || !t->tgt || !t->consumed)
         return fsdp_err(err, "out of memory for the batch");
     const struct fsdp_opts fo = {o->shard, t->micro, o->recompute_every, t->bf16,
-                                 o->reduce_bf16};
+                                 o->reduce_bf16, o->prefetch};
     const struct fsdp_kernels *k = o->cuda ? fsdp_kernels_cuda() : fsdp_kernels_cpu();
     if (fsdp_init(&t->eng, &t->model, k, &t->comm, &fo, err))
         return -1;

@@ -43,6 +43,10 @@ void train_opts_usage(void)
            "                         (all-reduce for --shard none), as MixedPrecision's\n"
            "                         reduce_dtype: bf16 moves half the bytes; the shard\n"
            "                         accumulates in fp32 either way (default fp32)\n"
+           "  --prefetch on|off      overlap communication with compute: the next unit's\n"
+           "                         all-gather and the last unit's reduce-scatter run\n"
+           "                         while a unit computes (forward and backward prefetch;\n"
+           "                         the same bits either way; default on)\n"
            "  --activation-checkpointing none|blocks|every-N\n"
            "                         recompute blocks' activations in the backward instead\n"
            "                         of keeping them: every block, or blocks 0, N, 2N, ...\n"
@@ -119,6 +123,7 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
     o->grad_clip = 1.0;
     o->seed = 1337;
     o->shard = FSDP_SHARD_FULL;
+    o->prefetch = 1;
     o->ckpt.keep = 3;
     o->ckpt.resume = 1;
     o->ckpt.write = (struct ckpt_write_opts){CKPT_CODEC_ZSTD_SHUFFLE4, 1, 4u << 20};
@@ -237,6 +242,11 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
                 o->ckpt.resume = strcmp(v, "auto") == 0;
             else
                 rc = fsdp_err(err, "--resume '%s' is not auto or none", v);
+        } else if (strcmp(f, "--prefetch") == 0) {
+            if (strcmp(v, "on") == 0 || strcmp(v, "off") == 0)
+                o->prefetch = strcmp(v, "on") == 0;
+            else
+                rc = fsdp_err(err, "--prefetch '%s' is not on or off", v);
         } else if (strcmp(f, "--reduce-dtype") == 0) {
             if (strcmp(v, "fp32") == 0 || strcmp(v, "bf16") == 0)
                 o->reduce_bf16 = v[0] == 'b';

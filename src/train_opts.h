@@ -26,6 +26,7 @@ struct train_opts {
     int recompute_every; /* --activation-checkpointing (fsdp_opts) */
     int bf16;            /* --precision bf16 (fsdp_opts) */
     int reduce_bf16;     /* --reduce-dtype bf16 (fsdp_opts) */
+    int prefetch;        /* --prefetch (fsdp_opts) */
     struct ckptr_opts ckpt; /* ckpt.uri NULL: no checkpoints */
 };
 

@@ -240,16 +240,21 @@ static void cpu_matmul_backward(float *dinp, float *dw, float *dbias, const floa
 
 /* ---- bf16 ------------------------------------------------------------------ */
 
+/* to nearest even; a NaN stays a (quiet) NaN */
+static inline uint16_t bf16_rne(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+    uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)(nan ? (u >> 16) | 0x40u : rne);
+}
+
 static void cpu_to_bf16(uint16_t *dst, const float *src, size_t n)
 {
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &src[i], sizeof u);
-        uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
-        uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-        dst[i] = (uint16_t)(nan ? (u >> 16) | 0x40u : rne);
-    }
+    for (size_t i = 0; i < n; i++)
+        dst[i] = bf16_rne(src[i]);
 }
 
 static void cpu_from_bf16(float *dst, const uint16_t *src, size_t n)
@@ -272,35 +277,51 @@ static uint16_t *scratch16(int slot, size_t n)
     return p;
 }
 
-static size_t cpu_bf16_scratch(size_t out, size_t in)
+static size_t cpu_bf16_scratch(size_t n)
 {
-    if (!fsdp_gemm_scratch(0, out) || !fsdp_gemm_scratch(1, in))
-        return 0;
-    return (out + in) * sizeof(uint16_t);
+    return fsdp_gemm_scratch(0, n) ? n * sizeof(uint16_t) : 0;
 }
 
-static void cpu_matmul_forward_bf16(float *out, const float *inp, const uint16_t *w,
+static void cpu_matmul_forward_bf16(float *out, const uint16_t *inp, const uint16_t *w,
                                     const float *bias, size_t N, int C, int OC)
 {
-    uint16_t *x = scratch16(0, N * (size_t)C);
-    cpu_to_bf16(x, inp, N * (size_t)C);
     if (bias)
         bias_rows(out, bias, N, OC);
-    fsdp_gemm_bf16('N', 'T', (int)N, OC, C, x, C, w, C, bias ? 1.0f : 0.0f, out, OC);
+    fsdp_gemm_bf16('N', 'T', (int)N, OC, C, inp, C, w, C, bias ? 1.0f : 0.0f, out, OC);
+}
+
+/* d = bf16(dout) and, when dbias is given, dbias += its column sums: one
+ * pass over dout. Each thread owns a range of columns and adds the rows in
+ * order, as dbias_rows does, so the sums are the same bits. */
+static void round_dout(uint16_t *d, float *dbias, const float *dout, size_t N, int OC)
+{
+#pragma omp parallel
+    {
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int o0 = (int)((long)OC * id / nt), o1 = (int)((long)OC * (id + 1) / nt);
+        for (size_t i = 0; i < N; i++) {
+            const float *src = dout + i * OC;
+            uint16_t *dst = d + i * OC;
+#pragma omp simd
+            for (int o = o0; o < o1; o++)
+                dst[o] = bf16_rne(src[o]);
+            if (dbias)
+#pragma omp simd
+                for (int o = o0; o < o1; o++)
+                    dbias[o] += src[o];
+        }
+    }
 }
 
 static void cpu_matmul_backward_bf16(float *dinp, float *dw, float *dbias, const float *dout,
-                                     const float *inp, const uint16_t *w, size_t N, int C,
+                                     const uint16_t *inp, const uint16_t *w, size_t N, int C,
                                      int OC)
 {
-    uint16_t *d = scratch16(0, N * (size_t)OC), *x = scratch16(1, N * (size_t)C);
-    cpu_to_bf16(d, dout, N * (size_t)OC);
-    cpu_to_bf16(x, inp, N * (size_t)C);
+    uint16_t *d = scratch16(0, N * (size_t)OC);
+    round_dout(d, dbias, dout, N, OC); /* dbias from the fp32 gradient, as in fp32 */
     if (dinp)
         fsdp_gemm_bf16('N', 'N', (int)N, C, OC, d, OC, w, C, 0.0f, dinp, C);
-    fsdp_gemm_bf16('T', 'N', OC, C, (int)N, d, OC, x, C, 1.0f, dw, C);
-    if (dbias) /* from the fp32 gradient, as in fp32 */
-        dbias_rows(dbias, dout, N, OC);
+    fsdp_gemm_bf16('T', 'N', OC, C, (int)N, d, OC, inp, C, 1.0f, dw, C);
 }
 
 /* ---- attention ------------------------------------------------------------- */

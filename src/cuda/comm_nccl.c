@@ -180,6 +180,10 @@ int fsdp_cudamod_comm_nccl_init(struct fsdp_comm *c, char *err)
     c->reduce_scatter_bf16 = nccl_reduce_scatter_bf16;
     c->allreduce_sum = nccl_allreduce;
     c->allreduce_sum_bf16 = nccl_allreduce_bf16;
+    c->start = NULL; /* the host's would run on device memory; NCCL calls are asynchronous on
+                      * the stream already */
+    c->progress = NULL;
+    c->wait = NULL;
     c->allreduce_sum_f64 = host_allreduce_f64;
     c->bcast_bytes = host_bcast;
     c->barrier = host_barrier;

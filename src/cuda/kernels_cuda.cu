@@ -296,7 +296,7 @@ static void *scratch(int slot, size_t bytes)
     }
     return g.scratch[slot];
 }
-enum { S_BF16_A, S_BF16_B, S_PARTIAL, S_PARTIAL2 };
+enum { S_BF16_A, S_PARTIAL, S_PARTIAL2 };
 
 /* ---- reductions -------------------------------------------------------------------- */
 
@@ -753,20 +753,15 @@ static void cu_from_bf16(float *dst, const uint16_t *src, size_t n)
     LAUNCHED();
 }
 
-static size_t cu_bf16_scratch(size_t out, size_t in)
+static size_t cu_bf16_scratch(size_t n)
 {
-    if (!scratch_try(S_BF16_A, out * sizeof(uint16_t)) ||
-        !scratch_try(S_BF16_B, in * sizeof(uint16_t)))
-        return 0;
-    return (out + in) * sizeof(uint16_t);
+    return scratch_try(S_BF16_A, n * sizeof(uint16_t)) ? n * sizeof(uint16_t) : 0;
 }
 
-static void cu_matmul_forward_bf16(float *out, const float *inp, const uint16_t *w,
+static void cu_matmul_forward_bf16(float *out, const uint16_t *x, const uint16_t *w,
                                    const float *bias, size_t N, int C, int OC)
 {
     PROF("matmul_forward_bf16");
-    uint16_t *x = (uint16_t *)scratch(S_BF16_B, N * (size_t)C * sizeof(uint16_t));
-    cu_to_bf16(x, inp, N * (size_t)C);
     if (bias && lt_forward(out, x, w, bias, N, C, OC, 1) == 0)
         return;
     if (bias)
@@ -775,13 +770,11 @@ static void cu_matmul_forward_bf16(float *out, const float *inp, const uint16_t 
 }
 
 static void cu_matmul_backward_bf16(float *dinp, float *dw, float *dbias, const float *dout,
-                                    const float *inp, const uint16_t *w, size_t N, int C, int OC)
+                                    const uint16_t *x, const uint16_t *w, size_t N, int C, int OC)
 {
     PROF("matmul_backward_bf16");
     uint16_t *d = (uint16_t *)scratch(S_BF16_A, N * (size_t)OC * sizeof(uint16_t));
-    uint16_t *x = (uint16_t *)scratch(S_BF16_B, N * (size_t)C * sizeof(uint16_t));
     cu_to_bf16(d, dout, N * (size_t)OC);
-    cu_to_bf16(x, inp, N * (size_t)C);
     if (dinp)
         bgemm(CUBLAS_OP_N, CUBLAS_OP_N, C, (int)N, OC, 1.0f, w, C, d, OC, 0.0f, dinp, C);
     bgemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, (int)N, 1.0f, x, C, d, OC, 1.0f, dw, C);

@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define FSDP_CUDA_MODULE_ABI 1
+#define FSDP_CUDA_MODULE_ABI 2
 
 struct fsdp_cuda_module {
     int abi; /* FSDP_CUDA_MODULE_ABI: a module of another build is refused */

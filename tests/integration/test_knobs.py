@@ -19,7 +19,15 @@ mean loss of each 50-step window within 5% of fp32's for the first window
 0.6%, 0.5%, 0.4%; validation 0.5%). Two bf16 runs give the same bits; a
 bf16 checkpoint resumes bit-exactly in bf16 and resumes in fp32 (and the
 reverse), since the shards are fp32 master state either way. A CPU or
-kernel level without AVX512_BF16 runs fp32 and says so in the banner."""
+kernel level without AVX512_BF16 runs fp32 and says so in the banner.
+
+Prefetch (--prefetch on|off, default on) overlaps the collectives with
+compute; the losses are the same bits on 2 and 4 ranks for every strategy,
+precision, gradient reduction type, recompute setting and gradient
+accumulation, and a checkpoint written with one setting resumes under the
+other, at the same and at another world size. The log's comm_s is the time
+the compute thread spent in collectives (the part prefetch did not hide);
+tools/bench/bench_train.py reports it per step."""
 
 import os
 import re
@@ -238,6 +246,53 @@ def bf16_gradient_reduction_follows_fp32_and_resumes(tmp):
         p.stderr
 
 
+def prefetch_keeps_the_loss_bits_and_resumes(tmp):
+    train, _ = prepare_corpus(tmp)
+    cases = ((2, ["--shard", "full"]),
+             (2, ["--shard", "grad-op", "--micro-batch", "2"]),
+             (2, ["--shard", "none"]),
+             (2, ["--shard", "full", "--precision", "bf16", "--reduce-dtype", "bf16",
+                  "--activation-checkpointing", "every-2"]),
+             # 4 ranks: the reduce-scatter sums four parts; its order must not
+             # depend on whether the collective blocked
+             (4, ["--shard", "full", "--micro-batch", "1"]),
+             (4, ["--shard", "grad-op", "--precision", "bf16"]))
+    for np, extra in cases:
+        got = {}
+        for pf in ("off", "on"):
+            steps, err = run_log(tmp, train, np, extra + ["--prefetch", pf], f"pf-{pf}", steps=10)
+            shard = extra[1]
+            want = "on" if pf == "on" and shard != "none" else "off"
+            assert f"prefetch {want}," in err, f"the banner should say prefetch {want}:\n{err}"
+            comm = [s["comm_s"] for s in steps]
+            assert comm == sorted(comm) and comm[-1] > 0, comm
+            got[pf] = ([s["loss"] for s in steps], comm[-1] / len(comm))
+        assert got["on"][0] == got["off"][0], f"{np} ranks {extra}: prefetch changed the losses" \
+            f"\n{got['on'][0]}\n{got['off'][0]}"
+        print(f"  {np} ranks, {' '.join(extra)}: same 10 losses; time in collectives per step "
+              f"{got['off'][1] * 1e3:.1f} ms off, {got['on'][1] * 1e3:.1f} ms on")
+    args = lambda ck, pf: [TRAIN, "--data", train, "--model", "tiny", "--global-batch", "8",
+                           "--steps", "12", "--ckpt", ck, "--ckpt-every", "6",
+                           "--log-every", "100", "--prefetch", pf]
+    ref = f"{tmp}/ref-pf"
+    mpirun(2, args(ref, "off"))
+    ck = f"{tmp}/ck-pf"
+    p = launch(2, args(ck, "off"), {"FSDP_TEST_STOP_AT": "after-commit:1"})
+    assert wait_stopped_or_exit(p)
+    kill_job(p)
+    assert committed_steps(ck) == [6]
+    other = f"{tmp}/ck-pf-4"
+    shutil.copytree(ck, other, symlinks=True)
+    p = mpirun(2, args(ck, "on"))
+    assert "resumed from checkpoint step 6" in p.stderr, p.stderr
+    assert digest(ck) == digest(ref), "prefetch on, resumed from prefetch off, differs"
+    print("  off -> on on 2 ranks: final digest equals the uninterrupted run's")
+    p = mpirun(4, args(other, "on") + ["--verify-load", "on"])
+    assert "resumed from checkpoint step 6" in p.stderr, p.stderr
+    assert committed_steps(other) == [6, 12]
+    print("  off on 2 ranks -> on on 4 ranks: resharded, verified, resumed and finished")
+
+
 def bf16_without_the_instructions_runs_fp32_and_says_so(tmp):
     train, _ = prepare_corpus(tmp)
     p = run([TRAIN, "--data", train, "--cpu-kernels", "x86-64-v3", "--steps", "1"], check=False)
@@ -275,4 +330,5 @@ if __name__ == "__main__":
           bf16_is_the_same_for_every_strategy,
           checkpoints_move_between_precisions,
           bf16_gradient_reduction_follows_fp32_and_resumes,
+          prefetch_keeps_the_loss_bits_and_resumes,
           bf16_without_the_instructions_runs_fp32_and_says_so])

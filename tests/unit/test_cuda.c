@@ -143,19 +143,20 @@ static void matmuls_match_the_cpu(int bf16)
     float *x = randv(nx, 20, 1), *w = randv(nw, 21, 0.1f), *bias = randv(OC, 22, 1);
     float *dout = randv(no, 23, 1), *out = calloc(no, 4), *dinp = calloc(nx, 4);
     float *dw = randv(nw, 24, 1), *dbias = randv(OC, 25, 1);
-    uint16_t *w16 = malloc(nw * 2);
+    uint16_t *w16 = malloc(nw * 2), *x16 = malloc(nx * 2);
     cpu->to_bf16(w16, w, nw);
+    cpu->to_bf16(x16, x, nx); /* the engine rounds the products' inputs */
     float *gx = dev(x, nx * 4), *gw = dev(w, nw * 4), *gbias = dev(bias, OC * 4);
     float *gdout = dev(dout, no * 4), *gout = dev(NULL, no * 4), *gdinp = dev(NULL, nx * 4);
     float *gdw = dev(dw, nw * 4), *gdbias = dev(dbias, OC * 4);
-    uint16_t *gw16 = dev(w16, nw * 2);
+    uint16_t *gw16 = dev(w16, nw * 2), *gx16 = dev(x16, nx * 2);
     const char *tag = bf16 ? "bf16" : "fp32";
     char what[64];
     if (bf16) {
-        cpu->bf16_scratch(no, nx);
-        gpu->bf16_scratch(no, nx);
-        cpu->matmul_forward_bf16(out, x, w16, bias, BT, C, OC);
-        gpu->matmul_forward_bf16(gout, gx, gw16, gbias, BT, C, OC);
+        cpu->bf16_scratch(no);
+        gpu->bf16_scratch(no);
+        cpu->matmul_forward_bf16(out, x16, w16, bias, BT, C, OC);
+        gpu->matmul_forward_bf16(gout, gx16, gw16, gbias, BT, C, OC);
     } else {
         cpu->matmul_forward(out, x, w, bias, BT, C, OC);
         gpu->matmul_forward(gout, gx, gw, gbias, BT, C, OC);
@@ -164,8 +165,8 @@ static void matmuls_match_the_cpu(int bf16)
     snprintf(what, sizeof what, "matmul_forward %s", tag);
     EXPECT_CLOSE(gout, out, no, tol, what);
     if (bf16) {
-        cpu->matmul_backward_bf16(dinp, dw, dbias, dout, x, w16, BT, C, OC);
-        gpu->matmul_backward_bf16(gdinp, gdw, gdbias, gdout, gx, gw16, BT, C, OC);
+        cpu->matmul_backward_bf16(dinp, dw, dbias, dout, x16, w16, BT, C, OC);
+        gpu->matmul_backward_bf16(gdinp, gdw, gdbias, gdout, gx16, gw16, BT, C, OC);
     } else {
         cpu->matmul_backward(dinp, dw, dbias, dout, x, w, BT, C, OC);
         gpu->matmul_backward(gdinp, gdw, gdbias, gdout, gx, gw, BT, C, OC);
@@ -181,7 +182,9 @@ static void matmuls_match_the_cpu(int bf16)
     for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
         free(h[i]), gpu->free(d[i]);
     free(w16);
+    free(x16);
     gpu->free(gw16);
+    gpu->free(gx16);
 }
 
 static void fp32_matmuls_match_the_cpu(void) { matmuls_match_the_cpu(0); }
@@ -316,7 +319,7 @@ static int rig_init(struct rig *r, const struct fsdp_kernels *k, int bf16)
             return -1;
         }
     }
-    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, 0, bf16, 0};
+    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, 0, bf16, 0, 0};
     if (fsdp_init(&r->e, &r->m, k, &r->comm, &o, err) != 0) {
         fprintf(stderr, "  %s\n", err);
         return -1;
@@ -380,7 +383,7 @@ static void engine_gradients_match_the_cpu(int bf16)
     struct fsdp_comm comm;
     fsdp_comm_local_init(&comm);
     struct fsdp_engine e;
-    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, 0, 0, 0};
+    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, 0, 0, 0, 0};
     fsdp_init(&e, &m, cpu, &comm, &o, err);
     for (int ti = 0; ti < m.ntensors; ti++) {
         const struct model_tensor *t = &m.tensors[ti];
@@ -458,7 +461,7 @@ static void two_gpu_steps_give_the_same_bits(void)
     struct fsdp_comm comm;
     fsdp_comm_local_init(&comm);
     struct fsdp_engine e;
-    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, 0, 0, 0};
+    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, 0, 0, 0, 0};
     fsdp_init(&e, &m, cpu, &comm, &o, err);
     n = e.shard_total;
     fsdp_free(&e);

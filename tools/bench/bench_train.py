@@ -51,9 +51,11 @@ def sh(args, env=ENV, check=True):
 SETTINGS = [
     ("fp32 openblas", ["--matmul", "openblas"]),
     ("fp32 onednn", ["--matmul", "onednn"]),
+    ("fp32 onednn, prefetch off", ["--matmul", "onednn", "--prefetch", "off"]),
     ("fp32 onednn, recompute blocks", ["--matmul", "onednn",
                                        "--activation-checkpointing", "blocks"]),
     ("bf16", ["--precision", "bf16"]),
+    ("bf16, prefetch off", ["--precision", "bf16", "--prefetch", "off"]),
     ("bf16, recompute blocks", ["--precision", "bf16", "--activation-checkpointing", "blocks"]),
 ]
 
@@ -68,8 +70,10 @@ def ours(data, model_args, steps, ranks, threads, tmp, extra=()):
     if ranks > 1:
         cmd = ["mpirun", "-np", str(ranks), "--bind-to", "core"] + cmd
     sh(cmd)
-    rates = [json.loads(l)["tokens_per_s"] for l in open(log)][WARMUP:]
-    return statistics.median(rates)
+    steps = [json.loads(l) for l in open(log)][WARMUP:]
+    # comm_s: the compute thread's time in collectives so far (not hidden by prefetch)
+    comm = [b["comm_s"] - a["comm_s"] for a, b in zip(steps, steps[1:])]
+    return statistics.median(s["tokens_per_s"] for s in steps), statistics.median(comm) * 1e3
 
 
 def torch_baseline(data, shape, steps, bf16=False):
@@ -120,13 +124,15 @@ def main():
             steps = max(WARMUP + 3, int(steps * a.steps_scale))
             best = 0.0
             for setting, extra in SETTINGS:
-                one = ours(data, margs, steps, 1, 2, tmp, extra)
-                two = ours(data, margs, steps, 2, 1, tmp, extra)
+                one, _ = ours(data, margs, steps, 1, 2, tmp, extra)
+                two, comm = ours(data, margs, steps, 2, 1, tmp, extra)
                 best = max(best, one)
                 rows.append({"model": name, "shape": "L%d C%d H%d T%d" % shape,
                              "who": "fsdp-train", "setting": setting,
-                             "one_rank_2_threads": one, "two_ranks_1_thread": two})
-                print(f"  {name} {setting}: {one:.0f} / {two:.0f} tokens/s", flush=True)
+                             "one_rank_2_threads": one, "two_ranks_1_thread": two,
+                             "two_ranks_comm_ms": comm})
+                print(f"  {name} {setting}: {one:.0f} / {two:.0f} tokens/s, {comm:.1f} ms "
+                      "in collectives per step on 2 ranks", flush=True)
             tbest = 0.0
             for bf16 in (False, True):
                 tb = torch_baseline(data, shape, steps, bf16)
@@ -140,18 +146,20 @@ def main():
             summary.append({"model": name, "ours_best": best, "pytorch_best": tbest or None,
                             "ratio": best / tbest if tbest else None})
     print(f"{'model':<11} {'who':<16} {'setting':<30} {'1 rank x 2 thr':>15} "
-          f"{'2 ranks x 1 thr':>16} {'2r/1r':>6}")
+          f"{'2 ranks x 1 thr':>16} {'2r/1r':>6} {'comm ms (2r)':>13}")
     for r in rows:
         two = r["two_ranks_1_thread"]
         print(f"{r['model']:<11} {r['who']:<16} {r['setting']:<30} "
               f"{r['one_rank_2_threads']:15.0f} " +
-              (f"{two:16.0f} {two / r['one_rank_2_threads']:6.2f}" if two else
-               f"{'-':>16} {'-':>6}"))
+              (f"{two:16.0f} {two / r['one_rank_2_threads']:6.2f} "
+               f"{r['two_ranks_comm_ms']:13.1f}" if two else f"{'-':>16} {'-':>6} {'-':>13}"))
     for s in summary:
         print(f"{s['model']}: best fsdp-train {s['ours_best']:.0f} tokens/s" +
               (f", best PyTorch {s['pytorch_best']:.0f}: {s['ratio']:.2f}x" if s["ratio"]
                else " (PyTorch baseline skipped: tools/setup.sh --bench installs it)"))
-    print("(tokens/s, median of steps after the first %d; global batch 8)" % WARMUP)
+    print("(tokens/s, median of steps after the first %d; global batch 8; comm ms: the "
+          "compute thread's time per step in collectives on 2 ranks, what prefetch did not "
+          "hide)" % WARMUP)
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"rows": rows, "summary": summary}, f, indent=1)
