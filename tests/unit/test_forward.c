@@ -290,5 +290,64 @@ static void bf16_matmuls_match_fp32_on_rounded_operands(void)
     }
 }
 
+/* The attention's backward against naive double-precision products, at a
+ * length that spans several of the kernel's 64-row blocks and ends in a
+ * partial one (the blocked products skip the masked triangle). */
+static void attention_backward_matches_naive_products(void)
+{
+    const struct fsdp_kernels *k = fsdp_kernels_cpu();
+    enum { AB = 2, AT = 150, AC = 32, NH = 2, HS = AC / NH, C3 = 3 * AC };
+    float *qkv = malloc(sizeof(float) * AB * AT * C3), *out = malloc(sizeof(float) * AB * AT * AC);
+    float *att = malloc(sizeof(float) * AB * NH * AT * AT);
+    float *datt = malloc(sizeof(float) * AB * NH * AT * AT);
+    float *dout = malloc(sizeof(float) * AB * AT * AC);
+    float *dqkv = calloc((size_t)AB * AT * C3, sizeof(float));
+    double *want = calloc((size_t)AB * AT * C3, sizeof(double));
+    double *dA = malloc(sizeof(double) * AT * AT);
+    for (int i = 0; i < AB * AT * C3; i++)
+        qkv[i] = fsdp_normal_at(21, (uint64_t)i);
+    for (int i = 0; i < AB * AT * AC; i++)
+        dout[i] = fsdp_normal_at(22, (uint64_t)i);
+    k->attention_forward(out, att, qkv, AB, AT, AC, NH);
+    k->attention_backward(dqkv, datt, dout, qkv, att, AB, AT, AC, NH);
+    const double scale = 1.0 / sqrt((double)HS);
+    for (int b = 0; b < AB; b++)
+        for (int h = 0; h < NH; h++) {
+            const float *A = att + ((size_t)b * NH + h) * AT * AT;
+            const float *q = qkv + (size_t)b * AT * C3 + h * HS, *kk = q + AC, *v = q + 2 * AC;
+            const float *d = dout + (size_t)b * AT * AC + h * HS;
+            double *dq = want + (size_t)b * AT * C3 + h * HS, *dk = dq + AC, *dv = dq + 2 * AC;
+            for (int t = 0; t < AT; t++) {
+                double dot = 0;
+                for (int u = 0; u <= t; u++) {
+                    double g = 0;
+                    for (int i = 0; i < HS; i++)
+                        g += (double)d[t * AC + i] * v[u * C3 + i];
+                    dA[t * AT + u] = g;
+                    dot += A[t * AT + u] * g;
+                    for (int i = 0; i < HS; i++) /* dV = A^T dout */
+                        dv[u * C3 + i] += (double)A[t * AT + u] * d[t * AC + i];
+                }
+                for (int u = 0; u <= t; u++) {
+                    double pre = A[t * AT + u] * (dA[t * AT + u] - dot) * scale;
+                    for (int i = 0; i < HS; i++) {
+                        dq[t * C3 + i] += pre * kk[u * C3 + i];
+                        dk[u * C3 + i] += pre * q[t * C3 + i];
+                    }
+                }
+            }
+        }
+    double worst = 0, mag = 0;
+    for (int i = 0; i < AB * AT * C3; i++)
+        mag = fabs(want[i]) > mag ? fabs(want[i]) : mag;
+    for (int i = 0; i < AB * AT * C3; i++) {
+        double e = fabs(dqkv[i] - want[i]) / mag;
+        worst = e > worst ? e : worst;
+    }
+    CHECK(worst < 1e-5, "attention backward differs from the naive products by %.2e", worst);
+    free(qkv), free(out), free(att), free(datt), free(dout), free(dqkv), free(want), free(dA);
+}
+
 CHECK_MAIN(TEST(forward_matches_reference_gpt2), TEST(bf16_rounds_to_nearest_even),
-           TEST(bf16_matmuls_match_fp32_on_rounded_operands))
+           TEST(bf16_matmuls_match_fp32_on_rounded_operands),
+           TEST(attention_backward_matches_naive_products))
