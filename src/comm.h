@@ -20,14 +20,20 @@ enum fsdp_coll_kind {
 
 /* A collective that runs while the caller computes (--prefetch on). The
  * caller fills kind, in, out, n (elements per rank, as in the blocking
- * calls) and, for a reduce-scatter, tmp: world * n elements of scratch.
- * From start until wait returns, the buffers belong to the collective.
- * Every rank starts the same collectives in the same order. */
+ * calls) and, for a reduce-scatter, tmp: world * n * pieces elements of
+ * scratch. From start until wait returns, the buffers belong to the
+ * collective. Every rank starts the same collectives in the same order.
+ *
+ * pieces > 1 moves that many units in one collective (--unit-blocks):
+ * piece k is the blocking call on in + k * in_stride and out + k *
+ * out_stride (strides in elements). */
 struct fsdp_coll {
     enum fsdp_coll_kind kind;
     const void *in;
     void *out, *tmp;
     size_t n;
+    int pieces;                   /* 0 means 1 */
+    size_t in_stride, out_stride; /* pieces > 1 */
     int state;                        /* 0 idle, 1 running, 2 arrived (wait finishes it) */
     union {
         unsigned char bytes[16];

@@ -82,31 +82,71 @@ _Static_assert(sizeof(MPI_Request) <= sizeof(((struct fsdp_coll *)0)->req.bytes)
 
 static MPI_Request *req_of(struct fsdp_coll *op) { return (MPI_Request *)(void *)op->req.bytes; }
 
+/* count pieces of n elements, stride apart, seen as one element of extent
+ * `extent` elements (MPI_Type_vector, resized) */
+static int pieces_type(MPI_Datatype base, size_t esize, int count, size_t n, size_t stride,
+                       size_t extent, MPI_Datatype *out)
+{
+    MPI_Datatype v;
+    if (MPI_Type_vector(count, (int)n, (int)stride, base, &v) != MPI_SUCCESS)
+        return -1;
+    int rc = MPI_Type_create_resized(v, 0, (MPI_Aint)(extent * esize), out);
+    MPI_Type_free(&v);
+    if (rc == MPI_SUCCESS && MPI_Type_commit(out) == MPI_SUCCESS)
+        return 0;
+    return -1;
+}
+
 static int mpi_start(struct fsdp_comm *c, struct fsdp_coll *op, char *err)
 {
     static const char *const what[] = {"allgather", "allgather (bf16)", "reduce-scatter",
                                        "reduce-scatter (bf16)"};
     const int bf16 = op->kind == FSDP_COLL_ALLGATHER_BF16 ||
                      op->kind == FSDP_COLL_REDUCE_SCATTER_BF16;
-    const MPI_Datatype type = bf16 ? MPI_UINT16_T : MPI_FLOAT;
+    const int gather = op->kind == FSDP_COLL_ALLGATHER || op->kind == FSDP_COLL_ALLGATHER_BF16;
+    const MPI_Datatype base = bf16 ? MPI_UINT16_T : MPI_FLOAT;
     const size_t esize = bf16 ? sizeof(uint16_t) : sizeof(float);
+    const int pieces = op->pieces > 1 ? op->pieces : 1;
     int slot = 0;
     while (slot < MAX_RUNNING && running[slot])
         slot++;
     if (op->state != 0 || slot == MAX_RUNNING)
         return fsdp_err(err, "mpi: %s started while %s", what[op->kind],
                         op->state ? "it runs already" : "too many collectives run");
-    if (count_ok(op->n, what[op->kind], err))
+    if (count_ok(op->n * (size_t)pieces, what[op->kind], err) ||
+        count_ok(op->in_stride, what[op->kind], err) ||
+        count_ok(op->out_stride * (size_t)c->world, what[op->kind], err))
         return -1;
     const int n = (int)op->n;
-    int rc;
-    if (op->kind == FSDP_COLL_ALLGATHER || op->kind == FSDP_COLL_ALLGATHER_BF16) {
-        const char *mine = (const char *)op->out + (size_t)c->rank * op->n * esize;
-        const void *send = op->in == (const void *)mine ? MPI_IN_PLACE : op->in;
-        rc = MPI_Iallgather(send, n, type, op->out, n, type, MPI_COMM_WORLD, req_of(op));
-    } else {
-        rc = MPI_Ialltoall(op->in, n, type, op->tmp, n, type, MPI_COMM_WORLD, req_of(op));
+    MPI_Datatype send = base, recv = base;
+    int scount = n, rcount = n, rc = MPI_SUCCESS;
+    if (pieces > 1) { /* one element per rank: every piece's part */
+        scount = rcount = 1;
+        int bad = gather ? pieces_type(base, esize, pieces, op->n, op->in_stride, op->n, &send) ||
+                               pieces_type(base, esize, pieces, op->n, op->out_stride, op->n,
+                                           &recv)
+                         : pieces_type(base, esize, pieces, op->n, op->in_stride, op->n, &send);
+        if (!gather && !bad) { /* what arrives from each rank: its parts, back to back */
+            recv = base;
+            rcount = n * pieces;
+        }
+        if (bad)
+            return fsdp_err(err, "mpi: cannot describe %d pieces of %zu elements for a %s",
+                            pieces, op->n, what[op->kind]);
     }
+    if (gather) {
+        const char *mine = (const char *)op->out + (size_t)c->rank * op->n * esize;
+        const void *in = pieces == 1 && op->in == (const void *)mine ? MPI_IN_PLACE : op->in;
+        rc = MPI_Iallgather(in, scount, send, op->out, rcount, recv, MPI_COMM_WORLD, req_of(op));
+    } else {
+        rc = MPI_Ialltoall(op->in, scount, send, op->tmp, rcount, recv, MPI_COMM_WORLD,
+                           req_of(op));
+    }
+    /* a pending collective keeps the types it uses alive (MPI_Type_free) */
+    if (send != base)
+        MPI_Type_free(&send);
+    if (recv != base)
+        MPI_Type_free(&recv);
     if (rc != MPI_SUCCESS)
         return mpi_fail(rc, what[op->kind], err);
     op->state = 1;
@@ -125,25 +165,29 @@ static void mpi_progress(struct fsdp_comm *c)
     }
 }
 
-/* out = the sum of the world's parts in tmp, in rank order */
+/* out = the sum of the world's parts in tmp, in rank order: tmp holds, for
+ * each rank, its part of every piece back to back */
 static void sum_parts(const struct fsdp_coll *op, int world)
 {
-    const size_t n = op->n;
-    if (op->kind == FSDP_COLL_REDUCE_SCATTER) {
-        const float *t = op->tmp;
-        float *o = op->out;
-        memcpy(o, t, n * sizeof *o);
-        for (int r = 1; r < world; r++)
-            for (size_t i = 0; i < n; i++)
-                o[i] += t[(size_t)r * n + i];
-    } else {
-        const uint16_t *t = op->tmp;
-        uint16_t *o = op->out;
-        memcpy(o, t, n * sizeof *o);
-        for (int r = 1; r < world; r++)
-            for (size_t i = 0; i < n; i++)
-                o[i] = fsdp_bf16_round(fsdp_bf16_widen(o[i]) +
-                                       fsdp_bf16_widen(t[(size_t)r * n + i]));
+    const size_t n = op->n, pieces = op->pieces > 1 ? (size_t)op->pieces : 1;
+    const size_t stride = pieces > 1 ? op->out_stride : n, per_rank = n * pieces;
+    for (size_t k = 0; k < pieces; k++) {
+        if (op->kind == FSDP_COLL_REDUCE_SCATTER) {
+            const float *t = (const float *)op->tmp + k * n;
+            float *o = (float *)op->out + k * stride;
+            memcpy(o, t, n * sizeof *o);
+            for (int r = 1; r < world; r++)
+                for (size_t i = 0; i < n; i++)
+                    o[i] += t[(size_t)r * per_rank + i];
+        } else {
+            const uint16_t *t = (const uint16_t *)op->tmp + k * n;
+            uint16_t *o = (uint16_t *)op->out + k * stride;
+            memcpy(o, t, n * sizeof *o);
+            for (int r = 1; r < world; r++)
+                for (size_t i = 0; i < n; i++)
+                    o[i] = fsdp_bf16_round(fsdp_bf16_widen(o[i]) +
+                                           fsdp_bf16_widen(t[(size_t)r * per_rank + i]));
+        }
     }
 }
 

@@ -197,6 +197,11 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
     e->nbuf = e->prefetch ? 2 : 1;
     e->holder[0] = e->holder[1] = -1;
     e->gather_unit = e->rs_unit = -1;
+    const int L = m->cfg.layers;
+    const int K = shard == FSDP_SHARD_NONE || o->unit_blocks < 1 ? 1
+                  : o->unit_blocks > L                             ? L
+                                                                   : o->unit_blocks;
+    e->unit_blocks = K;
     const int nu = m->nunits;
     const size_t W = shard == FSDP_SHARD_NONE ? 1 : (size_t)comm->world;
     const size_t rank = shard == FSDP_SHARD_NONE ? 0 : (size_t)comm->rank;
@@ -216,6 +221,13 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
         e->shard_total += round_up(U->shard_n, ALIGN_FLOATS);
         if (U->shard_n > max_shard)
             max_shard = U->shard_n;
+        U->group = u;
+        U->group_n = 1;
+        if (u >= model_unit_block(0) && u <= model_unit_block(L - 1)) {
+            int l = u - model_unit_block(0), first = l / K * K;
+            U->group = model_unit_block(first);
+            U->group_n = first + K <= L ? K : L - first;
+        }
     }
     float **kinds[4] = {&e->params, &e->grads, &e->exp_avg, &e->exp_avg_sq};
     for (int i = 0; i < 4; i++) {
@@ -244,22 +256,23 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
         }
     } else {
         /* Full-size buffers: grad-op keeps every unit, full shares nbuf
-         * block buffers between all blocks (block l uses buffer l % nbuf).
-         * Full gradients always share nbuf block buffers: one block is in
-         * its backward pass while (prefetch) the one before is reduced. */
-        const size_t nb = (size_t)e->nbuf;
+         * group buffers of K blocks between all groups (group i of blocks
+         * uses buffer i % nbuf). Full gradients always share nbuf group
+         * buffers: one group is in its backward pass while (prefetch) the
+         * one before is reduced. A group's blocks lie pb apart. */
+        const size_t nb = (size_t)e->nbuf, kb = (size_t)K;
         size_t pe = round_up(e->units[0].padded, ALIGN_FLOATS);
         size_t pb = round_up(e->units[blk].padded, ALIGN_FLOATS);
         size_t pl = round_up(e->units[lnf].padded, ALIGN_FLOATS);
-        size_t gather = shard == FSDP_SHARD_FULL ? pe + pb * nb + pl : pe + pb * m->cfg.layers + pl;
-        size_t max_padded = pe > pb ? (pe > pl ? pe : pl) : (pb > pl ? pb : pl);
+        size_t gather = shard == FSDP_SHARD_FULL ? pe + pb * kb * nb + pl : pe + pb * L + pl;
+        size_t max_padded = pe > pb * kb ? (pe > pl ? pe : pl) : (pb * kb > pl ? pb * kb : pl);
         e->gather_buf = k->alloc(gather * sizeof(float));
-        e->grad_full_buf = k->alloc((pe + pb * nb + pl) * sizeof(float));
-        e->rs_tmp = k->alloc(round_up(max_shard, ALIGN_FLOATS) * sizeof(float));
+        e->grad_full_buf = k->alloc((pe + pb * kb * nb + pl) * sizeof(float));
+        e->rs_tmp = k->alloc(round_up(max_shard, ALIGN_FLOATS) * kb * sizeof(float));
         if (!e->gather_buf || !e->grad_full_buf || !e->rs_tmp)
             goto oom;
         e->mem.gather_bytes = gather * sizeof(float);
-        e->mem.grad_full_bytes = (pe + pb * nb + pl) * sizeof(float);
+        e->mem.grad_full_bytes = (pe + pb * kb * nb + pl) * sizeof(float);
         if (comm->start) { /* the all-to-all's landing place (comm.h) */
             if (!(e->rs_parts = k->alloc(max_padded * sizeof(float))))
                 goto oom;
@@ -267,21 +280,21 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
         }
         e->units[0].full = e->gather_buf;
         e->units[0].full_grad = e->grad_full_buf;
-        for (int l = 0; l < m->cfg.layers; l++) {
+        for (int l = 0; l < L; l++) {
             struct fsdp_unit *U = &e->units[model_unit_block(l)];
-            size_t b = (size_t)l % nb;
-            U->full = e->gather_buf + pe + pb * (shard == FSDP_SHARD_FULL ? b : (size_t)l);
-            U->full_grad = e->grad_full_buf + pe + pb * b;
+            size_t slot = (size_t)(l / K) % nb * kb + (size_t)(l % K);
+            U->full = e->gather_buf + pe + pb * (shard == FSDP_SHARD_FULL ? slot : (size_t)l);
+            U->full_grad = e->grad_full_buf + pe + pb * slot;
         }
         e->units[lnf].full = e->gather_buf + gather - pl;
-        e->units[lnf].full_grad = e->grad_full_buf + pe + pb * nb;
+        e->units[lnf].full_grad = e->grad_full_buf + pe + pb * kb * nb;
     }
     if (e->bf16) {
         /* a bf16 twin of every gathered buffer, at the same offsets */
         size_t n16 = e->mem.gather_bytes / sizeof(float);
         float *base = e->gather_buf;
         e->gather16_buf = k->alloc(n16 * sizeof(uint16_t));
-        e->shard16 = k->alloc(round_up(max_shard, ALIGN_FLOATS) * sizeof(uint16_t));
+        e->shard16 = k->alloc(round_up(max_shard, ALIGN_FLOATS) * K * sizeof(uint16_t));
         if (!e->gather16_buf || !e->shard16)
             goto oom;
         for (int u = 0; u < nu; u++)
@@ -290,10 +303,10 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
     }
     if (e->reduce_bf16 && shard != FSDP_SHARD_NONE) {
         /* bf16 copies of a unit's gradient and of its reduced shard */
-        size_t n16 = 0, r16 = round_up(max_shard, ALIGN_FLOATS);
-        for (int u = 0; u < nu; u++)
-            if (e->units[u].padded > n16)
-                n16 = e->units[u].padded;
+        size_t n16 = 0, r16 = round_up(max_shard, ALIGN_FLOATS) * (size_t)K;
+        for (int u = 0; u < nu; u++) /* a group's blocks lie a padded block apart */
+            if (round_up(e->units[u].padded, ALIGN_FLOATS) * (size_t)e->units[u].group_n > n16)
+                n16 = round_up(e->units[u].padded, ALIGN_FLOATS) * (size_t)e->units[u].group_n;
         e->grad16 = k->alloc(n16 * sizeof(uint16_t));
         e->rs16 = k->alloc(r16 * sizeof(uint16_t));
         if (!e->grad16 || !e->rs16)
@@ -432,20 +445,28 @@ static int coll_start(struct fsdp_engine *e, struct fsdp_coll *op, char *err)
     int rc;
     if (c->start) {
         rc = c->start(c, op, err);
-    } else {
-        switch (op->kind) {
-        case FSDP_COLL_ALLGATHER:
-            rc = c->allgather(c, op->in, op->out, op->n, err);
-            break;
-        case FSDP_COLL_ALLGATHER_BF16:
-            rc = c->allgather_bf16(c, op->in, op->out, op->n, err);
-            break;
-        case FSDP_COLL_REDUCE_SCATTER:
-            rc = c->reduce_scatter(c, op->in, op->out, op->n, err);
-            break;
-        default:
-            rc = c->reduce_scatter_bf16(c, op->in, op->out, op->n, err);
-            break;
+    } else { /* one blocking call per piece */
+        const int bf16 = op->kind == FSDP_COLL_ALLGATHER_BF16 ||
+                         op->kind == FSDP_COLL_REDUCE_SCATTER_BF16;
+        const size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
+        rc = 0;
+        for (int p = 0; !rc && p < (op->pieces > 1 ? op->pieces : 1); p++) {
+            const void *in = (const char *)op->in + (size_t)p * op->in_stride * es;
+            void *out = (char *)op->out + (size_t)p * op->out_stride * es;
+            switch (op->kind) {
+            case FSDP_COLL_ALLGATHER:
+                rc = c->allgather(c, in, out, op->n, err);
+                break;
+            case FSDP_COLL_ALLGATHER_BF16:
+                rc = c->allgather_bf16(c, in, out, op->n, err);
+                break;
+            case FSDP_COLL_REDUCE_SCATTER:
+                rc = c->reduce_scatter(c, in, out, op->n, err);
+                break;
+            default:
+                rc = c->reduce_scatter_bf16(c, in, out, op->n, err);
+                break;
+            }
         }
         op->state = rc ? 0 : 2;
     }
@@ -477,65 +498,85 @@ static void poke(struct fsdp_engine *e)
     }
 }
 
-/* Finishes the gather in flight: its unit becomes gathered. */
+/* Unit u's group (--unit-blocks): its first unit g and its n units, which
+ * lie the same distance apart in every buffer (a padded block). */
+static size_t group_stride(const struct fsdp_engine *e, int g)
+{
+    return e->units[g].group_n > 1 ? (size_t)(e->units[g + 1].full - e->units[g].full) : 0;
+}
+
+/* Finishes the gather in flight: its group becomes gathered. */
 static int gather_finish(struct fsdp_engine *e, char *err)
 {
-    const int u = e->gather_unit;
-    if (u < 0)
+    const int g = e->gather_unit;
+    if (g < 0)
         return 0;
     e->gather_unit = -1;
     if (coll_wait(e, &e->gather_op, err))
         return -1;
-    struct fsdp_unit *U = &e->units[u];
-    if (e->bf16) /* the fp32 copy is widened from the bf16 one: every kernel sees the same */
-        e->k->from_bf16(U->full, U->full16, U->padded);
-    U->gathered = 1; /* and in bf16, full16 with it */
+    for (int u = g; u < g + e->units[g].group_n; u++) {
+        struct fsdp_unit *U = &e->units[u];
+        if (e->bf16) /* the fp32 copy is widened from the bf16 one: every kernel sees the same */
+            e->k->from_bf16(U->full, U->full16, U->padded);
+        U->gathered = 1; /* and in bf16, full16 with it */
+    }
     return 0;
 }
 
-/* Starts unit u's gather unless it is gathered or on its way. One gather
- * runs at a time (shard16 is its source): one in flight is finished first.
- * bf16 gathers move half the bytes. */
+/* Starts the gather of unit u's group unless it is gathered or on its way:
+ * one collective for the group, each block's slices landing in its buffer.
+ * One gather runs at a time (shard16 is its source): one in flight is
+ * finished first. bf16 gathers move half the bytes. */
 static int gather_start(struct fsdp_engine *e, int u, char *err)
 {
-    struct fsdp_unit *U = &e->units[u];
-    if (U->gathered || e->gather_unit == u)
+    const int g = e->units[u].group, n = e->units[g].group_n;
+    struct fsdp_unit *G = &e->units[g];
+    if (G->gathered || e->gather_unit == g)
         return 0;
     if (gather_finish(e, err))
         return -1;
-    if (e->shard == FSDP_SHARD_FULL && u != 0 && u != model_unit_lnf(e->m)) {
-        int *h = &e->holder[(u - model_unit_block(0)) % e->nbuf];
+    if (e->shard == FSDP_SHARD_FULL && g != 0 && g != model_unit_lnf(e->m)) {
+        int *h = &e->holder[(g - model_unit_block(0)) / e->unit_blocks % e->nbuf];
         if (*h >= 0)
-            unit_drop(e, *h);
-        *h = u;
+            for (int v = *h; v < *h + e->units[*h].group_n; v++)
+                unit_drop(e, v);
+        *h = g;
     }
     if (e->comm->world == 1 || e->shard == FSDP_SHARD_NONE) { /* the shard is the unit */
-        if (e->bf16) {
-            e->k->to_bf16(U->full16, e->params + U->shard_off, U->shard_n);
-            e->k->from_bf16(U->full, U->full16, U->padded);
-        } else {
-            e->k->copy(U->full, e->params + U->shard_off, U->shard_n);
+        for (int v = g; v < g + n; v++) {
+            struct fsdp_unit *U = &e->units[v];
+            if (e->bf16) {
+                e->k->to_bf16(U->full16, e->params + U->shard_off, U->shard_n);
+                e->k->from_bf16(U->full, U->full16, U->padded);
+            } else {
+                e->k->copy(U->full, e->params + U->shard_off, U->shard_n);
+            }
+            U->gathered = 1;
         }
-        U->gathered = 1;
         return 0;
     }
+    /* a group's shards lie one aligned shard apart in params (and shard16) */
+    const size_t sstride = n > 1 ? e->units[g + 1].shard_off - G->shard_off : 0;
     struct fsdp_coll *op = &e->gather_op;
     if (e->bf16) {
-        e->k->to_bf16(e->shard16, e->params + U->shard_off, U->shard_n);
+        e->k->to_bf16(e->shard16, e->params + G->shard_off, sstride * (size_t)(n - 1) + G->shard_n);
         *op = (struct fsdp_coll){.kind = FSDP_COLL_ALLGATHER_BF16, .in = e->shard16,
-                                 .out = U->full16, .n = U->shard_n};
+                                 .out = G->full16, .n = G->shard_n};
     } else {
-        *op = (struct fsdp_coll){.kind = FSDP_COLL_ALLGATHER, .in = e->params + U->shard_off,
-                                 .out = U->full, .n = U->shard_n};
+        *op = (struct fsdp_coll){.kind = FSDP_COLL_ALLGATHER, .in = e->params + G->shard_off,
+                                 .out = G->full, .n = G->shard_n};
     }
+    op->pieces = n;
+    op->in_stride = sstride;
+    op->out_stride = group_stride(e, g);
     if (coll_start(e, op, err))
         return -1;
-    e->gather_unit = u;
+    e->gather_unit = g;
     return 0;
 }
 
 /* Makes unit u's full parameters valid (and in bf16 mode their bf16 copy,
- * which the matmuls read). */
+ * which the matmuls read), with the rest of its group. */
 static int unit_gather(struct fsdp_engine *e, int u, char *err)
 {
     if (e->units[u].gathered)
@@ -545,20 +586,22 @@ static int unit_gather(struct fsdp_engine *e, int u, char *err)
     return gather_finish(e, err);
 }
 
-/* --prefetch: starts the gather of the unit computed next (u < 0: none). */
+/* --prefetch: starts the gather of the group computed next (u < 0: none). */
 static int unit_prefetch(struct fsdp_engine *e, int u, char *err)
 {
     return e->prefetch && u >= 0 ? gather_start(e, u, err) : 0;
 }
 
-/* FULL_SHARD drops a unit's gathered parameters after use. */
+/* FULL_SHARD drops a group's gathered parameters after its last use. */
 static void unit_reshard(struct fsdp_engine *e, int u)
 {
     if (e->shard != FSDP_SHARD_FULL)
         return;
-    unit_drop(e, u);
+    const int g = e->units[u].group;
+    for (int v = g; v < g + e->units[g].group_n; v++)
+        unit_drop(e, v);
     for (int b = 0; b < 2; b++)
-        if (e->holder[b] == u)
+        if (e->holder[b] == g)
             e->holder[b] = -1;
 }
 
@@ -568,55 +611,68 @@ static void unit_grad_begin(struct fsdp_engine *e, int u)
         e->k->zero(e->units[u].full_grad, e->units[u].padded);
 }
 
-/* Finishes the reduce-scatter in flight and adds this rank's part to the
- * gradient shard (gradients accumulate over micro-batches). */
+/* Finishes the reduce-scatter in flight and adds this rank's part of each
+ * unit to the gradient shard (gradients accumulate over micro-batches). */
 static int rs_finish(struct fsdp_engine *e, char *err)
 {
-    const int u = e->rs_unit;
-    if (u < 0)
+    const int g = e->rs_unit;
+    if (g < 0)
         return 0;
     e->rs_unit = -1;
     if (coll_wait(e, &e->rs_op, err))
         return -1;
-    const struct fsdp_unit *U = &e->units[u];
-    if (e->reduce_bf16)
-        e->k->from_bf16(e->rs_tmp, e->rs16, U->shard_n);
-    e->k->add(e->grads + U->shard_off, e->rs_tmp, U->shard_n);
+    const size_t stride = round_up(e->units[g].shard_n, ALIGN_FLOATS);
+    for (int u = g; u < g + e->units[g].group_n; u++) {
+        const struct fsdp_unit *U = &e->units[u];
+        float *part = e->rs_tmp + stride * (size_t)(u - g);
+        if (e->reduce_bf16)
+            e->k->from_bf16(part, e->rs16 + stride * (size_t)(u - g), U->shard_n);
+        e->k->add(e->grads + U->shard_off, part, U->shard_n);
+    }
     return 0;
 }
 
-/* Reduce-scatters a unit's full gradient; with prefetch it runs while the
- * next unit's backward computes, and is finished before the one after
- * starts (its buffers are reused) or at the end of the backward. */
+/* Reduce-scatters the full gradients of unit u's group (one collective);
+ * with prefetch it runs while the next group's backward computes, and is
+ * finished before the one after starts (its buffers are reused) or at the
+ * end of the backward. */
 static int unit_grad_end(struct fsdp_engine *e, int u, char *err)
 {
     if (e->shard == FSDP_SHARD_NONE)
         return 0;
     if (rs_finish(e, err))
         return -1;
-    const struct fsdp_unit *U = &e->units[u];
+    const int g = e->units[u].group, n = e->units[g].group_n;
+    const struct fsdp_unit *G = &e->units[g];
+    const size_t gstride = group_stride(e, g), span = gstride * (size_t)(n - 1) + G->padded;
     if (e->comm->world == 1) { /* nothing to reduce; bf16 still rounds (fsdp_opts) */
-        const float *g = U->full_grad;
-        if (e->reduce_bf16) {
-            e->k->to_bf16(e->grad16, U->full_grad, U->padded);
-            e->k->from_bf16(e->rs_tmp, e->grad16, U->padded);
-            g = e->rs_tmp;
+        for (int v = g; v < g + n; v++) {
+            const struct fsdp_unit *U = &e->units[v];
+            const float *grad = U->full_grad;
+            if (e->reduce_bf16) {
+                e->k->to_bf16(e->grad16, U->full_grad, U->padded);
+                e->k->from_bf16(e->rs_tmp, e->grad16, U->padded);
+                grad = e->rs_tmp;
+            }
+            e->k->add(e->grads + U->shard_off, grad, U->shard_n);
         }
-        e->k->add(e->grads + U->shard_off, g, U->shard_n);
         return 0;
     }
     struct fsdp_coll *op = &e->rs_op;
     if (e->reduce_bf16) {
-        e->k->to_bf16(e->grad16, U->full_grad, U->padded);
+        e->k->to_bf16(e->grad16, G->full_grad, span);
         *op = (struct fsdp_coll){.kind = FSDP_COLL_REDUCE_SCATTER_BF16, .in = e->grad16,
-                                 .out = e->rs16, .tmp = e->rs_parts, .n = U->shard_n};
+                                 .out = e->rs16, .tmp = e->rs_parts, .n = G->shard_n};
     } else {
-        *op = (struct fsdp_coll){.kind = FSDP_COLL_REDUCE_SCATTER, .in = U->full_grad,
-                                 .out = e->rs_tmp, .tmp = e->rs_parts, .n = U->shard_n};
+        *op = (struct fsdp_coll){.kind = FSDP_COLL_REDUCE_SCATTER, .in = G->full_grad,
+                                 .out = e->rs_tmp, .tmp = e->rs_parts, .n = G->shard_n};
     }
+    op->pieces = n;
+    op->in_stride = gstride;
+    op->out_stride = round_up(G->shard_n, ALIGN_FLOATS);
     if (coll_start(e, op, err))
         return -1;
-    e->rs_unit = u;
+    e->rs_unit = g;
     return e->prefetch ? 0 : rs_finish(e, err);
 }
 
@@ -782,8 +838,10 @@ int fsdp_forward(struct fsdp_engine *e, int B, int T, double *loss_sum, char *er
 
     a->slot_holder = -1;
     for (int l = 0; l < L; l++) {
-        const int u = model_unit_block(l);
-        if (unit_gather(e, u, err) || unit_prefetch(e, l + 1 < L ? u + 1 : lnf, err))
+        const int u = model_unit_block(l), g = e->units[u].group, n = e->units[g].group_n;
+        const int first = u == g, last = u == g + n - 1; /* of its group, in this pass */
+        /* the next group, or after the last one the final LayerNorm */
+        if (unit_gather(e, u, err) || (first && unit_prefetch(e, g + n, err)))
             return -1;
         struct block_params p;
         struct layer_acts la;
@@ -792,7 +850,8 @@ int fsdp_forward(struct fsdp_engine *e, int B, int T, double *loss_sum, char *er
         block_forward(e, u, &p, &la, B, T, 0);
         if (recomputed(e, l)) /* only a full-size forward has a backward */
             a->slot_holder = B == e->B && T == e->T ? l : -1;
-        unit_reshard(e, u);
+        if (last)
+            unit_reshard(e, u);
         if (e->on_progress)
             e->on_progress();
     }
@@ -858,23 +917,26 @@ int fsdp_backward(struct fsdp_engine *e, float dloss, char *err)
      * gathered for the backward anyway, unless the shared slot still holds
      * its activations (the last recomputed block of the forward). */
     for (int l = L - 1; l >= 0; l--) {
-        const int u = model_unit_block(l);
-        if (unit_gather(e, u, err) || unit_prefetch(e, l > 0 ? u - 1 : -1, err))
+        const int u = model_unit_block(l), g = e->units[u].group, n = e->units[g].group_n;
+        const int first = u == g + n - 1, last = u == g; /* of its group, in this pass */
+        const int before = g > model_unit_block(0) ? g - 1 : -1; /* the group computed next */
+        if (unit_gather(e, u, err) || (first && unit_prefetch(e, before, err)))
             return -1;
         unit_grad_begin(e, u);
-        struct block_params p, g;
+        struct block_params p, gr;
         struct layer_acts la;
         model_block_params(e->m, e->units[u].full, &p);
-        model_block_params(e->m, e->units[u].full_grad, &g);
+        model_block_params(e->m, e->units[u].full_grad, &gr);
         layer_acts(e, l, &la);
         if (recomputed(e, l) && a->slot_holder != l) {
             block_forward(e, u, &p, &la, B, T, 1);
             a->slot_holder = l;
         }
-        block_backward(e, u, &p, &g, &la);
-        if (unit_grad_end(e, u, err))
+        block_backward(e, u, &p, &gr, &la);
+        if (last && unit_grad_end(e, u, err))
             return -1;
-        unit_reshard(e, u);
+        if (last)
+            unit_reshard(e, u);
         if (e->on_progress)
             e->on_progress();
     }

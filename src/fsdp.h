@@ -67,6 +67,11 @@ struct fsdp_opts {
      * Costs one more block of gathered parameters and of full gradient
      * (full) or of full gradient (grad-op). The same bits as off. */
     int prefetch;
+    /* --unit-blocks K (the auto-wrap policy): K consecutive blocks form
+     * one FSDP unit, gathered, freed and reduce-scattered together (one
+     * collective each). Each rank still owns the same slice of every block,
+     * so the checkpoint does not depend on K. 0 or 1: a unit per block. */
+    int unit_blocks;
 };
 
 /* "none", "blocks" (every block) or "every-N" (blocks 0, N, 2N, ...). */
@@ -84,6 +89,7 @@ struct fsdp_unit {
     uint16_t *full16; /* bf16: the same, as gathered (valid while gathered) */
     float *full_grad; /* the unit's full gradient during backward */
     int gathered;
+    int group, group_n; /* the FSDP unit (--unit-blocks): its first unit, its size */
 };
 
 /* A run of shard elements inside one tensor, for the optimizer. */
@@ -132,11 +138,12 @@ struct fsdp_engine {
     uint16_t *gather16_buf, *shard16; /* bf16: gathered units; a shard on its way out */
     uint16_t *grad16, *rs16; /* reduce_bf16: a unit's gradient (none: all of them); a shard */
     void *rs_parts;          /* every rank's part of this rank's shard, on their way in */
-    int nbuf;                /* block buffers: 2 with prefetch (one computes, one fills) */
-    int holder[2];           /* FULL: the block whose parameters each block buffer holds */
+    int nbuf;                /* group buffers: 2 with prefetch (one computes, one fills) */
+    int unit_blocks;         /* fsdp_opts: blocks per group */
+    int holder[2];           /* FULL: the group (first unit) each group buffer holds */
     int prefetch;            /* fsdp_opts */
     struct fsdp_coll gather_op, rs_op; /* at most one of each in flight: */
-    int gather_unit, rs_unit;          /* their units, or -1 */
+    int gather_unit, rs_unit;          /* their groups (first unit), or -1 */
 
     struct fsdp_segment *segs;
     int nsegs;

@@ -92,12 +92,13 @@ static void print_banner(const struct trainer *t)
         full += t->model.units[u].numel * sizeof(float);
     fprintf(stderr,
             "fsdp-train: model %s (L%d C%d H%d T%d V%d), %.2fM parameters; %d rank%s, shard %s, "
-            "%s%s, prefetch %s, %d thread%s per rank; %s kernels; %s\n",
+            "%s%s, prefetch %s, %d block%s per unit, %d thread%s per rank; %s kernels; %s\n",
             t->o.model_label, c->layers, c->dim, c->heads, c->seq, c->vocab,
             (double)t->model.numel / 1e6, t->comm.world, t->comm.world > 1 ? "s" : "",
             fsdp_shard_name(t->o.shard), t->precision,
             t->o.reduce_bf16 ? ", gradients reduced in bf16" : "",
-            t->eng.prefetch ? "on" : "off", t->threads,
+            t->eng.prefetch ? "on" : "off", t->eng.unit_blocks, t->eng.unit_blocks > 1 ? "s" : "",
+            t->threads,
             t->threads > 1 ? "s" : "",
             t->eng.k->name, t->o.cuda ? "cuBLAS matmuls, NCCL collectives" : fsdp_kernels_cpu_blas());
     fprintf(stderr,
@@ -549,7 +550,7 @@ static int setup(struct trainer *t, char *err)
     if (!t->in || !t->tgt || !t->consumed)
         return fsdp_err(err, "out of memory for the batch");
     const struct fsdp_opts fo = {o->shard, t->micro, o->recompute_every, t->bf16,
-                                 o->reduce_bf16, o->prefetch};
+                                 o->reduce_bf16, o->prefetch, o->unit_blocks};
     const struct fsdp_kernels *k = o->cuda ? fsdp_kernels_cuda() : fsdp_kernels_cpu();
     if (fsdp_init(&t->eng, &t->model, k, &t->comm, &fo, err))
         return -1;

@@ -47,6 +47,10 @@ void train_opts_usage(void)
            "                         all-gather and the last unit's reduce-scatter run\n"
            "                         while a unit computes (forward and backward prefetch;\n"
            "                         the same bits either way; default on)\n"
+           "  --unit-blocks K        K consecutive blocks form one FSDP unit (the auto-wrap\n"
+           "                         policy): gathered, freed and reduce-scattered as one;\n"
+           "                         --shard full and grad-op; checkpoints do not depend\n"
+           "                         on it (default 1)\n"
            "  --activation-checkpointing none|blocks|every-N\n"
            "                         recompute blocks' activations in the backward instead\n"
            "                         of keeping them: every block, or blocks 0, N, 2N, ...\n"
@@ -242,6 +246,10 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
                 o->ckpt.resume = strcmp(v, "auto") == 0;
             else
                 rc = fsdp_err(err, "--resume '%s' is not auto or none", v);
+        } else if (strcmp(f, "--unit-blocks") == 0) {
+            long long k = 0;
+            rc = need_int(f, v, 1, 1 << 20, &k, err);
+            o->unit_blocks = (int)k;
         } else if (strcmp(f, "--prefetch") == 0) {
             if (strcmp(v, "on") == 0 || strcmp(v, "off") == 0)
                 o->prefetch = strcmp(v, "on") == 0;
@@ -293,5 +301,11 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
         return fsdp_err(err, "%s needs --ckpt URI", o->ckpt.async ? "--ckpt-async" : "--ckpt-every");
     if (o->warmup < 0)
         o->warmup = o->steps / 20;
+    if (o->unit_blocks && o->shard == FSDP_SHARD_NONE)
+        return fsdp_err(err, "--unit-blocks groups what --shard full and grad-op gather; "
+                             "--shard none gathers nothing");
+    if (o->unit_blocks > o->cfg.layers)
+        return fsdp_err(err, "--unit-blocks %d exceeds the model's %d blocks", o->unit_blocks,
+                        o->cfg.layers);
     return model_config_check(&o->cfg, err);
 }

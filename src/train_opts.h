@@ -27,6 +27,7 @@ struct train_opts {
     int bf16;            /* --precision bf16 (fsdp_opts) */
     int reduce_bf16;     /* --reduce-dtype bf16 (fsdp_opts) */
     int prefetch;        /* --prefetch (fsdp_opts) */
+    int unit_blocks;     /* --unit-blocks (fsdp_opts); 0 when not given */
     struct ckptr_opts ckpt; /* ckpt.uri NULL: no checkpoints */
 };
 

@@ -33,6 +33,11 @@ def bad_flags_give_one_line_and_the_usage_hint(tmp):
         ([TRAIN, "--data", train, "--precision", "fp16"], "--precision 'fp16'"),
         ([TRAIN, "--data", train, "--device", "tpu"], "--device 'tpu'"),
         ([TRAIN, "--data", train, "--reduce-dtype", "fp16"], "--reduce-dtype 'fp16'"),
+        ([TRAIN, "--data", train, "--prefetch", "maybe"], "--prefetch 'maybe'"),
+        ([TRAIN, "--data", train, "--unit-blocks", "0"], "--unit-blocks"),
+        ([TRAIN, "--data", train, "--unit-blocks", "5"], "exceeds the model's 4 blocks"),
+        ([TRAIN, "--data", train, "--unit-blocks", "2", "--shard", "none"],
+         "--shard none gathers nothing"),
         ([TRAIN, "--data", train, "--activation-checkpointing", "every-0"],
          "--activation-checkpointing 'every-0'"),
     ]

@@ -27,7 +27,14 @@ precision, gradient reduction type, recompute setting and gradient
 accumulation, and a checkpoint written with one setting resumes under the
 other, at the same and at another world size. The log's comm_s is the time
 the compute thread spent in collectives (the part prefetch did not hide);
-tools/bench/bench_train.py reports it per step."""
+tools/bench/bench_train.py reports it per step.
+
+Wrap granularity (--unit-blocks K) gathers, frees and reduce-scatters K
+blocks as one unit with one collective each; the losses are the same bits
+for every K on 2 and 4 ranks, and checkpoints do not depend on K (each rank
+owns the same slice of every block whatever the grouping): one written with
+K = 2 resumes bit-exactly with K = 1 and K = 3 and reshards to another world
+size."""
 
 import os
 import re
@@ -293,6 +300,48 @@ def prefetch_keeps_the_loss_bits_and_resumes(tmp):
     print("  off on 2 ranks -> on on 4 ranks: resharded, verified, resumed and finished")
 
 
+def unit_grouping_keeps_the_loss_bits_and_the_checkpoints(tmp):
+    train, _ = prepare_corpus(tmp)
+    # tiny has 4 blocks: K = 3 leaves a last unit of one block
+    for np, extra in ((2, ["--shard", "full"]),
+                      (2, ["--shard", "grad-op", "--micro-batch", "2"]),
+                      (4, ["--shard", "full", "--precision", "bf16", "--reduce-dtype", "bf16",
+                           "--activation-checkpointing", "every-2"]),
+                      (4, ["--shard", "full", "--prefetch", "off", "--micro-batch", "1"])):
+        ref = None
+        for k in (1, 2, 3, 4):
+            steps, err = run_log(tmp, train, np, extra + ["--unit-blocks", str(k)], f"ub{k}",
+                                 steps=8)
+            want = f"{k} block{'s' if k > 1 else ''} per unit"
+            assert want in err, f"the banner should say {want}:\n{err}"
+            losses = [s["loss"] for s in steps]
+            ref = ref or losses
+            assert losses == ref, f"{np} ranks {extra}: --unit-blocks {k} changed the losses"
+        print(f"  {np} ranks, {' '.join(extra)}: the same 8 losses for 1, 2, 3 and 4 blocks "
+              "per unit")
+    args = lambda ck, k: [TRAIN, "--data", train, "--model", "tiny", "--global-batch", "8",
+                          "--steps", "12", "--ckpt", ck, "--ckpt-every", "6",
+                          "--log-every", "100", "--unit-blocks", str(k)]
+    ref = f"{tmp}/ref-ub"
+    mpirun(2, args(ref, 1))
+    ck = f"{tmp}/ck-ub"
+    p = launch(2, args(ck, 2), {"FSDP_TEST_STOP_AT": "after-commit:1"})
+    assert wait_stopped_or_exit(p)
+    kill_job(p)
+    assert committed_steps(ck) == [6]
+    other = f"{tmp}/ck-ub-4"
+    shutil.copytree(ck, other, symlinks=True)
+    p = mpirun(2, args(ck, 3))
+    assert "resumed from checkpoint step 6" in p.stderr, p.stderr
+    assert digest(ck) == digest(ref), "written with 2 blocks per unit, resumed with 3: differs"
+    print("  2 blocks per unit -> 3 on 2 ranks: final digest equals the uninterrupted run's "
+          "(1 block per unit)")
+    p = mpirun(4, args(other, 4) + ["--verify-load", "on"])
+    assert "resumed from checkpoint step 6" in p.stderr, p.stderr
+    assert committed_steps(other) == [6, 12]
+    print("  2 blocks per unit on 2 ranks -> 4 on 4 ranks: resharded, verified and finished")
+
+
 def bf16_without_the_instructions_runs_fp32_and_says_so(tmp):
     train, _ = prepare_corpus(tmp)
     p = run([TRAIN, "--data", train, "--cpu-kernels", "x86-64-v3", "--steps", "1"], check=False)
@@ -331,4 +380,5 @@ if __name__ == "__main__":
           checkpoints_move_between_precisions,
           bf16_gradient_reduction_follows_fp32_and_resumes,
           prefetch_keeps_the_loss_bits_and_resumes,
+          unit_grouping_keeps_the_loss_bits_and_the_checkpoints,
           bf16_without_the_instructions_runs_fp32_and_says_so])

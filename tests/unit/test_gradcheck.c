@@ -36,6 +36,7 @@ struct rig {
 };
 
 static int reduce_bf16; /* fsdp_opts.reduce_bf16 for the next rig */
+static int unit_blocks; /* fsdp_opts.unit_blocks for the next rig */
 
 static int rig_init_opts(struct rig *r, const struct fsdp_kernels *k, enum fsdp_shard shard,
                          int recompute_every, int bf16)
@@ -44,7 +45,8 @@ static int rig_init_opts(struct rig *r, const struct fsdp_kernels *k, enum fsdp_
     if (model_layout_init(&r->m, &cfg, err) != 0)
         return -1;
     fsdp_comm_local_init(&r->comm);
-    const struct fsdp_opts o = {shard, B, recompute_every, bf16, reduce_bf16, 1}; /* prefetch */
+    const struct fsdp_opts o = {shard, B, recompute_every, bf16, reduce_bf16, 1 /* prefetch */,
+                                unit_blocks};
     if (fsdp_init(&r->e, &r->m, k, &r->comm, &o, err) != 0)
         return -1;
     struct fsdp_rng rng = {42};
@@ -362,7 +364,33 @@ static void bf16_reduction_rounds_the_gradient_and_nothing_else(void)
     }
 }
 
+/* --unit-blocks changes which buffers a block is gathered into and how many
+ * collectives move it, never the gradient: the same bits, with and without
+ * bf16 reduction and recompute. */
+static void unit_groups_give_the_same_gradient_bits(void)
+{
+    for (int s = 0; s < 2; s++)
+        for (int variant = 0; variant < 2; variant++) {
+            enum fsdp_shard shard = s == 0 ? FSDP_SHARD_FULL : FSDP_SHARD_GRAD_OP;
+            size_t n, n2, act;
+            reduce_bf16 = variant;
+            unit_blocks = 1;
+            float *one = grads_with(variant, shard, variant, 1, &n, &act);
+            unit_blocks = 2;
+            float *two = grads_with(variant, shard, variant, 1, &n2, &act);
+            unit_blocks = 0;
+            reduce_bf16 = 0;
+            REQUIRE(one && two && n == n2, "a step failed");
+            CHECK(memcmp(one, two, n * sizeof *one) == 0,
+                  "%s%s: 2 blocks per unit changed the gradients", fsdp_shard_name(shard),
+                  variant ? ", bf16 gathers and reduction, recompute" : "");
+            free(one);
+            free(two);
+        }
+}
+
 CHECK_MAIN(TEST(every_tensor_gradient_matches_finite_differences_full_shard),
+           TEST(unit_groups_give_the_same_gradient_bits),
            TEST(bf16_reduction_rounds_the_gradient_and_nothing_else),
            TEST(recomputing_blocks_gives_the_same_gradient_bits),
            TEST(bf16_gives_the_same_gradients_for_every_strategy),
