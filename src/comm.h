@@ -16,6 +16,8 @@ enum fsdp_coll_kind {
     FSDP_COLL_ALLGATHER_BF16,
     FSDP_COLL_REDUCE_SCATTER,
     FSDP_COLL_REDUCE_SCATTER_BF16,
+    FSDP_COLL_ALLREDUCE, /* in place on out (in unused), any n; tmp: world * ceil(n / world) */
+    FSDP_COLL_ALLREDUCE_BF16,
 };
 
 /* A collective that runs while the caller computes (--prefetch on). The
@@ -34,7 +36,8 @@ struct fsdp_coll {
     size_t n;
     int pieces;                   /* 0 means 1 */
     size_t in_stride, out_stride; /* pieces > 1 */
-    int state;                        /* 0 idle, 1 running, 2 arrived (wait finishes it) */
+    int state; /* 0 idle, 1 running, 2 arrived (wait finishes it) */
+    int phase; /* the backend's: an all-reduce runs in two */
     union {
         unsigned char bytes[16];
         void *align_p;
@@ -62,6 +65,9 @@ struct fsdp_comm {
      * rounded to bf16 (to nearest even), as NCCL's bf16 sum does */
     int (*reduce_scatter_bf16)(struct fsdp_comm *c, const uint16_t *full, uint16_t *shard,
                                size_t n, char *err);
+    /* buf = the sum over ranks; the MPI backend adds in rank order (a
+     * reduce-scatter as above, then an all-gather), so bucketing a buffer
+     * into several all-reduces gives the same bits */
     int (*allreduce_sum)(struct fsdp_comm *c, float *buf, size_t n, char *err);
     int (*allreduce_sum_bf16)(struct fsdp_comm *c, uint16_t *buf, size_t n, char *err);
     /* Non-blocking versions of the four above; NULL where a backend has

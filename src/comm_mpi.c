@@ -52,35 +52,58 @@ static int mpi_allgather_bf16(struct fsdp_comm *c, const uint16_t *shard, uint16
     return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "allgather (bf16)", err);
 }
 
-/* bf16 sums: MPI has no bf16 type, so a user operation on 16-bit words
- * adds in fp32 and rounds each partial sum back to bf16 (the all-reduce of
- * --shard none) */
-static MPI_Op bf16_sum_op = MPI_OP_NULL;
-
-static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type)
-{
-    (void)type;
-    const uint16_t *a = in;
-    uint16_t *b = inout;
-    for (int i = 0; i < *len; i++)
-        b[i] = fsdp_bf16_round(fsdp_bf16_widen(a[i]) + fsdp_bf16_widen(b[i]));
-}
-
 /* ---- non-blocking collectives ----------------------------------------------
  *
- * A reduce-scatter is an all-to-all (rank r receives every rank's part r)
- * followed by the sum in rank order on the receiver: the same bits for any
- * world size whatever algorithm Open MPI picks, and whether the call blocks
- * or not. The running collectives are listed so progress can test them. */
+ * Sums are taken in rank order by this code, never by MPI: a reduce-scatter
+ * is an all-to-all (rank r receives every rank's part r) followed by the sum
+ * on the receiver, and an all-reduce is that reduce-scatter on ceil(n/W)
+ * parts followed by an all-gather. The bits therefore depend on neither the
+ * algorithm Open MPI picks, nor whether the call blocks, nor how a buffer is
+ * split into buckets. bf16 sums round each partial sum to bf16, as NCCL's
+ * bf16 sum does. The running collectives are listed so progress can test
+ * them; an all-reduce's second phase is started by progress or wait. */
 
 #define MAX_RUNNING 8
 
 static struct fsdp_coll *running[MAX_RUNNING];
+/* an all-reduce's counts and displacements (MPI reads them until it ends) */
+static int *vec_args[MAX_RUNNING][4];
 
 _Static_assert(sizeof(MPI_Request) <= sizeof(((struct fsdp_coll *)0)->req.bytes),
                "an MPI_Request must fit in fsdp_coll.req");
 
 static MPI_Request *req_of(struct fsdp_coll *op) { return (MPI_Request *)(void *)op->req.bytes; }
+
+static const char *const coll_what[] = {"allgather",      "allgather (bf16)",
+                                        "reduce-scatter", "reduce-scatter (bf16)",
+                                        "allreduce",      "allreduce (bf16)"};
+
+static int is_bf16(const struct fsdp_coll *op)
+{
+    return op->kind == FSDP_COLL_ALLGATHER_BF16 || op->kind == FSDP_COLL_REDUCE_SCATTER_BF16 ||
+           op->kind == FSDP_COLL_ALLREDUCE_BF16;
+}
+
+/* o[i] = the sum over ranks r of t[r * per_rank + i], in rank order */
+static void sum_ranks(void *o, const void *t, size_t n, size_t per_rank, int world, int bf16)
+{
+    if (!bf16) {
+        float *of = o;
+        const float *tf = t;
+        memcpy(of, tf, n * sizeof *of);
+        for (int r = 1; r < world; r++)
+            for (size_t i = 0; i < n; i++)
+                of[i] += tf[(size_t)r * per_rank + i];
+    } else {
+        uint16_t *oh = o;
+        const uint16_t *th = t;
+        memcpy(oh, th, n * sizeof *oh);
+        for (int r = 1; r < world; r++)
+            for (size_t i = 0; i < n; i++)
+                oh[i] = fsdp_bf16_round(fsdp_bf16_widen(oh[i]) +
+                                        fsdp_bf16_widen(th[(size_t)r * per_rank + i]));
+    }
+}
 
 /* count pieces of n elements, stride apart, seen as one element of extent
  * `extent` elements (MPI_Type_vector, resized) */
@@ -97,12 +120,49 @@ static int pieces_type(MPI_Datatype base, size_t esize, int count, size_t n, siz
     return -1;
 }
 
+/* An all-reduce's parts: rank r owns [r * part, r * part + len_r). */
+static size_t part_of(size_t n, int world) { return (n + (size_t)world - 1) / (size_t)world; }
+static size_t part_len(size_t n, int world, int r)
+{
+    size_t part = part_of(n, world), lo = part * (size_t)r;
+    return lo >= n ? 0 : (n - lo < part ? n - lo : part);
+}
+
+/* Phase 1: every rank sends part r of its buffer to rank r. */
+static int allreduce_phase1(struct fsdp_comm *c, struct fsdp_coll *op, int slot)
+{
+    const MPI_Datatype type = is_bf16(op) ? MPI_UINT16_T : MPI_FLOAT;
+    const size_t part = part_of(op->n, c->world);
+    int *sc = vec_args[slot][0], *sd = vec_args[slot][1], *rc = vec_args[slot][2],
+        *rd = vec_args[slot][3];
+    for (int r = 0; r < c->world; r++) {
+        sc[r] = (int)part_len(op->n, c->world, r);
+        sd[r] = (int)(part * (size_t)r);
+        rc[r] = (int)part_len(op->n, c->world, c->rank);
+        rd[r] = (int)(part * (size_t)r);
+    }
+    op->phase = 1;
+    return MPI_Ialltoallv(op->out, sc, sd, type, op->tmp, rc, rd, type, MPI_COMM_WORLD,
+                          req_of(op));
+}
+
+/* Phase 2: this rank's part summed in rank order, then gathered by all. */
+static int allreduce_phase2(struct fsdp_comm *c, struct fsdp_coll *op, int slot)
+{
+    const int bf16 = is_bf16(op);
+    const size_t part = part_of(op->n, c->world), es = bf16 ? 2 : 4;
+    sum_ranks((char *)op->out + part * (size_t)c->rank * es, op->tmp,
+              part_len(op->n, c->world, c->rank), part, c->world, bf16);
+    int *counts = vec_args[slot][0], *displs = vec_args[slot][1]; /* phase 1's sends */
+    op->phase = 2;
+    return MPI_Iallgatherv(MPI_IN_PLACE, 0, bf16 ? MPI_UINT16_T : MPI_FLOAT, op->out, counts,
+                           displs, bf16 ? MPI_UINT16_T : MPI_FLOAT, MPI_COMM_WORLD, req_of(op));
+}
+
 static int mpi_start(struct fsdp_comm *c, struct fsdp_coll *op, char *err)
 {
-    static const char *const what[] = {"allgather", "allgather (bf16)", "reduce-scatter",
-                                       "reduce-scatter (bf16)"};
-    const int bf16 = op->kind == FSDP_COLL_ALLGATHER_BF16 ||
-                     op->kind == FSDP_COLL_REDUCE_SCATTER_BF16;
+    const char *what = coll_what[op->kind];
+    const int bf16 = is_bf16(op);
     const int gather = op->kind == FSDP_COLL_ALLGATHER || op->kind == FSDP_COLL_ALLGATHER_BF16;
     const MPI_Datatype base = bf16 ? MPI_UINT16_T : MPI_FLOAT;
     const size_t esize = bf16 ? sizeof(uint16_t) : sizeof(float);
@@ -111,111 +171,119 @@ static int mpi_start(struct fsdp_comm *c, struct fsdp_coll *op, char *err)
     while (slot < MAX_RUNNING && running[slot])
         slot++;
     if (op->state != 0 || slot == MAX_RUNNING)
-        return fsdp_err(err, "mpi: %s started while %s", what[op->kind],
+        return fsdp_err(err, "mpi: %s started while %s", what,
                         op->state ? "it runs already" : "too many collectives run");
-    if (count_ok(op->n * (size_t)pieces, what[op->kind], err) ||
-        count_ok(op->in_stride, what[op->kind], err) ||
-        count_ok(op->out_stride * (size_t)c->world, what[op->kind], err))
+    if (count_ok(op->n * (size_t)pieces, what, err) || count_ok(op->in_stride, what, err) ||
+        count_ok(op->out_stride * (size_t)c->world, what, err))
         return -1;
-    const int n = (int)op->n;
-    MPI_Datatype send = base, recv = base;
-    int scount = n, rcount = n, rc = MPI_SUCCESS;
-    if (pieces > 1) { /* one element per rank: every piece's part */
-        scount = rcount = 1;
-        int bad = gather ? pieces_type(base, esize, pieces, op->n, op->in_stride, op->n, &send) ||
-                               pieces_type(base, esize, pieces, op->n, op->out_stride, op->n,
-                                           &recv)
-                         : pieces_type(base, esize, pieces, op->n, op->in_stride, op->n, &send);
-        if (!gather && !bad) { /* what arrives from each rank: its parts, back to back */
-            recv = base;
-            rcount = n * pieces;
-        }
-        if (bad)
-            return fsdp_err(err, "mpi: cannot describe %d pieces of %zu elements for a %s",
-                            pieces, op->n, what[op->kind]);
-    }
-    if (gather) {
-        const char *mine = (const char *)op->out + (size_t)c->rank * op->n * esize;
-        const void *in = pieces == 1 && op->in == (const void *)mine ? MPI_IN_PLACE : op->in;
-        rc = MPI_Iallgather(in, scount, send, op->out, rcount, recv, MPI_COMM_WORLD, req_of(op));
+    int rc = MPI_SUCCESS;
+    if (op->kind == FSDP_COLL_ALLREDUCE || op->kind == FSDP_COLL_ALLREDUCE_BF16) {
+        if (!vec_args[slot][0])
+            return fsdp_err(err, "mpi: %s: no room for its counts", what);
+        rc = allreduce_phase1(c, op, slot);
     } else {
-        rc = MPI_Ialltoall(op->in, scount, send, op->tmp, rcount, recv, MPI_COMM_WORLD,
-                           req_of(op));
+        const int n = (int)op->n;
+        MPI_Datatype send = base, recv = base;
+        int scount = n, rcount = n;
+        if (pieces > 1) { /* one element per rank: every piece's part */
+            scount = rcount = 1;
+            int bad = pieces_type(base, esize, pieces, op->n, op->in_stride, op->n, &send) ||
+                      (gather &&
+                       pieces_type(base, esize, pieces, op->n, op->out_stride, op->n, &recv));
+            if (bad)
+                return fsdp_err(err, "mpi: cannot describe %d pieces of %zu elements for a %s",
+                                pieces, op->n, what);
+            if (!gather) /* what arrives from each rank: its parts, back to back */
+                rcount = n * pieces;
+        }
+        if (gather) {
+            const char *mine = (const char *)op->out + (size_t)c->rank * op->n * esize;
+            const void *in = pieces == 1 && op->in == (const void *)mine ? MPI_IN_PLACE : op->in;
+            rc = MPI_Iallgather(in, scount, send, op->out, rcount, recv, MPI_COMM_WORLD,
+                                req_of(op));
+        } else {
+            rc = MPI_Ialltoall(op->in, scount, send, op->tmp, rcount, recv, MPI_COMM_WORLD,
+                               req_of(op));
+        }
+        /* a pending collective keeps the types it uses alive (MPI_Type_free) */
+        if (send != base)
+            MPI_Type_free(&send);
+        if (recv != base)
+            MPI_Type_free(&recv);
     }
-    /* a pending collective keeps the types it uses alive (MPI_Type_free) */
-    if (send != base)
-        MPI_Type_free(&send);
-    if (recv != base)
-        MPI_Type_free(&recv);
     if (rc != MPI_SUCCESS)
-        return mpi_fail(rc, what[op->kind], err);
+        return mpi_fail(rc, what, err);
     op->state = 1;
     running[slot] = op;
     return 0;
 }
 
-static void mpi_progress(struct fsdp_comm *c)
+/* Tests (or, with block, waits for) the running op in slot; an all-reduce
+ * whose first phase ended starts its second. MPI's error code. */
+static int advance(struct fsdp_comm *c, int slot, int block)
 {
-    (void)c;
-    for (int i = 0; i < MAX_RUNNING; i++) {
-        int done = 0;
-        if (running[i] && running[i]->state == 1 &&
-            MPI_Test(req_of(running[i]), &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done)
-            running[i]->state = 2; /* an error is reported by wait */
-    }
-}
-
-/* out = the sum of the world's parts in tmp, in rank order: tmp holds, for
- * each rank, its part of every piece back to back */
-static void sum_parts(const struct fsdp_coll *op, int world)
-{
-    const size_t n = op->n, pieces = op->pieces > 1 ? (size_t)op->pieces : 1;
-    const size_t stride = pieces > 1 ? op->out_stride : n, per_rank = n * pieces;
-    for (size_t k = 0; k < pieces; k++) {
-        if (op->kind == FSDP_COLL_REDUCE_SCATTER) {
-            const float *t = (const float *)op->tmp + k * n;
-            float *o = (float *)op->out + k * stride;
-            memcpy(o, t, n * sizeof *o);
-            for (int r = 1; r < world; r++)
-                for (size_t i = 0; i < n; i++)
-                    o[i] += t[(size_t)r * per_rank + i];
+    struct fsdp_coll *op = running[slot];
+    while (op->state == 1) {
+        int done = 0, rc = block ? MPI_Wait(req_of(op), MPI_STATUS_IGNORE)
+                                 : MPI_Test(req_of(op), &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS)
+            return rc;
+        if (!block && !done)
+            return MPI_SUCCESS;
+        if (op->phase == 1) {
+            if ((rc = allreduce_phase2(c, op, slot)) != MPI_SUCCESS)
+                return rc;
         } else {
-            const uint16_t *t = (const uint16_t *)op->tmp + k * n;
-            uint16_t *o = (uint16_t *)op->out + k * stride;
-            memcpy(o, t, n * sizeof *o);
-            for (int r = 1; r < world; r++)
-                for (size_t i = 0; i < n; i++)
-                    o[i] = fsdp_bf16_round(fsdp_bf16_widen(o[i]) +
-                                           fsdp_bf16_widen(t[(size_t)r * per_rank + i]));
+            op->state = 2;
         }
     }
+    return MPI_SUCCESS;
+}
+
+static void mpi_progress(struct fsdp_comm *c)
+{
+    for (int i = 0; i < MAX_RUNNING; i++)
+        if (running[i] && advance(c, i, 0) != MPI_SUCCESS)
+            running[i]->phase = -1; /* wait reports it */
 }
 
 static int mpi_wait(struct fsdp_comm *c, struct fsdp_coll *op, char *err)
 {
-    for (int i = 0; i < MAX_RUNNING; i++)
-        if (running[i] == op)
-            running[i] = NULL;
-    if (op->state == 0)
+    int slot = 0;
+    while (slot < MAX_RUNNING && running[slot] != op)
+        slot++;
+    if (slot == MAX_RUNNING || op->state == 0)
         return 0;
-    int rc = op->state == 1 ? MPI_Wait(req_of(op), MPI_STATUS_IGNORE) : MPI_SUCCESS;
+    int rc = op->phase == -1 ? MPI_ERR_OTHER : advance(c, slot, 1);
+    running[slot] = NULL;
     op->state = 0;
+    op->phase = 0;
     if (rc != MPI_SUCCESS)
-        return mpi_fail(rc, "waiting for a collective", err);
-    if (op->kind == FSDP_COLL_REDUCE_SCATTER || op->kind == FSDP_COLL_REDUCE_SCATTER_BF16)
-        sum_parts(op, c->world);
+        return mpi_fail(rc, coll_what[op->kind], err);
+    if (op->kind == FSDP_COLL_REDUCE_SCATTER || op->kind == FSDP_COLL_REDUCE_SCATTER_BF16) {
+        const size_t pieces = op->pieces > 1 ? (size_t)op->pieces : 1;
+        const size_t stride = pieces > 1 ? op->out_stride : op->n, es = is_bf16(op) ? 2 : 4;
+        for (size_t k = 0; k < pieces; k++) /* each rank's parts arrived back to back */
+            sum_ranks((char *)op->out + k * stride * es, (const char *)op->tmp + k * op->n * es,
+                      op->n, op->n * pieces, c->world, is_bf16(op));
+    }
     return 0;
 }
 
-/* The blocking reduce-scatters: the same all-to-all and sum. */
-static int blocking_reduce_scatter(struct fsdp_comm *c, enum fsdp_coll_kind kind,
-                                   const void *full, void *shard, size_t n, size_t esize,
-                                   char *err)
+/* The blocking reductions: the same collectives, started and waited for. */
+static int blocking(struct fsdp_comm *c, enum fsdp_coll_kind kind, const void *in, void *out,
+                    size_t n, char *err)
 {
-    void *tmp = malloc(n * (size_t)c->world * esize + 1);
+    const size_t es = kind == FSDP_COLL_REDUCE_SCATTER_BF16 || kind == FSDP_COLL_ALLREDUCE_BF16
+                          ? sizeof(uint16_t)
+                          : sizeof(float);
+    const size_t parts = kind == FSDP_COLL_ALLREDUCE || kind == FSDP_COLL_ALLREDUCE_BF16
+                             ? part_of(n, c->world)
+                             : n;
+    void *tmp = malloc(parts * (size_t)c->world * es + 1);
     if (!tmp)
-        return fsdp_err(err, "mpi: out of memory for a reduce-scatter of %zu elements", n);
-    struct fsdp_coll op = {.kind = kind, .in = full, .out = shard, .tmp = tmp, .n = n};
+        return fsdp_err(err, "mpi: out of memory for a %s of %zu elements", coll_what[kind], n);
+    struct fsdp_coll op = {.kind = kind, .in = in, .out = out, .tmp = tmp, .n = n};
     int rc = mpi_start(c, &op, err);
     if (rc == 0)
         rc = mpi_wait(c, &op, err);
@@ -226,33 +294,23 @@ static int blocking_reduce_scatter(struct fsdp_comm *c, enum fsdp_coll_kind kind
 static int mpi_reduce_scatter(struct fsdp_comm *c, const float *full, float *shard, size_t n,
                               char *err)
 {
-    return blocking_reduce_scatter(c, FSDP_COLL_REDUCE_SCATTER, full, shard, n, sizeof(float),
-                                   err);
+    return blocking(c, FSDP_COLL_REDUCE_SCATTER, full, shard, n, err);
 }
 
 static int mpi_reduce_scatter_bf16(struct fsdp_comm *c, const uint16_t *full, uint16_t *shard,
                                    size_t n, char *err)
 {
-    return blocking_reduce_scatter(c, FSDP_COLL_REDUCE_SCATTER_BF16, full, shard, n,
-                                   sizeof(uint16_t), err);
+    return blocking(c, FSDP_COLL_REDUCE_SCATTER_BF16, full, shard, n, err);
 }
 
 static int mpi_allreduce_bf16(struct fsdp_comm *c, uint16_t *buf, size_t n, char *err)
 {
-    (void)c;
-    if (count_ok(n, "allreduce", err))
-        return -1;
-    int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_UINT16_T, bf16_sum_op, MPI_COMM_WORLD);
-    return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "allreduce (bf16)", err);
+    return blocking(c, FSDP_COLL_ALLREDUCE_BF16, NULL, buf, n, err);
 }
 
 static int mpi_allreduce(struct fsdp_comm *c, float *buf, size_t n, char *err)
 {
-    (void)c;
-    if (count_ok(n, "allreduce", err))
-        return -1;
-    int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "allreduce", err);
+    return blocking(c, FSDP_COLL_ALLREDUCE, NULL, buf, n, err);
 }
 
 static int mpi_allreduce_f64(struct fsdp_comm *c, double *buf, size_t n, char *err)
@@ -337,8 +395,8 @@ static void mpi_abort(struct fsdp_comm *c, int code)
 static void mpi_finalize(struct fsdp_comm *c)
 {
     (void)c;
-    if (bf16_sum_op != MPI_OP_NULL)
-        MPI_Op_free(&bf16_sum_op);
+    for (int i = 0; i < MAX_RUNNING; i++)
+        free(vec_args[i][0]);
     MPI_Finalize();
 }
 
@@ -354,11 +412,6 @@ int fsdp_comm_mpi_init(struct fsdp_comm *c, int *argc, char ***argv, char *err)
     if (rc != MPI_SUCCESS)
         return fsdp_err(err, "mpi: MPI_Init failed (code %d)", rc);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    if ((rc = MPI_Op_create(bf16_sum, 1, &bf16_sum_op)) != MPI_SUCCESS) {
-        mpi_fail(rc, "creating the bf16 sum", err);
-        MPI_Finalize(); /* the caller has no communicator to finalize */
-        return -1;
-    }
     *c = (struct fsdp_comm){
         .name = "mpi",
         .allgather = mpi_allgather,
@@ -379,6 +432,15 @@ int fsdp_comm_mpi_init(struct fsdp_comm *c, int *argc, char ***argv, char *err)
     };
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &c->world);
+    for (int i = 0; i < MAX_RUNNING; i++) { /* one allocation per slot, four arrays */
+        int *v = calloc((size_t)c->world * 4, sizeof *v);
+        if (!v) {
+            MPI_Finalize(); /* the caller has no communicator to finalize */
+            return fsdp_err(err, "mpi: out of memory for %d ranks' counts", c->world);
+        }
+        for (int k = 0; k < 4; k++)
+            vec_args[i][k] = v + (size_t)k * c->world;
+    }
     MPI_Comm local;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &local);
     MPI_Comm_rank(local, &c->local_rank);

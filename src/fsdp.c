@@ -61,6 +61,7 @@ static size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
 static int gather_finish(struct fsdp_engine *e, char *err);
 static int rs_finish(struct fsdp_engine *e, char *err);
+static int bucket_finish(struct fsdp_engine *e, char *err);
 
 /* Finishes whatever collective is in flight; a pass that failed half-way
  * may leave one (its error was reported then). */
@@ -70,6 +71,7 @@ static void settle(struct fsdp_engine *e)
     if (e->units) {
         gather_finish(e, err);
         rs_finish(e, err);
+        bucket_finish(e, err);
     }
 }
 
@@ -157,6 +159,33 @@ static int alloc_acts(struct fsdp_engine *e, char *err)
     return 0;
 }
 
+/* none: buckets of consecutive units of at least `bytes` of gradient,
+ * from the last unit down (the backward's order), and the all-reduce's
+ * scratch for the largest. */
+static int plan_buckets(struct fsdp_engine *e, size_t bytes)
+{
+    const int nu = e->m->nunits;
+    e->buckets = calloc((size_t)nu, sizeof *e->buckets);
+    if (!e->buckets)
+        return -1;
+    size_t biggest = 0;
+    for (int hi = nu - 1; hi >= 0;) {
+        int lo = hi;
+        size_t n = e->units[lo].shard_n;
+        while (lo > 0 && (bytes == 0 || n * sizeof(float) < bytes))
+            n = e->units[hi].shard_off + e->units[hi].shard_n - e->units[--lo].shard_off;
+        e->buckets[e->nbuckets++] = (struct fsdp_bucket){lo, hi, 0};
+        biggest = n > biggest ? n : biggest;
+        hi = lo - 1;
+    }
+    e->bucket_running = -1;
+    size_t tmp = biggest + (size_t)e->comm->world; /* world * ceil(n / world) */
+    if (!(e->rs_parts = e->k->alloc(tmp * sizeof(float))))
+        return -1;
+    e->mem.grad_full_bytes += tmp * sizeof(float);
+    return 0;
+}
+
 static void build_segments(struct fsdp_engine *e)
 {
     const struct model_layout *m = e->m;
@@ -196,7 +225,7 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
     e->prefetch = o->prefetch && shard != FSDP_SHARD_NONE && comm->start; /* else nothing overlaps */
     e->nbuf = e->prefetch ? 2 : 1;
     e->holder[0] = e->holder[1] = -1;
-    e->gather_unit = e->rs_unit = -1;
+    e->gather_unit = e->rs_unit = e->bucket_running = -1;
     const int L = m->cfg.layers;
     const int K = shard == FSDP_SHARD_NONE || o->unit_blocks < 1 ? 1
                   : o->unit_blocks > L                             ? L
@@ -319,6 +348,8 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
         e->mem.grad_full_bytes += e->shard_total * sizeof(uint16_t);
     }
     build_segments(e);
+    if (shard == FSDP_SHARD_NONE && comm->world > 1 && plan_buckets(e, o->bucket_bytes))
+        goto oom;
     if (alloc_acts(e, err))
         goto fail;
     if (e->bf16) { /* the backward's rounded dout: up to the head's dlogits */
@@ -367,6 +398,7 @@ void fsdp_free(struct fsdp_engine *e)
         e->k->free(e->targets);
     free(e->units);
     free(e->segs);
+    free(e->buckets);
     free(e->a.slot);
     memset(e, 0, sizeof *e);
 }
@@ -491,7 +523,8 @@ static int coll_wait(struct fsdp_engine *e, struct fsdp_coll *op, char *err)
 /* Lets the collectives in flight advance; called between kernels. */
 static void poke(struct fsdp_engine *e)
 {
-    if (e->comm->progress && (e->gather_op.state == 1 || e->rs_op.state == 1)) {
+    if (e->comm->progress &&
+        (e->gather_op.state == 1 || e->rs_op.state == 1 || e->bucket_op.state == 1)) {
         double t0 = fsdp_now();
         e->comm->progress(e->comm);
         e->comm_seconds += fsdp_now() - t0;
@@ -636,10 +669,62 @@ static int rs_finish(struct fsdp_engine *e, char *err)
  * with prefetch it runs while the next group's backward computes, and is
  * finished before the one after starts (its buffers are reused) or at the
  * end of the backward. */
+/* none: starts the all-reduce of bucket b (its gradients are final);
+ * one runs at a time */
+static int bucket_start(struct fsdp_engine *e, int b, char *err)
+{
+    if (bucket_finish(e, err))
+        return -1;
+    const struct fsdp_bucket *B = &e->buckets[b];
+    const size_t off = e->units[B->lo].shard_off;
+    const size_t n = e->units[B->hi].shard_off + e->units[B->hi].shard_n - off;
+    struct fsdp_coll *op = &e->bucket_op;
+    if (e->reduce_bf16) {
+        e->k->to_bf16(e->grad16 + off, e->grads + off, n);
+        *op = (struct fsdp_coll){.kind = FSDP_COLL_ALLREDUCE_BF16, .out = e->grad16 + off,
+                                 .tmp = e->rs_parts, .n = n};
+    } else {
+        *op = (struct fsdp_coll){.kind = FSDP_COLL_ALLREDUCE, .out = e->grads + off,
+                                 .tmp = e->rs_parts, .n = n};
+    }
+    if (!e->comm->start) { /* the blocking call */
+        double t0 = fsdp_now();
+        int rc = e->reduce_bf16 ? e->comm->allreduce_sum_bf16(e->comm, op->out, n, err)
+                                : e->comm->allreduce_sum(e->comm, op->out, n, err);
+        e->comm_seconds += fsdp_now() - t0;
+        if (rc)
+            return -1;
+        op->state = 2;
+    } else if (coll_start(e, op, err)) {
+        return -1;
+    }
+    e->bucket_running = b;
+    return 0;
+}
+
+static int bucket_finish(struct fsdp_engine *e, char *err)
+{
+    const int b = e->bucket_running;
+    if (b < 0)
+        return 0;
+    e->bucket_running = -1;
+    if (coll_wait(e, &e->bucket_op, err))
+        return -1;
+    e->buckets[b].done = 1;
+    if (e->reduce_bf16)
+        e->k->from_bf16((float *)e->grads + ((uint16_t *)e->bucket_op.out - e->grad16),
+                        e->bucket_op.out, e->bucket_op.n);
+    return 0;
+}
+
 static int unit_grad_end(struct fsdp_engine *e, int u, char *err)
 {
-    if (e->shard == FSDP_SHARD_NONE)
+    if (e->shard == FSDP_SHARD_NONE) { /* a bucket whose last unit this is goes now */
+        for (int b = 0; e->final_micro && b < e->nbuckets; b++)
+            if (e->buckets[b].lo == u && !e->buckets[b].done)
+                return bucket_start(e, b, err);
         return 0;
+    }
     if (rs_finish(e, err))
         return -1;
     const int g = e->units[u].group, n = e->units[g].group_n;
@@ -956,15 +1041,14 @@ int fsdp_reduce_grads(struct fsdp_engine *e, char *err)
 {
     if (e->shard != FSDP_SHARD_NONE || e->comm->world == 1)
         return 0;
-    if (e->reduce_bf16)
-        e->k->to_bf16(e->grad16, e->grads, e->shard_total);
-    double t0 = fsdp_now();
-    int rc = e->reduce_bf16 ? e->comm->allreduce_sum_bf16(e->comm, e->grad16, e->shard_total, err)
-                            : e->comm->allreduce_sum(e->comm, e->grads, e->shard_total, err);
-    e->comm_seconds += fsdp_now() - t0;
-    if (!rc && e->reduce_bf16)
-        e->k->from_bf16(e->grads, e->grad16, e->shard_total);
-    return rc;
+    for (int b = 0; b < e->nbuckets; b++)
+        if (!e->buckets[b].done && e->bucket_running != b && bucket_start(e, b, err))
+            return -1;
+    if (bucket_finish(e, err))
+        return -1;
+    for (int b = 0; b < e->nbuckets; b++)
+        e->buckets[b].done = 0; /* the next step's */
+    return 0;
 }
 
 int fsdp_grad_norm(struct fsdp_engine *e, double *norm, char *err)

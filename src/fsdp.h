@@ -72,6 +72,13 @@ struct fsdp_opts {
      * collective each). Each rank still owns the same slice of every block,
      * so the checkpoint does not depend on K. 0 or 1: a unit per block. */
     int unit_blocks;
+    /* --bucket-mib with --shard none (DDP's bucket_cap_mb): gradients are
+     * all-reduced in buckets of about this many bytes (consecutive units,
+     * last to first), each started as soon as the step's last backward has
+     * made it final (fsdp_engine.final_micro), so it runs while the rest of
+     * the backward computes. 0: one all-reduce after the backward. The sums
+     * are taken in rank order, so the bits do not depend on the buckets. */
+    size_t bucket_bytes;
 };
 
 /* "none", "blocks" (every block) or "every-N" (blocks 0, N, 2N, ...). */
@@ -144,6 +151,13 @@ struct fsdp_engine {
     int prefetch;            /* fsdp_opts */
     struct fsdp_coll gather_op, rs_op; /* at most one of each in flight: */
     int gather_unit, rs_unit;          /* their groups (first unit), or -1 */
+    /* none: buckets of units lo..hi, in the order the backward finishes them */
+    struct fsdp_bucket {
+        int lo, hi, done;
+    } *buckets;
+    int nbuckets, bucket_running; /* the bucket in flight in bucket_op, or -1 */
+    struct fsdp_coll bucket_op;
+    int final_micro; /* set by the caller: this backward is the step's last */
 
     struct fsdp_segment *segs;
     int nsegs;
@@ -184,7 +198,9 @@ int fsdp_forward(struct fsdp_engine *e, int B, int T, double *loss_sum, char *er
 int fsdp_backward(struct fsdp_engine *e, float dloss, char *err);
 
 void fsdp_zero_grad(struct fsdp_engine *e);
-/* After the last micro-batch: all-reduce for none, nothing otherwise. */
+/* After the last micro-batch: for none, the all-reduce of every bucket the
+ * backward did not start (all of them unless final_micro was set), and the
+ * wait for the ones it did; nothing otherwise. */
 int fsdp_reduce_grads(struct fsdp_engine *e, char *err);
 int fsdp_grad_norm(struct fsdp_engine *e, double *norm, char *err);
 /* One AdamW step (t counts from 1) on the local shard; gscale multiplies the

@@ -86,19 +86,22 @@ static void print_banner(const struct trainer *t)
 {
     const struct model_config *c = &t->model.cfg;
     const struct fsdp_mem *m = &t->eng.mem;
-    char ac[32];
+    char ac[32], buckets[48] = "";
     size_t full = 0;
+    if (t->eng.nbuckets) /* none on several ranks */
+        snprintf(buckets, sizeof buckets, ", gradients all-reduced in %d bucket%s",
+                 t->eng.nbuckets, t->eng.nbuckets > 1 ? "s" : "");
     for (int u = 0; u < t->model.nunits; u++)
         full += t->model.units[u].numel * sizeof(float);
     fprintf(stderr,
             "fsdp-train: model %s (L%d C%d H%d T%d V%d), %.2fM parameters; %d rank%s, shard %s, "
-            "%s%s, prefetch %s, %d block%s per unit, %d thread%s per rank; %s kernels; %s\n",
+            "%s%s, prefetch %s, %d block%s per unit%s, %d thread%s per rank; %s kernels; %s\n",
             t->o.model_label, c->layers, c->dim, c->heads, c->seq, c->vocab,
             (double)t->model.numel / 1e6, t->comm.world, t->comm.world > 1 ? "s" : "",
             fsdp_shard_name(t->o.shard), t->precision,
             t->o.reduce_bf16 ? ", gradients reduced in bf16" : "",
             t->eng.prefetch ? "on" : "off", t->eng.unit_blocks, t->eng.unit_blocks > 1 ? "s" : "",
-            t->threads,
+            buckets, t->threads,
             t->threads > 1 ? "s" : "",
             t->eng.k->name, t->o.cuda ? "cuBLAS matmuls, NCCL collectives" : fsdp_kernels_cpu_blas());
     fprintf(stderr,
@@ -416,6 +419,7 @@ static int train(struct trainer *t, char *err)
         for (int m = 0; m < t->accum; m++) {
             double l;
             load_micro(t, m);
+            t->eng.final_micro = m == t->accum - 1; /* none: reduce buckets as they finish */
             if (fsdp_forward(&t->eng, t->micro, T, &l, err) ||
                 fsdp_backward(&t->eng, (float)(1.0 / tokens), err))
                 return -1;
@@ -517,6 +521,18 @@ static int agree_precision(struct trainer *t, char *err)
     return 0;
 }
 
+/* --unit-blocks, or for grad-op the blocks that make about --bucket-mib of
+ * gradient per reduce-scatter */
+static int unit_blocks(const struct trainer *t)
+{
+    const struct train_opts *o = &t->o;
+    if (o->unit_blocks || o->shard != FSDP_SHARD_GRAD_OP || o->bucket_mib < 0)
+        return o->unit_blocks;
+    double block = (double)t->model.units[model_unit_block(0)].numel * sizeof(float);
+    double k = floor(o->bucket_mib * 1048576.0 / block + 0.5);
+    return k < 1 ? 1 : k > o->cfg.layers ? o->cfg.layers : (int)k;
+}
+
 static int setup(struct trainer *t, char *err)
 {
     const struct train_opts *o = &t->o;
@@ -550,7 +566,10 @@ static int setup(struct trainer *t, char *err)
     if (!t->in || !t->tgt || !t->consumed)
         return fsdp_err(err, "out of memory for the batch");
     const struct fsdp_opts fo = {o->shard, t->micro, o->recompute_every, t->bf16,
-                                 o->reduce_bf16, o->prefetch, o->unit_blocks};
+                                 o->reduce_bf16, o->prefetch, unit_blocks(t),
+                                 o->shard != FSDP_SHARD_NONE ? 0
+                                 : o->bucket_mib < 0         ? (size_t)25 << 20 /* DDP's */
+                                                             : (size_t)(o->bucket_mib * 1048576.0)};
     const struct fsdp_kernels *k = o->cuda ? fsdp_kernels_cuda() : fsdp_kernels_cpu();
     if (fsdp_init(&t->eng, &t->model, k, &t->comm, &fo, err))
         return -1;

@@ -51,6 +51,11 @@ void train_opts_usage(void)
            "                         policy): gathered, freed and reduce-scattered as one;\n"
            "                         --shard full and grad-op; checkpoints do not depend\n"
            "                         on it (default 1)\n"
+           "  --bucket-mib X         gradient reduction in buckets of about X MiB: --shard\n"
+           "                         none all-reduces each bucket as the last backward\n"
+           "                         finishes it (default 25, 0: one all-reduce after the\n"
+           "                         backward); grad-op reduce-scatters units of about X MiB\n"
+           "                         (sets --unit-blocks); the same bits either way\n"
            "  --activation-checkpointing none|blocks|every-N\n"
            "                         recompute blocks' activations in the backward instead\n"
            "                         of keeping them: every block, or blocks 0, N, 2N, ...\n"
@@ -128,6 +133,7 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
     o->seed = 1337;
     o->shard = FSDP_SHARD_FULL;
     o->prefetch = 1;
+    o->bucket_mib = -1;
     o->ckpt.keep = 3;
     o->ckpt.resume = 1;
     o->ckpt.write = (struct ckpt_write_opts){CKPT_CODEC_ZSTD_SHUFFLE4, 1, 4u << 20};
@@ -250,6 +256,8 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
             long long k = 0;
             rc = need_int(f, v, 1, 1 << 20, &k, err);
             o->unit_blocks = (int)k;
+        } else if (strcmp(f, "--bucket-mib") == 0) {
+            rc = need_num(f, v, 0, 1 << 20, &o->bucket_mib, err);
         } else if (strcmp(f, "--prefetch") == 0) {
             if (strcmp(v, "on") == 0 || strcmp(v, "off") == 0)
                 o->prefetch = strcmp(v, "on") == 0;
@@ -304,6 +312,11 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
     if (o->unit_blocks && o->shard == FSDP_SHARD_NONE)
         return fsdp_err(err, "--unit-blocks groups what --shard full and grad-op gather; "
                              "--shard none gathers nothing");
+    if (o->bucket_mib >= 0 && o->shard == FSDP_SHARD_FULL)
+        return fsdp_err(err, "--bucket-mib: --shard full reduce-scatters each unit as its "
+                             "backward ends (--unit-blocks sets a unit's size)");
+    if (o->bucket_mib >= 0 && o->unit_blocks)
+        return fsdp_err(err, "--bucket-mib and --unit-blocks both size grad-op's units: give one");
     if (o->unit_blocks > o->cfg.layers)
         return fsdp_err(err, "--unit-blocks %d exceeds the model's %d blocks", o->unit_blocks,
                         o->cfg.layers);

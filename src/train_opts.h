@@ -28,6 +28,7 @@ struct train_opts {
     int reduce_bf16;     /* --reduce-dtype bf16 (fsdp_opts) */
     int prefetch;        /* --prefetch (fsdp_opts) */
     int unit_blocks;     /* --unit-blocks (fsdp_opts); 0 when not given */
+    double bucket_mib;   /* --bucket-mib (fsdp_opts); -1 when not given */
     struct ckptr_opts ckpt; /* ckpt.uri NULL: no checkpoints */
 };
 

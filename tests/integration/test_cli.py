@@ -38,6 +38,10 @@ def bad_flags_give_one_line_and_the_usage_hint(tmp):
         ([TRAIN, "--data", train, "--unit-blocks", "5"], "exceeds the model's 4 blocks"),
         ([TRAIN, "--data", train, "--unit-blocks", "2", "--shard", "none"],
          "--shard none gathers nothing"),
+        ([TRAIN, "--data", train, "--bucket-mib", "-1"], "--bucket-mib '-1'"),
+        ([TRAIN, "--data", train, "--bucket-mib", "4"], "--shard full reduce-scatters each unit"),
+        ([TRAIN, "--data", train, "--shard", "grad-op", "--bucket-mib", "4", "--unit-blocks", "2"],
+         "give one"),
         ([TRAIN, "--data", train, "--activation-checkpointing", "every-0"],
          "--activation-checkpointing 'every-0'"),
     ]

@@ -34,7 +34,13 @@ blocks as one unit with one collective each; the losses are the same bits
 for every K on 2 and 4 ranks, and checkpoints do not depend on K (each rank
 owns the same slice of every block whatever the grouping): one written with
 K = 2 resumes bit-exactly with K = 1 and K = 3 and reshards to another world
-size."""
+size.
+
+Gradient buckets (--bucket-mib X): --shard none all-reduces buckets of
+about X MiB as the step's last backward finishes them; the sums are taken
+in rank order, so every bucket size gives the same bits (2, 3 and 4 ranks,
+with gradient accumulation and bf16 reduction). For grad-op, X sizes the
+units (the banner names the blocks per unit)."""
 
 import os
 import re
@@ -342,6 +348,41 @@ def unit_grouping_keeps_the_loss_bits_and_the_checkpoints(tmp):
     print("  2 blocks per unit on 2 ranks -> 4 on 4 ranks: resharded, verified and finished")
 
 
+def gradient_buckets_keep_the_loss_bits(tmp):
+    train, _ = prepare_corpus(tmp)
+    for np, extra in ((2, []), (4, ["--micro-batch", "1"]),
+                      (3, ["--global-batch", "6", "--precision", "bf16", "--reduce-dtype", "bf16"]),
+                      (4, ["--reduce-dtype", "bf16", "--prefetch", "off"])):
+        ref = None
+        for mib in ("0", "0.3", "1", "25"):
+            steps, err = run_log(tmp, train, np, extra + ["--shard", "none", "--bucket-mib", mib],
+                                 f"bk{mib}", steps=8)
+            m = re.search(r"gradients all-reduced in (\d+) buckets?", err)
+            assert m, f"the banner should count the buckets:\n{err}"
+            # tiny's blocks are 0.79 MB of gradient each: 0.3 MiB makes a bucket of each,
+            # the final LayerNorm's 1 KB joining the last block's, and the embeddings'
+            want = {"0": 1, "0.3": 5}.get(mib)
+            assert want is None or int(m.group(1)) == want, (mib, m.group(0))
+            losses = [s["loss"] for s in steps]
+            ref = ref or losses
+            assert losses == ref, f"{np} ranks {extra}: --bucket-mib {mib} changed the losses"
+        print(f"  {np} ranks, none {' '.join(extra)}: the same 8 losses for buckets of 0 (one "
+              "after the backward), 0.3, 1 and 25 MiB")
+    steps, err = run_log(tmp, train, 2, ["--shard", "grad-op", "--bucket-mib", "1.6"], "bk-go",
+                         steps=3)
+    assert "2 blocks per unit" in err, err
+    print("  grad-op, --bucket-mib 1.6: 2 blocks per unit")
+    # a checkpoint of full on 2 ranks continues as none with small buckets on 4
+    args = [TRAIN, "--data", train, "--model", "tiny", "--global-batch", "8", "--steps", "6",
+            "--ckpt", f"{tmp}/ck-bk", "--ckpt-every", "3", "--log-every", "100"]
+    mpirun(2, args)
+    longer = args + ["--shard", "none", "--bucket-mib", "0.3"]
+    longer[longer.index("--steps") + 1] = "9"
+    p = mpirun(4, longer + ["--verify-load", "on"])
+    assert "resumed from checkpoint step 6" in p.stderr and committed_steps(f"{tmp}/ck-bk")[-1] == 9
+    print("  full on 2 ranks -> none with 0.3 MiB buckets on 4 ranks: resharded and finished")
+
+
 def bf16_without_the_instructions_runs_fp32_and_says_so(tmp):
     train, _ = prepare_corpus(tmp)
     p = run([TRAIN, "--data", train, "--cpu-kernels", "x86-64-v3", "--steps", "1"], check=False)
@@ -381,4 +422,5 @@ if __name__ == "__main__":
           bf16_gradient_reduction_follows_fp32_and_resumes,
           prefetch_keeps_the_loss_bits_and_resumes,
           unit_grouping_keeps_the_loss_bits_and_the_checkpoints,
+          gradient_buckets_keep_the_loss_bits,
           bf16_without_the_instructions_runs_fp32_and_says_so])

@@ -137,7 +137,7 @@ static void forward_matches_reference_gpt2(void)
     struct fsdp_engine e;
     REQUIRE(model_layout_init(&m, &cfg, err) == 0, "%s", err);
     fsdp_comm_local_init(&comm);
-    const struct fsdp_opts fo = {FSDP_SHARD_FULL, B, 0, 0, 0, 0, 0};
+    const struct fsdp_opts fo = {FSDP_SHARD_FULL, B, 0, 0, 0, 0, 0, 0};
     REQUIRE(fsdp_init(&e, &m, fsdp_kernels_cpu(), &comm, &fo, err) == 0, "%s", err);
     for (int ti = 0; ti < m.ntensors; ti++) {
         const struct model_tensor *t = &m.tensors[ti];

@@ -46,7 +46,7 @@ static int rig_init_opts(struct rig *r, const struct fsdp_kernels *k, enum fsdp_
         return -1;
     fsdp_comm_local_init(&r->comm);
     const struct fsdp_opts o = {shard, B, recompute_every, bf16, reduce_bf16, 1 /* prefetch */,
-                                unit_blocks};
+                                unit_blocks, 0};
     if (fsdp_init(&r->e, &r->m, k, &r->comm, &o, err) != 0)
         return -1;
     struct fsdp_rng rng = {42};
