@@ -49,8 +49,32 @@ static void *cpu_alloc(size_t bytes)
 }
 
 static void cpu_free(void *p) { free(p); }
-static void cpu_zero(float *p, size_t n) { memset(p, 0, n * sizeof *p); }
-static void cpu_copy(float *dst, const float *src, size_t n) { memcpy(dst, src, n * sizeof *dst); }
+/* Large fills and copies (a unit's gradient, the gradient shard) are split
+ * over the threads: one thread cannot saturate memory here. */
+#define PAR_MIN (1 << 18)
+#define PAR_CHUNK (1 << 16)
+
+static void cpu_zero(float *p, size_t n)
+{
+    if (n < PAR_MIN) {
+        memset(p, 0, n * sizeof *p);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i += PAR_CHUNK)
+        memset(p + i, 0, (n - i < PAR_CHUNK ? n - i : PAR_CHUNK) * sizeof *p);
+}
+
+static void cpu_copy(float *dst, const float *src, size_t n)
+{
+    if (n < PAR_MIN) {
+        memcpy(dst, src, n * sizeof *dst);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i += PAR_CHUNK)
+        memcpy(dst + i, src + i, (n - i < PAR_CHUNK ? n - i : PAR_CHUNK) * sizeof *dst);
+}
 static void cpu_memcpy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 
 /* ---- math helpers ---------------------------------------------------------- */
