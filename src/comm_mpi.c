@@ -23,6 +23,16 @@ static int mpi_fail(int rc, const char *what, char *err)
     return fsdp_err(err, "mpi: %s failed: %s", what, msg);
 }
 
+static int phase1_to_phase2(struct fsdp_comm *c);
+
+/* A blocking collective is one more in the ranks' common order: any
+ * all-reduce in flight moves to its second phase first (phase1_to_phase2). */
+static int in_order(struct fsdp_comm *c, char *err)
+{
+    int rc = phase1_to_phase2(c);
+    return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "an allreduce's second phase", err);
+}
+
 static int count_ok(size_t n, const char *what, char *err)
 {
     if (n > INT_MAX)
@@ -33,8 +43,7 @@ static int count_ok(size_t n, const char *what, char *err)
 static int mpi_allgather(struct fsdp_comm *c, const float *shard, float *full, size_t n,
                          char *err)
 {
-    (void)c;
-    if (count_ok(n, "allgather", err))
+    if (in_order(c, err) || count_ok(n, "allgather", err))
         return -1;
     const void *send = shard == full + (size_t)c->rank * n ? MPI_IN_PLACE : shard;
     int rc = MPI_Allgather(send, (int)n, MPI_FLOAT, full, (int)n, MPI_FLOAT, MPI_COMM_WORLD);
@@ -44,7 +53,7 @@ static int mpi_allgather(struct fsdp_comm *c, const float *shard, float *full, s
 static int mpi_allgather_bf16(struct fsdp_comm *c, const uint16_t *shard, uint16_t *full,
                               size_t n, char *err)
 {
-    if (count_ok(n, "allgather", err))
+    if (in_order(c, err) || count_ok(n, "allgather", err))
         return -1;
     const void *send = shard == full + (size_t)c->rank * n ? MPI_IN_PLACE : shard;
     int rc = MPI_Allgather(send, (int)n, MPI_UINT16_T, full, (int)n, MPI_UINT16_T,
@@ -115,8 +124,11 @@ static int pieces_type(MPI_Datatype base, size_t esize, int count, size_t n, siz
         return -1;
     int rc = MPI_Type_create_resized(v, 0, (MPI_Aint)(extent * esize), out);
     MPI_Type_free(&v);
-    if (rc == MPI_SUCCESS && MPI_Type_commit(out) == MPI_SUCCESS)
+    if (rc != MPI_SUCCESS)
+        return -1;
+    if (MPI_Type_commit(out) == MPI_SUCCESS)
         return 0;
+    MPI_Type_free(out);
     return -1;
 }
 
@@ -174,9 +186,11 @@ static int mpi_start(struct fsdp_comm *c, struct fsdp_coll *op, char *err)
         return fsdp_err(err, "mpi: %s started while %s", what,
                         op->state ? "it runs already" : "too many collectives run");
     if (count_ok(op->n * (size_t)pieces, what, err) || count_ok(op->in_stride, what, err) ||
-        count_ok(op->out_stride * (size_t)c->world, what, err))
+        count_ok(op->out_stride, what, err))
         return -1;
-    int rc = MPI_SUCCESS;
+    int rc = phase1_to_phase2(c);
+    if (rc != MPI_SUCCESS)
+        return mpi_fail(rc, "an allreduce's second phase", err);
     if (op->kind == FSDP_COLL_ALLREDUCE || op->kind == FSDP_COLL_ALLREDUCE_BF16) {
         if (!vec_args[slot][0])
             return fsdp_err(err, "mpi: %s: no room for its counts", what);
@@ -187,9 +201,12 @@ static int mpi_start(struct fsdp_comm *c, struct fsdp_coll *op, char *err)
         int scount = n, rcount = n;
         if (pieces > 1) { /* one element per rank: every piece's part */
             scount = rcount = 1;
-            int bad = pieces_type(base, esize, pieces, op->n, op->in_stride, op->n, &send) ||
-                      (gather &&
-                       pieces_type(base, esize, pieces, op->n, op->out_stride, op->n, &recv));
+            int bad = pieces_type(base, esize, pieces, op->n, op->in_stride, op->n, &send);
+            if (!bad && gather &&
+                pieces_type(base, esize, pieces, op->n, op->out_stride, op->n, &recv)) {
+                MPI_Type_free(&send);
+                bad = 1;
+            }
             if (bad)
                 return fsdp_err(err, "mpi: cannot describe %d pieces of %zu elements for a %s",
                                 pieces, op->n, what);
@@ -218,8 +235,10 @@ static int mpi_start(struct fsdp_comm *c, struct fsdp_coll *op, char *err)
     return 0;
 }
 
-/* Tests (or, with block, waits for) the running op in slot; an all-reduce
- * whose first phase ended starts its second. MPI's error code. */
+/* Waits for the running op in slot (block), or tests it. An all-reduce's
+ * second phase is another collective, so it starts only where every rank
+ * is at the same point of its program (here with block, or in
+ * phase1_to_phase2): never from progress, whose timing differs by rank. */
 static int advance(struct fsdp_comm *c, int slot, int block)
 {
     struct fsdp_coll *op = running[slot];
@@ -230,11 +249,32 @@ static int advance(struct fsdp_comm *c, int slot, int block)
             return rc;
         if (!block && !done)
             return MPI_SUCCESS;
-        if (op->phase == 1) {
-            if ((rc = allreduce_phase2(c, op, slot)) != MPI_SUCCESS)
-                return rc;
-        } else {
+        if (op->phase != 1) {
             op->state = 2;
+        } else if (!block) {
+            return MPI_SUCCESS; /* its request is done (null); the next start moves it on */
+        } else if ((rc = allreduce_phase2(c, op, slot)) != MPI_SUCCESS) {
+            return rc;
+        }
+    }
+    return MPI_SUCCESS;
+}
+
+/* Before another collective starts: every all-reduce still in its first
+ * phase finishes it and starts its second, in slot order (the same on
+ * every rank), so collectives start in one order everywhere. */
+static int phase1_to_phase2(struct fsdp_comm *c)
+{
+    for (int i = 0; i < MAX_RUNNING; i++) {
+        struct fsdp_coll *op = running[i];
+        if (!op || op->state != 1 || op->phase != 1)
+            continue;
+        int rc = MPI_Wait(req_of(op), MPI_STATUS_IGNORE);
+        if (rc == MPI_SUCCESS)
+            rc = allreduce_phase2(c, op, i);
+        if (rc != MPI_SUCCESS) {
+            op->phase = -1; /* its wait reports it */
+            return rc;
         }
     }
     return MPI_SUCCESS;
@@ -243,8 +283,8 @@ static int advance(struct fsdp_comm *c, int slot, int block)
 static void mpi_progress(struct fsdp_comm *c)
 {
     for (int i = 0; i < MAX_RUNNING; i++)
-        if (running[i] && advance(c, i, 0) != MPI_SUCCESS)
-            running[i]->phase = -1; /* wait reports it */
+        if (running[i] && running[i]->phase != -1 && advance(c, i, 0) != MPI_SUCCESS)
+            running[i]->phase = -1; /* its wait reports it */
 }
 
 static int mpi_wait(struct fsdp_comm *c, struct fsdp_coll *op, char *err)
@@ -255,6 +295,8 @@ static int mpi_wait(struct fsdp_comm *c, struct fsdp_coll *op, char *err)
     if (slot == MAX_RUNNING || op->state == 0)
         return 0;
     int rc = op->phase == -1 ? MPI_ERR_OTHER : advance(c, slot, 1);
+    if (rc != MPI_SUCCESS) /* MPI may still read the slot's counts: end the request first */
+        MPI_Wait(req_of(op), MPI_STATUS_IGNORE);
     running[slot] = NULL;
     op->state = 0;
     op->phase = 0;
@@ -315,8 +357,7 @@ static int mpi_allreduce(struct fsdp_comm *c, float *buf, size_t n, char *err)
 
 static int mpi_allreduce_f64(struct fsdp_comm *c, double *buf, size_t n, char *err)
 {
-    (void)c;
-    if (count_ok(n, "allreduce", err))
+    if (in_order(c, err) || count_ok(n, "allreduce", err))
         return -1;
     int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "allreduce", err);
@@ -324,8 +365,7 @@ static int mpi_allreduce_f64(struct fsdp_comm *c, double *buf, size_t n, char *e
 
 static int mpi_bcast(struct fsdp_comm *c, void *buf, size_t bytes, int root, char *err)
 {
-    (void)c;
-    if (count_ok(bytes, "broadcast", err))
+    if (in_order(c, err) || count_ok(bytes, "broadcast", err))
         return -1;
     int rc = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD);
     return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "broadcast", err);
@@ -333,7 +373,8 @@ static int mpi_bcast(struct fsdp_comm *c, void *buf, size_t bytes, int root, cha
 
 static int mpi_barrier(struct fsdp_comm *c, char *err)
 {
-    (void)c;
+    if (in_order(c, err))
+        return -1;
     int rc = MPI_Barrier(MPI_COMM_WORLD);
     return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "barrier", err);
 }
@@ -342,7 +383,7 @@ static int mpi_gather_bytes(struct fsdp_comm *c, const void *buf, size_t n, int 
                             size_t *lens, char *err)
 {
     *out = NULL;
-    if (count_ok(n, "gather", err))
+    if (in_order(c, err) || count_ok(n, "gather", err))
         return -1;
     int len = (int)n, *all = NULL, *displs = NULL, rc;
     if (c->rank == root) {
@@ -435,6 +476,8 @@ int fsdp_comm_mpi_init(struct fsdp_comm *c, int *argc, char ***argv, char *err)
     for (int i = 0; i < MAX_RUNNING; i++) { /* one allocation per slot, four arrays */
         int *v = calloc((size_t)c->world * 4, sizeof *v);
         if (!v) {
+            for (int j = 0; j < i; j++)
+                free(vec_args[j][0]);
             MPI_Finalize(); /* the caller has no communicator to finalize */
             return fsdp_err(err, "mpi: out of memory for %d ranks' counts", c->world);
         }

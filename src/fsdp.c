@@ -223,7 +223,6 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
     e->bf16 = o->bf16;
     e->reduce_bf16 = o->reduce_bf16;
     e->prefetch = o->prefetch && shard != FSDP_SHARD_NONE && comm->start; /* else nothing overlaps */
-    e->nbuf = e->prefetch ? 2 : 1;
     e->holder[0] = e->holder[1] = -1;
     e->gather_unit = e->rs_unit = e->bucket_running = -1;
     const int L = m->cfg.layers;
@@ -231,6 +230,7 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
                   : o->unit_blocks > L                             ? L
                                                                    : o->unit_blocks;
     e->unit_blocks = K;
+    e->nbuf = e->prefetch && K < L ? 2 : 1; /* one group of blocks has nothing to alternate with */
     const int nu = m->nunits;
     const size_t W = shard == FSDP_SHARD_NONE ? 1 : (size_t)comm->world;
     const size_t rank = shard == FSDP_SHARD_NONE ? 0 : (size_t)comm->rank;
@@ -352,12 +352,11 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
         goto oom;
     if (alloc_acts(e, err))
         goto fail;
-    if (e->bf16) { /* the backward's rounded dout: up to the head's dlogits */
+    if (e->bf16) { /* the backward's rounded dout: a block's widest (the head's goes in chunks) */
         const size_t BT = (size_t)B * e->T, C = (size_t)m->cfg.dim;
-        const size_t Vp = (size_t)m->cfg.vocab_pad, wide = Vp > 4 * C ? Vp : 4 * C;
-        size_t held = k->bf16_scratch(BT * wide);
+        size_t held = k->bf16_scratch(BT * 4 * C);
         if (!held) {
-            fsdp_err(err, "fsdp: out of memory for %zu MiB of bf16 scratch", (BT * wide * 2) >> 20);
+            fsdp_err(err, "fsdp: out of memory for %zu MiB of bf16 scratch", (BT * 4 * C * 2) >> 20);
             goto fail;
         }
         e->mem.act_bytes += held;
@@ -1062,6 +1061,7 @@ int fsdp_grad_norm(struct fsdp_engine *e, double *norm, char *err)
 
 void fsdp_adamw_step(struct fsdp_engine *e, const struct fsdp_adamw *o, int t, float gscale)
 {
+    settle(e); /* nothing may still read the parameters it changes */
     float bc1 = (float)(1.0 - pow(o->beta1, t)), bc2 = (float)(1.0 - pow(o->beta2, t));
     for (int i = 0; i < e->nsegs; i++) {
         const struct fsdp_segment *s = &e->segs[i];

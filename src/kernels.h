@@ -71,7 +71,8 @@ struct fsdp_kernels {
                                  const uint16_t *inp, const uint16_t *w, size_t N, int C,
                                  int OC);
     /* Reserves the scratch matmul_backward_bf16 rounds dout into: room for
-     * n elements. Returns the bytes held, 0 when out of memory. */
+     * n elements (a larger dout goes through it in chunks of rows on the
+     * CPU; the GPU grows it). Returns the bytes held, 0 when out of memory. */
     size_t (*bf16_scratch)(size_t n);
     /* causal multi-head attention on qkv (B,T,3C); att (B,NH,T,T) keeps the
      * softmax for the backward pass; out (B,T,C) */

@@ -569,7 +569,8 @@ static int setup(struct trainer *t, char *err)
                                  o->reduce_bf16, o->prefetch, unit_blocks(t),
                                  o->shard != FSDP_SHARD_NONE ? 0
                                  : o->bucket_mib < 0         ? (size_t)25 << 20 /* DDP's */
-                                                             : (size_t)(o->bucket_mib * 1048576.0)};
+                                 : o->bucket_mib == 0        ? 0 /* one, after the backward */
+                                                             : (size_t)(o->bucket_mib * 1048576.0) + 1};
     const struct fsdp_kernels *k = o->cuda ? fsdp_kernels_cuda() : fsdp_kernels_cpu();
     if (fsdp_init(&t->eng, &t->model, k, &t->comm, &fo, err))
         return -1;

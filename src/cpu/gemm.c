@@ -279,6 +279,8 @@ uint16_t *fsdp_gemm_scratch(int slot, size_t n)
     return scratch[slot];
 }
 
+size_t fsdp_gemm_scratch_held(int slot) { return scratch_n[slot]; }
+
 int fsdp_gemm_bf16_fast(char *why, size_t len)
 {
     if (use_onednn < 0)

@@ -49,5 +49,7 @@ int fsdp_gemm_bf16_fast(char *why, size_t len);
 /* Scratch of at least n bf16 values, slot 0 or 1, kept between calls (the
  * kernels round their fp32 operands into it). NULL when out of memory. */
 uint16_t *fsdp_gemm_scratch(int slot, size_t n);
+/* How many values slot holds now. */
+size_t fsdp_gemm_scratch_held(int slot);
 
 #endif

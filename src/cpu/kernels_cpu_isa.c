@@ -337,15 +337,26 @@ static void round_dout(uint16_t *d, float *dbias, const float *dout, size_t N, i
     }
 }
 
+/* The rounded dout goes through the scratch fsdp_init reserved (a block's
+ * widest, B*T x 4C) in chunks of rows: the head's (B*T x vocabulary, 824
+ * MiB for gpt2-124m at 8 x 1024) would need a scratch of its own size. A
+ * chunked weight gradient adds its chunks in order, so it is as
+ * reproducible as one product; dinp's rows and dbias are the same bits. */
 static void cpu_matmul_backward_bf16(float *dinp, float *dw, float *dbias, const float *dout,
                                      const uint16_t *inp, const uint16_t *w, size_t N, int C,
                                      int OC)
 {
-    uint16_t *d = scratch16(0, N * (size_t)OC);
-    round_dout(d, dbias, dout, N, OC); /* dbias from the fp32 gradient, as in fp32 */
-    if (dinp)
-        fsdp_gemm_bf16('N', 'N', (int)N, C, OC, d, OC, w, C, 0.0f, dinp, C);
-    fsdp_gemm_bf16('T', 'N', OC, C, (int)N, d, OC, inp, C, 1.0f, dw, C);
+    size_t rows = fsdp_gemm_scratch_held(0) / (size_t)OC;
+    rows = rows >= N ? N : rows ? rows : 1;
+    uint16_t *d = scratch16(0, rows * (size_t)OC);
+    for (size_t r0 = 0; r0 < N; r0 += rows) {
+        const size_t n = N - r0 < rows ? N - r0 : rows;
+        /* dbias from the fp32 gradient, as in fp32 */
+        round_dout(d, dbias, dout + r0 * (size_t)OC, n, OC);
+        if (dinp)
+            fsdp_gemm_bf16('N', 'N', (int)n, C, OC, d, OC, w, C, 0.0f, dinp + r0 * (size_t)C, C);
+        fsdp_gemm_bf16('T', 'N', OC, C, (int)n, d, OC, inp + r0 * (size_t)C, C, 1.0f, dw, C);
+    }
 }
 
 /* ---- attention ------------------------------------------------------------- */

@@ -13,6 +13,7 @@
 #include "kernels.h"
 #include "model.h"
 #include "util.h"
+#include "cpu/gemm.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -348,6 +349,53 @@ static void attention_backward_matches_naive_products(void)
     free(qkv), free(out), free(att), free(datt), free(dout), free(dqkv), free(want), free(dA);
 }
 
+/* A dout wider than the reserved scratch (the head's: B*T x vocabulary)
+ * goes through it in chunks of rows: the same products as fp32 ones on the
+ * rounded operands, dbias the same bits as one pass. */
+static void bf16_backward_in_chunks_matches_fp32(void)
+{
+    const struct fsdp_kernels *k = fsdp_kernels_cpu();
+    enum { N = 301, C = 24, OC = 260 }; /* more than the 1480 values reserved before */
+    float *x = malloc(sizeof(float) * N * C), *xr = malloc(sizeof(float) * N * C);
+    float *w = malloc(sizeof(float) * OC * C), *wr = malloc(sizeof(float) * OC * C);
+    float *dy = malloc(sizeof(float) * N * OC), *dyr = malloc(sizeof(float) * N * OC);
+    float *dx16 = malloc(sizeof(float) * N * C), *dx32 = malloc(sizeof(float) * N * C);
+    float *dw16 = calloc(OC * C, sizeof(float)), *dw32 = calloc(OC * C, sizeof(float));
+    float *db16 = calloc(OC, sizeof(float)), *db32 = calloc(OC, sizeof(float));
+    uint16_t *x16 = malloc(2 * N * C), *w16 = malloc(2 * OC * C), *t16 = malloc(2 * N * OC);
+    for (int i = 0; i < N * C; i++)
+        x[i] = fsdp_normal_at(31, (uint64_t)i);
+    for (int i = 0; i < OC * C; i++)
+        w[i] = 0.1f * fsdp_normal_at(32, (uint64_t)i);
+    for (int i = 0; i < N * OC; i++)
+        dy[i] = fsdp_normal_at(33, (uint64_t)i);
+    k->to_bf16(x16, x, N * C);
+    k->from_bf16(xr, x16, N * C);
+    k->to_bf16(w16, w, OC * C);
+    k->from_bf16(wr, w16, OC * C);
+    k->to_bf16(t16, dy, N * OC);
+    k->from_bf16(dyr, t16, N * OC);
+    REQUIRE(fsdp_gemm_scratch_held(0) < (size_t)N * OC, "the scratch is already %zu values",
+            fsdp_gemm_scratch_held(0));
+    k->matmul_backward_bf16(dx16, dw16, db16, dy, x16, w16, N, C, OC);
+    k->matmul_backward(dx32, dw32, db32, dyr, xr, wr, N, C, OC);
+    double worst = 0;
+    for (int i = 0; i < N * C; i++)
+        worst = fmax(worst, fabs(dx16[i] - dx32[i]) / (fabs(dx32[i]) + 1e-3));
+    for (int i = 0; i < OC * C; i++)
+        worst = fmax(worst, fabs(dw16[i] - dw32[i]) / (fabs(dw32[i]) + 1e-3));
+    CHECK(worst < 1e-4, "chunked bf16 backward differs from fp32 by %.2e", worst);
+    for (int o = 0; o < OC; o++) {
+        float want = 0;
+        for (int i = 0; i < N; i++)
+            want += dy[i * OC + o];
+        CHECK(db16[o] == want, "dbias[%d] %.9g, want %.9g", o, db16[o], want);
+    }
+    free(x), free(xr), free(w), free(wr), free(dy), free(dyr), free(dx16), free(dx32);
+    free(dw16), free(dw32), free(db16), free(db32), free(x16), free(w16), free(t16);
+}
+
 CHECK_MAIN(TEST(forward_matches_reference_gpt2), TEST(bf16_rounds_to_nearest_even),
            TEST(bf16_matmuls_match_fp32_on_rounded_operands),
+           TEST(bf16_backward_in_chunks_matches_fp32),
            TEST(attention_backward_matches_naive_products))
