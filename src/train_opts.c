@@ -111,6 +111,16 @@ static int need_num(const char *flag, const char *v, double lo, double hi, doubl
     return 0;
 }
 
+/* v is one of two words: *out = 0 for the first, 1 for the second */
+static int need_word(const char *flag, const char *v, const char *w0, const char *w1, int *out,
+                     char *err)
+{
+    if (strcmp(v, w0) != 0 && strcmp(v, w1) != 0)
+        return fsdp_err(err, "%s '%s' is not %s or %s", flag, v, w0, w1);
+    *out = strcmp(v, w1) == 0;
+    return 0;
+}
+
 int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
 {
     memset(o, 0, sizeof *o);
@@ -160,21 +170,10 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
             o->val_data = v;
         else if (strcmp(f, "--log") == 0)
             o->log_path = v;
-        else if (strcmp(f, "--verify-load") == 0) {
-            if (strcmp(v, "on") == 0)
-                o->ckpt.verify_load = 1;
-            else if (strcmp(v, "off") == 0)
-                o->ckpt.verify_load = 0;
-            else
-                rc = fsdp_err(err, "--verify-load '%s' is not on or off", v);
-        } else if (strcmp(f, "--log-samples") == 0) {
-            if (strcmp(v, "on") == 0)
-                o->log_samples = 1;
-            else if (strcmp(v, "off") == 0)
-                o->log_samples = 0;
-            else
-                rc = fsdp_err(err, "--log-samples '%s' is not on or off", v);
-        }
+        else if (strcmp(f, "--verify-load") == 0)
+            rc = need_word(f, v, "off", "on", &o->ckpt.verify_load, err);
+        else if (strcmp(f, "--log-samples") == 0)
+            rc = need_word(f, v, "off", "on", &o->log_samples, err);
         else if (strcmp(f, "--model") == 0)
             o->model_name = v;
         else if (strcmp(f, "--cpu-kernels") == 0)
@@ -259,20 +258,11 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
         } else if (strcmp(f, "--bucket-mib") == 0) {
             rc = need_num(f, v, 0, 1 << 20, &o->bucket_mib, err);
         } else if (strcmp(f, "--prefetch") == 0) {
-            if (strcmp(v, "on") == 0 || strcmp(v, "off") == 0)
-                o->prefetch = strcmp(v, "on") == 0;
-            else
-                rc = fsdp_err(err, "--prefetch '%s' is not on or off", v);
+            rc = need_word(f, v, "off", "on", &o->prefetch, err);
         } else if (strcmp(f, "--reduce-dtype") == 0) {
-            if (strcmp(v, "fp32") == 0 || strcmp(v, "bf16") == 0)
-                o->reduce_bf16 = v[0] == 'b';
-            else
-                rc = fsdp_err(err, "--reduce-dtype '%s' is not fp32 or bf16", v);
+            rc = need_word(f, v, "fp32", "bf16", &o->reduce_bf16, err);
         } else if (strcmp(f, "--precision") == 0) {
-            if (strcmp(v, "fp32") == 0 || strcmp(v, "bf16") == 0)
-                o->bf16 = strcmp(v, "bf16") == 0;
-            else
-                rc = fsdp_err(err, "--precision '%s' is not fp32 or bf16", v);
+            rc = need_word(f, v, "fp32", "bf16", &o->bf16, err);
         } else if (strcmp(f, "--activation-checkpointing") == 0) {
             if (fsdp_recompute_parse(v, &o->recompute_every))
                 rc = fsdp_err(err, "--activation-checkpointing '%s' is not none, blocks or "
