@@ -62,6 +62,15 @@ def run_log(tmp, train, np, extra, tag, steps=STEPS):
     return read_log(log), p.stderr
 
 
+def stopped_after_first_commit(np, argv, ck):
+    """Runs argv on np ranks until it has committed its first checkpoint
+    (step 6 here), then kills the job: an interrupted run to resume."""
+    p = launch(np, argv, {"FSDP_TEST_STOP_AT": "after-commit:1"})
+    assert wait_stopped_or_exit(p)
+    kill_job(p)
+    assert committed_steps(ck) == [6]
+
+
 def activation_mib(stderr):
     m = re.search(r"activations ([\d.]+) MiB \(activation checkpointing ([\w-]+)\)", stderr)
     assert m, f"no activation line in:\n{stderr}"
@@ -103,10 +112,7 @@ def checkpoints_resume_across_checkpointing_settings(tmp):
     mpirun(2, args(ref, "none"))
     # written under "blocks", stopped and killed right after committing step 6
     ck = f"{tmp}/ck"
-    p = launch(2, args(ck, "blocks"), {"FSDP_TEST_STOP_AT": "after-commit:1"})
-    assert wait_stopped_or_exit(p)
-    kill_job(p)
-    assert committed_steps(ck) == [6]
+    stopped_after_first_commit(2, args(ck, "blocks"), ck)
     other = f"{tmp}/ck-1rank"
     shutil.copytree(ck, other, symlinks=True)
     p = mpirun(2, args(ck, "every-2"))
@@ -194,10 +200,7 @@ def checkpoints_move_between_precisions(tmp):
         ref, ck = f"{tmp}/ref-{then}", f"{tmp}/ck-{first}-{then}"
         if not os.path.exists(ref):
             mpirun(2, args(ref, then))
-        p = launch(2, args(ck, first), {"FSDP_TEST_STOP_AT": "after-commit:1"})
-        assert wait_stopped_or_exit(p)
-        kill_job(p)
-        assert committed_steps(ck) == [6]
+        stopped_after_first_commit(2, args(ck, first), ck)
         p = mpirun(2, args(ck, then))
         assert "resumed from checkpoint step 6" in p.stderr, p.stderr
         assert committed_steps(ck) == [6, 12]
@@ -240,10 +243,7 @@ def bf16_gradient_reduction_follows_fp32_and_resumes(tmp):
     mpirun(2, args(ref, "bf16"))
     for first in ("fp32", "bf16"):
         ck = f"{tmp}/ck-{first}"
-        p = launch(2, args(ck, first), {"FSDP_TEST_STOP_AT": "after-commit:1"})
-        assert wait_stopped_or_exit(p)
-        kill_job(p)
-        assert committed_steps(ck) == [6]
+        stopped_after_first_commit(2, args(ck, first), ck)
         p = mpirun(2, args(ck, "bf16"))
         assert "resumed from checkpoint step 6" in p.stderr, p.stderr
         same = digest(ck) == digest(ref)
@@ -290,10 +290,7 @@ def prefetch_keeps_the_loss_bits_and_resumes(tmp):
     ref = f"{tmp}/ref-pf"
     mpirun(2, args(ref, "off"))
     ck = f"{tmp}/ck-pf"
-    p = launch(2, args(ck, "off"), {"FSDP_TEST_STOP_AT": "after-commit:1"})
-    assert wait_stopped_or_exit(p)
-    kill_job(p)
-    assert committed_steps(ck) == [6]
+    stopped_after_first_commit(2, args(ck, "off"), ck)
     other = f"{tmp}/ck-pf-4"
     shutil.copytree(ck, other, symlinks=True)
     p = mpirun(2, args(ck, "on"))
@@ -331,10 +328,7 @@ def unit_grouping_keeps_the_loss_bits_and_the_checkpoints(tmp):
     ref = f"{tmp}/ref-ub"
     mpirun(2, args(ref, 1))
     ck = f"{tmp}/ck-ub"
-    p = launch(2, args(ck, 2), {"FSDP_TEST_STOP_AT": "after-commit:1"})
-    assert wait_stopped_or_exit(p)
-    kill_job(p)
-    assert committed_steps(ck) == [6]
+    stopped_after_first_commit(2, args(ck, 2), ck)
     other = f"{tmp}/ck-ub-4"
     shutil.copytree(ck, other, symlinks=True)
     p = mpirun(2, args(ck, 3))
