@@ -10,11 +10,21 @@
  * A shard's raw bytes are the rank's sections back to back: for each unit
  * and each state kind (param, exp_avg, exp_avg_sq) the elements
  * [r * n/W, (r+1) * n/W) of that unit's flat float32 buffer. The raw stream
- * is cut into chunks of a fixed size (a few MiB), each stored on its own:
- * raw, or zstd (with its frame checksum), optionally after a byte-plane
- * shuffle of the floats. Each stored chunk has a SHA-256; so has the shard.
- * Any raw byte range is read by fetching and verifying only the chunks it
- * covers, so loading on another world size is a plan of ranged reads.
+ * is cut into chunks of the writer's chunk size (the last one shorter),
+ * each stored on its own: raw, or zstd (with its frame checksum),
+ * optionally after a byte-plane shuffle of the floats. Each stored chunk
+ * has a SHA-256; so has the shard. Any raw byte range is read by fetching
+ * and verifying only the chunks it covers, so loading on another world
+ * size is a plan of ranged reads.
+ *
+ * Format 2 (written): the shard object ends with its chunk index (index.c:
+ * each chunk's stored length, codec and SHA-256), and the manifest keeps
+ * per shard only its sizes, digest, chunk count and where its index lies
+ * with the index's digest. The manifest is O(world size + tensors) bytes,
+ * the commit gathers a fixed-size record per rank, and a loading rank
+ * fetches only the indexes of the shards it reads. Format 1 (read, and
+ * rewritten as 2 by `fsdp-ckpt cp`) kept every chunk table and section
+ * list in the manifest, and cut a chunk at every section boundary.
  *
  * ckpt knows units, tensors (names, shapes, dtypes) and kinds, nothing of
  * the model beyond that: the model configuration and the trainer state are
@@ -29,7 +39,7 @@
 
 #include "storage.h"
 
-#define CKPT_FORMAT_VERSION 1
+#define CKPT_FORMAT_VERSION 2 /* written; 1 is still read */
 #define CKPT_ERR_LEN 512
 #define CKPT_MANIFEST "MANIFEST.json"
 #define CKPT_MAX_MANIFEST_BYTES (64u << 20)
@@ -61,7 +71,9 @@ struct ckpt_chunk {
     unsigned char sha256[32]; /* of the stored bytes */
 };
 
-/* Elements [lo, lo + n) of (unit, kind) live at raw byte raw_off. */
+/* Elements [lo, lo + n) of (unit, kind) live at raw byte raw_off (a
+ * writer's input; in a shard the layout follows from the units and the
+ * world size: ckpt_section_offsets). */
 struct ckpt_section {
     int unit, kind;
     uint64_t lo, n, raw_off;
@@ -70,16 +82,21 @@ struct ckpt_section {
 struct ckpt_shard {
     char file[64];
     int rank;
-    uint64_t raw_size, stored_size;
-    unsigned char sha256[32]; /* of the whole stored shard */
-    int nsections, nchunks;
-    struct ckpt_section *sections;
+    uint64_t raw_size, stored_size; /* stored: the whole object, index included */
+    unsigned char sha256[32];       /* of the whole stored object */
+    int nchunks;
+    /* format 2: the chunk index, the object's last index_len bytes */
+    uint64_t index_off, index_len;
+    unsigned char index_sha256[32];
+    /* the chunk table: format 1 manifests and writers have it in memory;
+     * a format-2 manifest does not (ckpt_shard_chunks fetches it) */
     struct ckpt_chunk *chunks;
 };
 
 struct ckpt_manifest {
     int version;
     uint64_t step, generation;
+    uint64_t chunk_bytes; /* raw bytes per chunk (format 1: the longest chunk) */
     int world;
     char sharding[16];
     json_t *model;   /* configuration, compared on resume */
@@ -90,17 +107,42 @@ struct ckpt_manifest {
 };
 
 void ckpt_manifest_free(struct ckpt_manifest *m);
-/* Serialises (one JSON document, keys in a fixed order). */
+/* Serialises (one JSON document, keys in a fixed order) in m->version's
+ * form. */
 char *ckpt_manifest_dump(const struct ckpt_manifest *m);
-/* Parses and validates everything that later sizes an allocation or an
- * index: counts, offsets, the chunk tables' contiguity, the sections'
- * agreement with the units and the world size. */
+/* Parses either version and validates everything that later sizes an
+ * allocation or an index: counts, offsets, sizes, the chunk tables'
+ * contiguity (format 1), the sections' agreement with the units and the
+ * world size (format 1). */
 int ckpt_manifest_parse(const char *buf, size_t len, struct ckpt_manifest *m, char *err);
+/* A format-2 shard entry (a fixed-size record: what a rank sends to the
+ * committer). */
 json_t *ckpt_shard_to_json(const struct ckpt_shard *s);
 int ckpt_shard_from_json(json_t *j, struct ckpt_shard *s, char *err);
 void ckpt_shard_free(struct ckpt_shard *s);
-/* Units and world size agree with this shard table (for checks before use). */
+/* Units, world size, chunk size and shard entries agree (for checks before
+ * use). */
 int ckpt_manifest_check(const struct ckpt_manifest *m, char *err);
+/* Each (unit, kind) section's raw byte offset within every shard (the same
+ * for all ranks: rank r holds padded/W elements of each): off[u * NKINDS +
+ * k]. Returns a malloc'd array of nunits * CKPT_NKINDS, NULL when out of
+ * memory. */
+uint64_t *ckpt_section_offsets(const struct ckpt_manifest *m);
+
+/* ---- the chunk index (index.c) -------------------------------------------- */
+
+/* "FSDPCIX1", u32 version, u32 chunk count, then per chunk (little-endian)
+ * u64 stored length, u32 raw length, u32 codec, 32 bytes SHA-256. */
+#define CKPT_INDEX_HEADER 16u
+#define CKPT_INDEX_ENTRY 48u
+/* Encodes chunks[0..n) (malloc'd, *len bytes). */
+unsigned char *ckpt_index_encode(const struct ckpt_chunk *chunks, int n, size_t *len);
+/* Decodes and checks an index against its shard entry and the manifest's
+ * chunk size: count, every raw length (chunk_bytes, the last one shorter),
+ * codecs, stored lengths within bounds and adding up to index_off. Fills
+ * a malloc'd table with offsets. */
+int ckpt_index_decode(const unsigned char *buf, size_t len, const struct ckpt_shard *s,
+                      uint64_t chunk_bytes, struct ckpt_chunk **out, char *err);
 
 /* ---- names --------------------------------------------------------------- */
 
@@ -188,7 +230,10 @@ struct ckpt_reader {
     } cache[CKPT_READER_CACHE]; /* decoded chunks, least recently used goes */
     uint64_t tick;
     uint64_t bytes_fetched, chunks_fetched; /* stored bytes read from storage */
+    uint64_t index_bytes_fetched;           /* of which chunk indexes (format 2) */
     void (*on_chunk)(void);                 /* after each chunk fetched (heartbeats) */
+    uint64_t *sec_off;                      /* ckpt_section_offsets */
+    struct ckpt_chunk **tables;             /* per shard, fetched when first needed */
 };
 
 int ckpt_reader_init(struct ckpt_reader *r, struct storage *st, const struct ckpt_manifest *m,
@@ -214,10 +259,37 @@ struct ckpt_want {
     float *dst;
 };
 int ckpt_load(struct ckpt_reader *r, const struct ckpt_want *w, int nw, char *err);
+/* ckpt_load in its steps. A plan is the wants as pieces sorted by old
+ * shard and raw offset (shard -1: padding, zero-filled); planning reads and
+ * writes nothing. ckpt_plan_indexes fetches the chunk index of each shard
+ * the plan reads (format 2; the rest of a rank's metadata reads). */
+struct ckpt_piece {
+    int shard;
+    uint64_t off, len; /* raw bytes in the old shard */
+    float *dst;
+};
+struct ckpt_plan {
+    int npieces;
+    struct ckpt_piece *pieces;
+};
+int ckpt_plan_load(const struct ckpt_reader *r, const struct ckpt_want *w, int nw,
+                   struct ckpt_plan *p, char *err);
+int ckpt_plan_indexes(struct ckpt_reader *r, const struct ckpt_plan *p, char *err);
+int ckpt_plan_run(struct ckpt_reader *r, const struct ckpt_plan *p, char *err);
+void ckpt_plan_free(struct ckpt_plan *p);
+
+/* A shard's chunk table: the manifest's (format 1), or its index fetched,
+ * checked against the manifest's digest of it and decoded (format 2, once
+ * per reader). */
+int ckpt_shard_chunks(struct ckpt_reader *r, int shard, const struct ckpt_chunk **tab,
+                      char *err);
+/* A format-2 shard's index bytes as stored, verified (malloc'd). */
+int ckpt_fetch_index(struct ckpt_reader *r, int shard, unsigned char **buf, char *err);
 
 /* Re-hashes (and decodes) one chunk. */
 int ckpt_verify_chunk(struct ckpt_reader *r, int shard, int chunk, char *err);
-/* Checks a whole shard: its stored size, every chunk, the shard digest.
+/* Checks a whole shard: its stored size, its index, every chunk, the shard
+ * digest.
  * bad(arg, message) is called once per problem; returns the number of
  * problems (0: the shard verifies). */
 int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, const char *msg),
@@ -236,9 +308,11 @@ int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct stor
                  int world, const struct ckpt_write_opts *o, char *err);
 
 /* Copies a committed step to another store as it is (stored bytes and
- * manifest unchanged, every chunk verified on the way); commits last. */
+ * manifest unchanged, every chunk verified on the way); commits last. A
+ * format-1 step is rewritten as format 2 instead (ckpt_reshard to the same
+ * world size with o: the same logical bytes). */
 int ckpt_copy_step(struct storage *src, const struct ckpt_manifest *m, struct storage *dst,
-                   char *err);
+                   const struct ckpt_write_opts *o, char *err);
 /* The stored bytes of the chunk ckpt_verify_chunk last checked. */
 const void *ckpt_reader_stored(const struct ckpt_reader *r);
 
@@ -276,6 +350,10 @@ void ckpt_step_objects_free(struct ckpt_step_objects *s, int n);
 #define CKPT_CANNOT_JUDGE -41
 #define CKPT_DAMAGED -42
 int ckpt_load_manifest(struct storage *st, uint64_t step, struct ckpt_manifest *m, char *err);
+/* The same, also handing back the manifest's bytes as stored (malloc'd):
+ * one rank loads, the others parse what it broadcasts. */
+int ckpt_load_manifest_doc(struct storage *st, uint64_t step, struct ckpt_manifest *m,
+                           char **doc, size_t *len, char *err);
 /* *committed = 1 if the step's manifest exists. */
 int ckpt_step_committed(struct storage *st, uint64_t step, int *committed, char *err);
 /* A fresh writer tag; generation 0 (a tool): the store's current one. */
@@ -354,6 +432,7 @@ int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const ch
 void ckpt_commit_result_free(struct ckpt_commit_result *res);
 
 void ckpt_hex(const unsigned char sha[32], char out[65]);
+void ckpt_sha256(const void *p, size_t n, unsigned char out[32]);
 
 /* ---- fencing -------------------------------------------------------------- */
 

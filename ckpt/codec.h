@@ -18,8 +18,6 @@ struct ckpt_codec {
     ZSTD_DCtx *dctx;
 };
 
-void ckpt_sha256(const void *p, size_t n, unsigned char out[32]);
-
 /* Encodes c->raw[0..len) with the options' codec; *out points into c's
  * buffers. Returns the codec actually used (raw if compression did not
  * shrink the chunk). */

@@ -117,7 +117,6 @@ static int unhex(const char *s, unsigned char out[32])
 
 void ckpt_shard_free(struct ckpt_shard *s)
 {
-    free(s->sections);
     free(s->chunks);
     memset(s, 0, sizeof *s);
 }
@@ -139,14 +138,29 @@ void ckpt_manifest_free(struct ckpt_manifest *m)
 
 json_t *ckpt_shard_to_json(const struct ckpt_shard *s)
 {
+    char hex[65], ihex[65];
+    ckpt_hex(s->sha256, hex);
+    ckpt_hex(s->index_sha256, ihex);
+    return json_pack("{s:i, s:s, s:I, s:I, s:s, s:i, s:{s:I, s:I, s:s}}", "rank", s->rank,
+                     "file", s->file, "raw_size", (json_int_t)s->raw_size, "stored_size",
+                     (json_int_t)s->stored_size, "sha256", hex, "chunks", s->nchunks, "index",
+                     "offset", (json_int_t)s->index_off, "length", (json_int_t)s->index_len,
+                     "sha256", ihex);
+}
+
+/* Format 1 kept each shard's sections and chunk table in the manifest. */
+static json_t *shard_to_json_v1(const struct ckpt_manifest *m, const uint64_t *sec_off, int r)
+{
+    const struct ckpt_shard *s = &m->shards[r];
     char hex[65];
     json_t *secs = json_array(), *chunks = json_array();
-    for (int i = 0; i < s->nsections; i++) {
-        const struct ckpt_section *x = &s->sections[i];
-        json_array_append_new(secs, json_pack("{s:i, s:s, s:I, s:I, s:I}", "unit", x->unit,
-                                              "kind", ckpt_kind_name(x->kind), "lo",
-                                              (json_int_t)x->lo, "n", (json_int_t)x->n,
-                                              "raw_offset", (json_int_t)x->raw_off));
+    for (int u = 0; u < m->nunits; u++) {
+        uint64_t per = m->units[u].padded / (uint64_t)m->world;
+        for (int k = 0; k < CKPT_NKINDS; k++)
+            json_array_append_new(secs, json_pack("{s:i, s:s, s:I, s:I, s:I}", "unit", u, "kind",
+                                                  ckpt_kind_name(k), "lo", (json_int_t)(r * per),
+                                                  "n", (json_int_t)per, "raw_offset",
+                                                  (json_int_t)sec_off[u * CKPT_NKINDS + k]));
     }
     for (int i = 0; i < s->nchunks; i++) {
         const struct ckpt_chunk *c = &s->chunks[i];
@@ -163,6 +177,19 @@ json_t *ckpt_shard_to_json(const struct ckpt_shard *s)
                      "raw_size", (json_int_t)s->raw_size, "stored_size",
                      (json_int_t)s->stored_size, "sha256", hex, "sections", secs, "chunks",
                      chunks);
+}
+
+uint64_t *ckpt_section_offsets(const struct ckpt_manifest *m)
+{
+    uint64_t *off = malloc(((size_t)m->nunits * CKPT_NKINDS + 1) * sizeof *off), raw = 0;
+    for (int u = 0; off && u < m->nunits; u++)
+        for (int k = 0; k < CKPT_NKINDS; k++) {
+            off[u * CKPT_NKINDS + k] = raw;
+            raw += m->units[u].padded / (uint64_t)m->world * 4;
+        }
+    if (off)
+        off[m->nunits * CKPT_NKINDS] = raw; /* the shard's raw size */
+    return off;
 }
 
 /* The manifest carries the SHA-256 of its own canonical form (sorted keys,
@@ -196,6 +223,8 @@ static int seal(json_t *j)
 
 char *ckpt_manifest_dump(const struct ckpt_manifest *m)
 {
+    if (m->version != 1 && m->version != CKPT_FORMAT_VERSION)
+        return NULL;
     json_t *units = json_array(), *shards = json_array(), *kl = json_array();
     for (int k = 0; k < CKPT_NKINDS; k++)
         json_array_append_new(kl, json_string(kinds[k]));
@@ -215,15 +244,29 @@ char *ckpt_manifest_dump(const struct ckpt_manifest *m)
                                                (json_int_t)U->numel, "padded",
                                                (json_int_t)U->padded, "tensors", ts));
     }
-    for (int i = 0; i < m->nshards; i++)
-        json_array_append_new(shards, ckpt_shard_to_json(&m->shards[i]));
+    uint64_t *sec_off = m->version == 1 ? ckpt_section_offsets(m) : NULL;
+    for (int i = 0; i < m->nshards; i++) {
+        if (m->version == 1 && (!sec_off || !m->shards[i].chunks))
+            break;
+        json_array_append_new(shards, m->version == 1 ? shard_to_json_v1(m, sec_off, i)
+                                                      : ckpt_shard_to_json(&m->shards[i]));
+    }
+    free(sec_off);
+    if (json_array_size(shards) != (size_t)m->nshards) {
+        json_decref(units);
+        json_decref(shards);
+        json_decref(kl);
+        return NULL;
+    }
     json_t *j = json_pack("{s:s, s:i, s:I, s:I, s:i, s:s, s:s, s:o, s:O, s:O, s:o, s:o}",
-                          "format", "fsdp-ckpt", "version", CKPT_FORMAT_VERSION, "step",
+                          "format", "fsdp-ckpt", "version", m->version, "step",
                           (json_int_t)m->step, "generation", (json_int_t)m->generation,
                           "world_size", m->world, "sharding", m->sharding, "dtype", "float32",
                           "kinds", kl, "model", m->model ? m->model : json_object(), "trainer",
                           m->trainer ? m->trainer : json_object(), "units", units, "shards",
                           shards);
+    if (j && m->version >= 2)
+        json_object_set_new(j, "chunk_bytes", json_integer((json_int_t)m->chunk_bytes));
     char *s = NULL;
     if (j && seal(j) == 0)
         s = json_dumps(j, JSON_INDENT(1));
@@ -284,14 +327,13 @@ static int lookup(const char *s, const char **names, int n)
     return -1;
 }
 
-int ckpt_shard_from_json(json_t *j, struct ckpt_shard *s, char *err)
+/* The members every shard entry has. */
+static int shard_common(json_t *j, struct ckpt_shard *s, char *err)
 {
-    memset(s, 0, sizeof *s);
     uint64_t v;
     char hex[80];
-    json_t *secs = json_object_get(j, "sections"), *chunks = json_object_get(j, "chunks");
-    if (!json_is_object(j) || !json_is_array(secs) || !json_is_array(chunks))
-        return bad(err, "a shard entry lacks sections or chunks");
+    if (!json_is_object(j))
+        return bad(err, "a shard entry is not an object");
     if (get_u64(j, "rank", LIMIT_WORLD, &v, err))
         return -1;
     s->rank = (int)v;
@@ -302,47 +344,85 @@ int ckpt_shard_from_json(json_t *j, struct ckpt_shard *s, char *err)
         return -1;
     if (unhex(hex, s->sha256))
         return bad(err, "a shard's sha256 is not 64 hex digits");
-    size_t ns = json_array_size(secs), nc = json_array_size(chunks);
-    if (ns > (size_t)LIMIT_UNITS * CKPT_NKINDS || nc > LIMIT_CHUNKS)
-        return bad(err, "too many sections or chunks");
-    s->sections = calloc(ns ? ns : 1, sizeof *s->sections);
-    s->chunks = calloc(nc ? nc : 1, sizeof *s->chunks);
-    if (!s->sections || !s->chunks) {
-        ckpt_shard_free(s);
-        return bad(err, "out of memory");
-    }
-    s->nsections = (int)ns;
-    s->nchunks = (int)nc;
-    for (size_t i = 0; i < ns; i++) {
+    return 0;
+}
+
+int ckpt_shard_from_json(json_t *j, struct ckpt_shard *s, char *err)
+{
+    memset(s, 0, sizeof *s);
+    uint64_t v;
+    char hex[80];
+    json_t *idx = json_object_get(j, "index");
+    if (shard_common(j, s, err))
+        return -1;
+    if (get_u64(j, "chunks", LIMIT_CHUNKS, &v, err))
+        return -1;
+    s->nchunks = (int)v;
+    if (!json_is_object(idx))
+        return bad(err, "a shard entry lacks its chunk index");
+    if (get_u64(idx, "offset", UINT64_MAX >> 1, &s->index_off, err) ||
+        get_u64(idx, "length", UINT64_MAX >> 1, &s->index_len, err) ||
+        get_str(idx, "sha256", hex, sizeof hex, err))
+        return -1;
+    if (unhex(hex, s->index_sha256))
+        return bad(err, "a chunk index's sha256 is not 64 hex digits");
+    return 0;
+}
+
+/* A format-1 shard entry: its sections must be the layout's (they are then
+ * dropped: ckpt_section_offsets gives the same), its chunk table is kept. */
+static int shard_from_json_v1(json_t *j, const struct ckpt_manifest *m, int r,
+                              const uint64_t *sec_off, struct ckpt_shard *s, char *err)
+{
+    memset(s, 0, sizeof *s);
+    uint64_t v, lo, n, raw_off;
+    char hex[80];
+    json_t *secs = json_object_get(j, "sections"), *chunks = json_object_get(j, "chunks");
+    if (!json_is_object(j) || !json_is_array(secs) || !json_is_array(chunks))
+        return bad(err, "a shard entry lacks sections or chunks");
+    if (shard_common(j, s, err))
+        return -1;
+    if (json_array_size(secs) != (size_t)m->nunits * CKPT_NKINDS)
+        return bad(err, "a shard does not hold every unit and kind");
+    for (size_t i = 0; i < json_array_size(secs); i++) {
         json_t *x = json_array_get(secs, i);
-        struct ckpt_section *d = &s->sections[i];
-        /* kind is kept in a local: d points into s->sections, freed below */
-        int kind = lookup(json_string_value(json_object_get(x, "kind")), kinds, CKPT_NKINDS);
-        d->kind = kind;
-        if (kind < 0 || get_u64(x, "unit", LIMIT_UNITS, &v, err) ||
-            get_u64(x, "lo", LIMIT_NUMEL, &d->lo, err) ||
-            get_u64(x, "n", LIMIT_NUMEL, &d->n, err) ||
-            get_u64(x, "raw_offset", UINT64_MAX >> 1, &d->raw_off, err)) {
-            ckpt_shard_free(s);
-            return kind < 0 ? bad(err, "a section has an unknown kind") : -1;
+        int unit = (int)(i / CKPT_NKINDS), kind = (int)(i % CKPT_NKINDS);
+        if (lookup(json_string_value(json_object_get(x, "kind")), kinds, CKPT_NKINDS) < 0)
+            return bad(err, "a section has an unknown kind");
+        if (get_u64(x, "unit", LIMIT_UNITS, &v, err) || get_u64(x, "lo", LIMIT_NUMEL, &lo, err) ||
+            get_u64(x, "n", LIMIT_NUMEL, &n, err) ||
+            get_u64(x, "raw_offset", UINT64_MAX >> 1, &raw_off, err))
+            return -1;
+        uint64_t per = m->units[unit].padded / (uint64_t)m->world;
+        if ((int)v != unit ||
+            lookup(json_string_value(json_object_get(x, "kind")), kinds, CKPT_NKINDS) != kind)
+            return bad(err, "a shard's sections are not in unit, kind order");
+        if (lo != (uint64_t)r * per || n != per || raw_off != sec_off[i]) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "%s: section %s/%s does not match the layout", s->file,
+                     m->units[unit].name, ckpt_kind_name(kind));
+            return bad(err, msg);
         }
-        d->unit = (int)v;
     }
+    size_t nc = json_array_size(chunks);
+    if (nc > LIMIT_CHUNKS)
+        return bad(err, "too many chunks");
+    s->chunks = calloc(nc ? nc : 1, sizeof *s->chunks);
+    if (!s->chunks)
+        return bad(err, "out of memory");
+    s->nchunks = (int)nc;
     for (size_t i = 0; i < nc; i++) {
         json_t *x = json_array_get(chunks, i);
         struct ckpt_chunk *c = &s->chunks[i];
-        /* codec is kept in a local: c points into s->chunks, freed below */
-        int codec = lookup(json_string_value(json_object_get(x, "codec")), codecs, 3);
-        c->codec = codec;
-        if (codec < 0 || get_u64(x, "raw_offset", UINT64_MAX >> 1, &c->raw_off, err) ||
+        c->codec = lookup(json_string_value(json_object_get(x, "codec")), codecs, 3);
+        if (c->codec < 0)
+            return bad(err, "a chunk has an unknown codec");
+        if (get_u64(x, "raw_offset", UINT64_MAX >> 1, &c->raw_off, err) ||
             get_u64(x, "raw_length", CKPT_MAX_CHUNK_BYTES, &c->raw_len, err) ||
             get_u64(x, "stored_offset", UINT64_MAX >> 1, &c->stored_off, err) ||
             get_u64(x, "stored_length", 2ULL * CKPT_MAX_CHUNK_BYTES, &c->stored_len, err) ||
-            get_str(x, "sha256", hex, sizeof hex, err) || unhex(hex, c->sha256)) {
-            ckpt_shard_free(s);
-            return codec < 0 ? bad(err, "a chunk has an unknown codec")
-                                : bad(err, "a chunk entry is malformed");
-        }
+            get_str(x, "sha256", hex, sizeof hex, err) || unhex(hex, c->sha256))
+            return bad(err, "a chunk entry is malformed");
     }
     return 0;
 }
@@ -404,6 +484,11 @@ int ckpt_manifest_check(const struct ckpt_manifest *m, char *err)
     char msg[256];
     if (m->world < 1 || m->world > LIMIT_WORLD || m->nshards != m->world)
         return bad(err, "world size and shard count disagree");
+    if (m->version < 1 || m->version > CKPT_FORMAT_VERSION)
+        return bad(err, "unknown format version");
+    if (m->chunk_bytes < 4 || m->chunk_bytes > CKPT_MAX_CHUNK_BYTES || m->chunk_bytes % 4)
+        return bad(err, "'chunk_bytes' is out of range");
+    uint64_t raw = 0; /* every shard's raw size */
     for (int u = 0; u < m->nunits; u++) {
         const struct ckpt_unit *U = &m->units[u];
         if (U->numel == 0 || U->padded < U->numel || U->padded % (uint64_t)m->world ||
@@ -413,6 +498,7 @@ int ckpt_manifest_check(const struct ckpt_manifest *m, char *err)
                      m->world);
             return bad(err, msg);
         }
+        raw += U->padded / (uint64_t)m->world * 4 * CKPT_NKINDS;
         uint64_t end = 0;
         for (int i = 0; i < U->ntensors; i++) {
             const struct ckpt_tensor *T = &U->tensors[i];
@@ -434,28 +520,31 @@ int ckpt_manifest_check(const struct ckpt_manifest *m, char *err)
                      r, s->file, r, m->world);
             return bad(err, msg);
         }
-        if (s->nsections != m->nunits * CKPT_NKINDS)
-            return bad(err, "a shard does not hold every unit and kind");
-        uint64_t raw = 0;
-        for (int i = 0; i < s->nsections; i++) {
-            const struct ckpt_section *x = &s->sections[i];
-            if (x->unit != i / CKPT_NKINDS || x->kind != i % CKPT_NKINDS)
-                return bad(err, "a shard's sections are not in unit, kind order");
-            const struct ckpt_unit *U = &m->units[x->unit];
-            uint64_t per = U->padded / (uint64_t)m->world;
-            if (x->lo != (uint64_t)r * per || x->n != per || x->raw_off != raw) {
-                snprintf(msg, sizeof msg, "%s: section %s/%s does not match the layout", s->file,
-                         U->name, ckpt_kind_name(x->kind));
+        if (s->raw_size != raw) {
+            snprintf(msg, sizeof msg, "%s: raw size %llu, the layout gives %llu", s->file,
+                     (unsigned long long)s->raw_size, (unsigned long long)raw);
+            return bad(err, msg);
+        }
+        if (m->version >= 2) {
+            uint64_t n = (raw + m->chunk_bytes - 1) / m->chunk_bytes;
+            if ((uint64_t)s->nchunks != n ||
+                s->index_len != CKPT_INDEX_HEADER + n * CKPT_INDEX_ENTRY ||
+                s->index_off < n || s->index_off > s->stored_size ||
+                s->stored_size - s->index_off != s->index_len) {
+                snprintf(msg, sizeof msg, "%s: chunk count, index and sizes disagree", s->file);
                 return bad(err, msg);
             }
-            raw += x->n * 4;
         }
-        if (raw != s->raw_size)
-            return bad(err, "a shard's raw size disagrees with its sections");
+        if (!s->chunks) { /* format 2 as stored: the index is checked when fetched */
+            if (m->version < 2)
+                return bad(err, "a shard lacks its chunk table");
+            continue;
+        }
         uint64_t ro = 0, so = 0;
         for (int i = 0; i < s->nchunks; i++) {
             const struct ckpt_chunk *c = &s->chunks[i];
             if (c->raw_off != ro || c->stored_off != so || c->raw_len == 0 || c->raw_len % 4 ||
+                c->raw_len > m->chunk_bytes ||
                 (c->codec == CKPT_CODEC_RAW && c->stored_len != c->raw_len)) {
                 snprintf(msg, sizeof msg, "%s: chunk %d breaks the chunk table", s->file, i);
                 return bad(err, msg);
@@ -463,7 +552,7 @@ int ckpt_manifest_check(const struct ckpt_manifest *m, char *err)
             ro += c->raw_len;
             so += c->stored_len;
         }
-        if (ro != s->raw_size || so != s->stored_size) {
+        if (ro != s->raw_size || so != (m->version >= 2 ? s->index_off : s->stored_size)) {
             snprintf(msg, sizeof msg, "%s: chunks do not add up to the shard's sizes", s->file);
             return bad(err, msg);
         }
@@ -494,8 +583,8 @@ int ckpt_manifest_parse(const char *buf, size_t len, struct ckpt_manifest *m, ch
     }
     if (get_u64(j, "version", 1000, &v, err))
         goto out;
-    if (v != CKPT_FORMAT_VERSION) {
-        snprintf(err, CKPT_ERR_LEN, "manifest: format version %llu, this build reads %d",
+    if (v < 1 || v > CKPT_FORMAT_VERSION) {
+        snprintf(err, CKPT_ERR_LEN, "manifest: format version %llu, this build reads 1 to %d",
                  (unsigned long long)v, CKPT_FORMAT_VERSION);
         goto out;
     }
@@ -512,6 +601,12 @@ int ckpt_manifest_parse(const char *buf, size_t len, struct ckpt_manifest *m, ch
         get_str(j, "sharding", m->sharding, sizeof m->sharding, err))
         goto out;
     m->world = (int)v;
+    if (m->world < 1) {
+        bad(err, "'world_size' is 0");
+        goto out;
+    }
+    if (m->version >= 2 && get_u64(j, "chunk_bytes", CKPT_MAX_CHUNK_BYTES, &m->chunk_bytes, err))
+        goto out;
     const char *dtype = json_string_value(json_object_get(j, "dtype"));
     if (!dtype || strcmp(dtype, "float32") != 0) {
         bad(err, "'dtype' is not float32");
@@ -535,11 +630,26 @@ int ckpt_manifest_parse(const char *buf, size_t len, struct ckpt_manifest *m, ch
         bad(err, "out of memory");
         goto out;
     }
-    for (size_t i = 0; i < ns; i++) {
-        if (ckpt_shard_from_json(json_array_get(shards, i), &m->shards[i], err))
-            goto out;
-        m->nshards = (int)i + 1;
+    uint64_t *sec_off = m->version == 1 ? ckpt_section_offsets(m) : NULL;
+    if (m->version == 1 && !sec_off) {
+        bad(err, "out of memory");
+        goto out;
     }
+    for (size_t i = 0; i < ns; i++) {
+        m->nshards = (int)i + 1; /* freed with m, also when half parsed */
+        json_t *x = json_array_get(shards, i);
+        if (m->version == 1 ? shard_from_json_v1(x, m, (int)i, sec_off, &m->shards[i], err)
+                            : ckpt_shard_from_json(x, &m->shards[i], err)) {
+            free(sec_off);
+            goto out;
+        }
+        for (int c = 0; m->version == 1 && c < m->shards[i].nchunks; c++)
+            if (m->shards[i].chunks[c].raw_len > m->chunk_bytes)
+                m->chunk_bytes = m->shards[i].chunks[c].raw_len;
+    }
+    free(sec_off);
+    if (m->version == 1 && m->chunk_bytes < 4)
+        m->chunk_bytes = 4; /* no chunk at all: the check below refuses it anyway */
     rc = ckpt_manifest_check(m, err);
 out:
     json_decref(j);

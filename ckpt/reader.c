@@ -18,20 +18,18 @@ int ckpt_reader_init(struct ckpt_reader *r, struct storage *st, const struct ckp
                      char *err)
 {
     memset(r, 0, sizeof *r);
-    size_t max = 4;
-    for (int i = 0; i < m->nshards; i++)
-        for (int c = 0; c < m->shards[i].nchunks; c++)
-            if (m->shards[i].chunks[c].raw_len > max)
-                max = (size_t)m->shards[i].chunks[c].raw_len;
+    size_t max = m->chunk_bytes > 4 ? (size_t)m->chunk_bytes : 4;
     r->codec = ckpt_codec_new(max);
-    for (int i = 0; r->codec && i < CKPT_READER_CACHE; i++) {
+    r->sec_off = ckpt_section_offsets(m);
+    r->tables = calloc((size_t)m->nshards + 1, sizeof *r->tables);
+    int ok = r->codec && r->sec_off && r->tables;
+    for (int i = 0; ok && i < CKPT_READER_CACHE; i++) {
         r->cache[i].shard = r->cache[i].chunk = -1;
-        if (!(r->cache[i].raw = malloc(max))) {
-            ckpt_reader_free(r);
-            break;
-        }
+        ok = (r->cache[i].raw = malloc(max)) != NULL;
     }
-    if (!r->codec) {
+    if (!ok) {
+        r->m = m;
+        ckpt_reader_free(r);
         snprintf(err, CKPT_ERR_LEN, "reader: out of memory for %zu-byte chunks", max);
         return -1;
     }
@@ -49,13 +47,77 @@ void ckpt_reader_free(struct ckpt_reader *r)
         free(r->cache[i].raw);
         r->cache[i].raw = NULL;
     }
+    for (int i = 0; r->tables && i < r->m->nshards; i++)
+        if (r->tables[i] != r->m->shards[i].chunks)
+            free(r->tables[i]);
+    free(r->tables);
+    free(r->sec_off);
+    r->tables = NULL;
+    r->sec_off = NULL;
+}
+
+int ckpt_fetch_index(struct ckpt_reader *r, int shard, unsigned char **buf, char *err)
+{
+    const struct ckpt_shard *s = &r->m->shards[shard];
+    char key[128];
+    snprintf(key, sizeof key, "%s/%s", r->dir, s->file);
+    *buf = NULL;
+    if (r->m->version < 2) {
+        snprintf(err, CKPT_ERR_LEN, "%s: format %d has no chunk index", key, r->m->version);
+        return -1;
+    }
+    /* the manifest check bounds index_len by the chunk count */
+    unsigned char *b = malloc((size_t)s->index_len);
+    if (!b) {
+        snprintf(err, CKPT_ERR_LEN, "%s: out of memory for its chunk index", key);
+        return -1;
+    }
+    if (storage_get_range(r->st, key, s->index_off, (size_t)s->index_len, b, err)) {
+        free(b);
+        return -1;
+    }
+    r->bytes_fetched += s->index_len;
+    r->index_bytes_fetched += s->index_len;
+    unsigned char got[32];
+    ckpt_sha256(b, (size_t)s->index_len, got);
+    if (memcmp(got, s->index_sha256, 32) != 0) {
+        snprintf(err, CKPT_ERR_LEN, "%s: chunk index (stored bytes %llu..%llu): sha256 mismatch",
+                 key, (unsigned long long)s->index_off,
+                 (unsigned long long)(s->index_off + s->index_len));
+        free(b);
+        return -1;
+    }
+    *buf = b;
+    return 0;
+}
+
+int ckpt_shard_chunks(struct ckpt_reader *r, int shard, const struct ckpt_chunk **tab,
+                      char *err)
+{
+    if (!r->tables[shard] && r->m->shards[shard].chunks)
+        r->tables[shard] = r->m->shards[shard].chunks;
+    if (!r->tables[shard]) {
+        unsigned char *b;
+        if (ckpt_fetch_index(r, shard, &b, err))
+            return -1;
+        char sub[CKPT_ERR_LEN];
+        int rc = ckpt_index_decode(b, (size_t)r->m->shards[shard].index_len,
+                                   &r->m->shards[shard], r->m->chunk_bytes, &r->tables[shard], sub);
+        free(b);
+        if (rc) {
+            snprintf(err, CKPT_ERR_LEN, "%s/%.400s", r->dir, sub);
+            return -1;
+        }
+    }
+    *tab = r->tables[shard];
+    return 0;
 }
 
 /* Fetches the stored bytes of a chunk into codec->stored and checks them. */
 static int fetch_verified(struct ckpt_reader *r, int shard, int ci, char *err)
 {
     const struct ckpt_shard *s = &r->m->shards[shard];
-    const struct ckpt_chunk *c = &s->chunks[ci];
+    const struct ckpt_chunk *c = &r->tables[shard][ci];
     struct ckpt_codec *k = r->codec;
     char key[128];
     snprintf(key, sizeof key, "%s/%s", r->dir, s->file);
@@ -85,7 +147,7 @@ static int fetch_verified(struct ckpt_reader *r, int shard, int ci, char *err)
 
 static int decode_into(struct ckpt_reader *r, int shard, int ci, unsigned char *dst, char *err)
 {
-    const struct ckpt_chunk *c = &r->m->shards[shard].chunks[ci];
+    const struct ckpt_chunk *c = &r->tables[shard][ci];
     const char *why = "";
     if (ckpt_decode(r->codec, c->codec, (size_t)c->stored_len, dst, (size_t)c->raw_len, &why)) {
         snprintf(err, CKPT_ERR_LEN, "%s/%s: chunk %d (raw offset %llu): cannot decode: %s",
@@ -118,6 +180,14 @@ static const unsigned char *chunk_bytes(struct ckpt_reader *r, int shard, int ci
 
 int ckpt_verify_chunk(struct ckpt_reader *r, int shard, int chunk, char *err)
 {
+    const struct ckpt_chunk *tab;
+    if (ckpt_shard_chunks(r, shard, &tab, err))
+        return -1;
+    if (chunk < 0 || chunk >= r->m->shards[shard].nchunks) {
+        snprintf(err, CKPT_ERR_LEN, "%s/%s: no chunk %d", r->dir, r->m->shards[shard].file,
+                 chunk);
+        return -1;
+    }
     if (fetch_verified(r, shard, chunk, err))
         return -1;
     /* decode too (into the codec's raw buffer, not the cache): a chunk
@@ -151,6 +221,12 @@ int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, c
         return problems + 1;
     }
     EVP_DigestInit_ex(md, EVP_sha256(), NULL);
+    const struct ckpt_chunk *tab;
+    if (ckpt_shard_chunks(r, shard, &tab, err)) { /* a bad index: no chunk can be found */
+        bad(arg, err);
+        EVP_MD_CTX_free(md);
+        return problems + 1;
+    }
     for (int c = 0; c < s->nchunks; c++) {
         if (fetch_verified(r, shard, c, err) ||
             decode_into(r, shard, c, r->codec->raw, err)) {
@@ -158,7 +234,17 @@ int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, c
             problems++;
             continue;
         }
-        EVP_DigestUpdate(md, r->codec->stored, (size_t)s->chunks[c].stored_len);
+        EVP_DigestUpdate(md, r->codec->stored, (size_t)tab[c].stored_len);
+    }
+    unsigned char *index = NULL;
+    if (r->m->version >= 2 && !problems) { /* the index is the object's last bytes */
+        if (ckpt_fetch_index(r, shard, &index, err)) {
+            bad(arg, err);
+            problems++;
+        } else {
+            EVP_DigestUpdate(md, index, (size_t)s->index_len);
+            free(index);
+        }
     }
     unsigned char sha[32];
     unsigned int dl = 32;
@@ -182,10 +268,15 @@ int ckpt_read_shard(struct ckpt_reader *r, int shard, uint64_t off, uint64_t len
                  (unsigned long long)s->raw_size);
         return -1;
     }
+    const struct ckpt_chunk *tab;
+    if (len == 0)
+        return 0;
+    if (ckpt_shard_chunks(r, shard, &tab, err))
+        return -1;
     int lo = 0, hi = s->nchunks - 1; /* the chunk holding off */
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (s->chunks[mid].raw_off <= off)
+        if (tab[mid].raw_off <= off)
             lo = mid;
         else
             hi = mid - 1;
@@ -195,7 +286,7 @@ int ckpt_read_shard(struct ckpt_reader *r, int shard, uint64_t off, uint64_t len
         const unsigned char *raw = chunk_bytes(r, shard, ci, err);
         if (!raw)
             return -1;
-        const struct ckpt_chunk *c = &s->chunks[ci];
+        const struct ckpt_chunk *c = &tab[ci];
         uint64_t in = off - c->raw_off, take = c->raw_len - in;
         take = take < len ? take : len;
         memcpy(out, raw + in, (size_t)take);
@@ -208,42 +299,37 @@ int ckpt_read_shard(struct ckpt_reader *r, int shard, uint64_t off, uint64_t len
 
 /* ---- the reshard planner ------------------------------------------------- */
 
-struct piece {
-    int shard;
-    uint64_t off, len; /* raw bytes in the old shard */
-    float *dst;
-};
-
 static int by_place(const void *a, const void *b)
 {
-    const struct piece *x = a, *y = b;
+    const struct ckpt_piece *x = a, *y = b;
     if (x->shard != y->shard)
         return x->shard < y->shard ? -1 : 1;
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
-/* Splits one want into pieces (at most one per old shard it crosses). */
-static int plan_want(const struct ckpt_manifest *m, const struct ckpt_want *w, struct piece *out,
-                     int *n)
+/* Splits one want into pieces (at most one per old shard it crosses, and
+ * one of padding). */
+static void plan_want(const struct ckpt_reader *r, const struct ckpt_want *w,
+                      struct ckpt_piece *out, int *n)
 {
+    const struct ckpt_manifest *m = r->m;
+    const uint64_t sec = r->sec_off[w->unit * CKPT_NKINDS + w->kind];
     const struct ckpt_unit *U = &m->units[w->unit];
     const uint64_t per = U->padded / (uint64_t)m->world;
     uint64_t x = w->lo, end = w->lo + w->n;
     while (x < end) {
         if (x >= U->numel) { /* padding: no tensor lives there */
-            memset(w->dst + (x - w->lo), 0, (size_t)(end - x) * sizeof(float));
+            out[(*n)++] = (struct ckpt_piece){-1, 0, (end - x) * 4, w->dst + (x - w->lo)};
             break;
         }
         int rank = (int)(x / per);
         uint64_t stop = (uint64_t)(rank + 1) * per;
         stop = stop < end ? stop : end;
         stop = stop < U->numel ? stop : U->numel;
-        const struct ckpt_section *sec = &m->shards[rank].sections[w->unit * CKPT_NKINDS + w->kind];
-        out[(*n)++] = (struct piece){rank, sec->raw_off + (x - sec->lo) * 4, (stop - x) * 4,
-                                     w->dst + (x - w->lo)};
+        out[(*n)++] = (struct ckpt_piece){rank, sec + (x - (uint64_t)rank * per) * 4,
+                                          (stop - x) * 4, w->dst + (x - w->lo)};
         x = stop;
     }
-    return 0;
 }
 
 static int want_ok(const struct ckpt_manifest *m, const struct ckpt_want *w, char *err)
@@ -256,29 +342,64 @@ static int want_ok(const struct ckpt_manifest *m, const struct ckpt_want *w, cha
     return 0;
 }
 
-int ckpt_load(struct ckpt_reader *r, const struct ckpt_want *w, int nw, char *err)
+int ckpt_plan_load(const struct ckpt_reader *r, const struct ckpt_want *w, int nw,
+                   struct ckpt_plan *p, char *err)
 {
+    memset(p, 0, sizeof *p);
     size_t cap = 0;
     for (int i = 0; i < nw; i++) {
         if (want_ok(r->m, &w[i], err))
             return -1;
         const struct ckpt_unit *U = &r->m->units[w[i].unit];
         uint64_t per = U->padded / (uint64_t)r->m->world;
-        cap += (size_t)(w[i].n / per) + 2;
+        cap += (size_t)(w[i].n / per) + 3;
     }
-    struct piece *p = calloc(cap ? cap : 1, sizeof *p);
-    if (!p) {
+    p->pieces = calloc(cap ? cap : 1, sizeof *p->pieces);
+    if (!p->pieces) {
         snprintf(err, CKPT_ERR_LEN, "load: out of memory for the plan");
         return -1;
     }
-    int n = 0;
     for (int i = 0; i < nw; i++)
-        plan_want(r->m, &w[i], p, &n);
-    qsort(p, (size_t)n, sizeof *p, by_place);
-    int rc = 0;
-    for (int i = 0; !rc && i < n; i++)
-        rc = ckpt_read_shard(r, p[i].shard, p[i].off, p[i].len, p[i].dst, err);
-    free(p);
+        plan_want(r, &w[i], p->pieces, &p->npieces);
+    qsort(p->pieces, (size_t)p->npieces, sizeof *p->pieces, by_place);
+    return 0;
+}
+
+void ckpt_plan_free(struct ckpt_plan *p)
+{
+    free(p->pieces);
+    memset(p, 0, sizeof *p);
+}
+
+int ckpt_plan_indexes(struct ckpt_reader *r, const struct ckpt_plan *p, char *err)
+{
+    const struct ckpt_chunk *tab;
+    for (int i = 0; i < p->npieces; i++)
+        if (p->pieces[i].shard >= 0 && (i == 0 || p->pieces[i - 1].shard != p->pieces[i].shard) &&
+            ckpt_shard_chunks(r, p->pieces[i].shard, &tab, err))
+            return -1;
+    return 0;
+}
+
+int ckpt_plan_run(struct ckpt_reader *r, const struct ckpt_plan *p, char *err)
+{
+    for (int i = 0; i < p->npieces; i++) {
+        const struct ckpt_piece *x = &p->pieces[i];
+        if (x->shard < 0)
+            memset(x->dst, 0, (size_t)x->len);
+        else if (ckpt_read_shard(r, x->shard, x->off, x->len, x->dst, err))
+            return -1;
+    }
+    return 0;
+}
+
+int ckpt_load(struct ckpt_reader *r, const struct ckpt_want *w, int nw, char *err)
+{
+    struct ckpt_plan p;
+    if (ckpt_plan_load(r, w, nw, &p, err))
+        return -1;
+    int rc = ckpt_plan_run(r, &p, err);
+    ckpt_plan_free(&p);
     return rc;
 }
 

@@ -52,6 +52,7 @@ int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct stor
         return -1;
     struct ckpt_manifest out = {0};
     out.version = CKPT_FORMAT_VERSION;
+    out.chunk_bytes = o->chunk_bytes;
     out.step = m->step;
     ckpt_tag_generation(tag, &out.generation); /* this writer's, in dst */
     out.world = world;
@@ -119,8 +120,10 @@ int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct stor
 /* ---- copying between stores ---------------------------------------------- */
 
 int ckpt_copy_step(struct storage *src, const struct ckpt_manifest *m, struct storage *dst,
-                   char *err)
+                   const struct ckpt_write_opts *o, char *err)
 {
+    if (m->version < CKPT_FORMAT_VERSION) /* what a format-1 step is: re-chunked, indexed */
+        return ckpt_reshard(src, m, dst, m->world, o, err);
     char dir[32], key[128], tag[CKPT_TAG_LEN];
     ckpt_step_dir(m->step, dir, sizeof dir);
     if (ckpt_new_step_in(dst, m->step, tag, sizeof tag, err))
@@ -147,12 +150,17 @@ int ckpt_copy_step(struct storage *src, const struct ckpt_manifest *m, struct st
         struct storage_writer *w;
         if ((rc = storage_put_begin(dst, key, &w, err)))
             break;
+        const struct ckpt_chunk *tab;
+        rc = ckpt_shard_chunks(&r, s, &tab, err);
         for (int c = 0; !rc && c < sh->nchunks; c++) {
             rc = ckpt_verify_chunk(&r, s, c, err);
             if (!rc)
-                rc = storage_write(w, ckpt_reader_stored(&r), (size_t)sh->chunks[c].stored_len,
-                                   err);
+                rc = storage_write(w, ckpt_reader_stored(&r), (size_t)tab[c].stored_len, err);
         }
+        unsigned char *index = NULL;
+        if (!rc && !(rc = ckpt_fetch_index(&r, s, &index, err)))
+            rc = storage_write(w, index, (size_t)sh->index_len, err);
+        free(index);
         if (rc)
             storage_writer_abort(w);
         else

@@ -153,40 +153,50 @@ int ckpt_list_steps(struct storage *st, struct ckpt_step_info **out, int *n, cha
 
 int ckpt_load_manifest(struct storage *st, uint64_t step, struct ckpt_manifest *m, char *err)
 {
-    char key[96], dir[32];
+    return ckpt_load_manifest_doc(st, step, m, NULL, NULL, err);
+}
+
+int ckpt_load_manifest_doc(struct storage *st, uint64_t step, struct ckpt_manifest *m,
+                           char **doc, size_t *doc_len, char *err)
+{
+    char key[96], dir[32], sub[CKPT_ERR_LEN];
     ckpt_step_dir(step, dir, sizeof dir);
     snprintf(key, sizeof key, "%s/%s", dir, CKPT_MANIFEST);
     void *buf;
     size_t len;
+    if (doc)
+        *doc = NULL;
     int rc = storage_get_all(st, key, CKPT_MAX_MANIFEST_BYTES, &buf, &len, err);
     if (rc)
         return rc;
-    char sub[CKPT_ERR_LEN];
-    rc = ckpt_manifest_parse(buf, len, m, sub);
-    free(buf);
-    if (rc) {
+    if (ckpt_manifest_parse(buf, len, m, sub)) {
         snprintf(err, CKPT_ERR_LEN, "%s/%s: %s", st->uri, key, sub);
-        return CKPT_DAMAGED;
-    }
-    if (m->step != step) {
-        snprintf(err, CKPT_ERR_LEN, "%s/%s: says step %llu", st->uri, key,
-                 (unsigned long long)m->step);
-        ckpt_manifest_free(m);
+        free(buf);
         return CKPT_DAMAGED;
     }
     uint64_t by;
-    int live = ckpt_manifest_live(st, m, &by, sub);
+    int live = m->step == step ? ckpt_manifest_live(st, m, &by, sub) : -2;
+    if (live == -2)
+        snprintf(err, CKPT_ERR_LEN, "%s/%s: says step %llu", st->uri, key,
+                 (unsigned long long)m->step);
+    else if (live == 0)
+        snprintf(err, CKPT_ERR_LEN,
+                 "%s/%s: fenced: committed by generation %llu after generation %llu sealed "
+                 "the store; not part of the run (retention removes it)",
+                 st->uri, key, (unsigned long long)m->generation, (unsigned long long)by);
+    else if (live != 1)
+        snprintf(err, CKPT_ERR_LEN, "%s/%s: cannot tell whether it is live: %s", st->uri, key,
+                 sub);
     if (live != 1) {
-        if (live == 0)
-            snprintf(err, CKPT_ERR_LEN,
-                     "%s/%s: fenced: committed by generation %llu after generation %llu sealed "
-                     "the store; not part of the run (retention removes it)",
-                     st->uri, key, (unsigned long long)m->generation, (unsigned long long)by);
-        else
-            snprintf(err, CKPT_ERR_LEN, "%s/%s: cannot tell whether it is live: %s", st->uri,
-                     key, sub);
         ckpt_manifest_free(m);
-        return live == 0 ? CKPT_NOT_LIVE : CKPT_CANNOT_JUDGE;
+        free(buf);
+        return live == -2 ? CKPT_DAMAGED : live == 0 ? CKPT_NOT_LIVE : CKPT_CANNOT_JUDGE;
+    }
+    if (doc) {
+        *doc = buf;
+        *doc_len = len;
+    } else {
+        free(buf);
     }
     return 0;
 }

@@ -7,10 +7,19 @@
  * shard of any size is written (or resharded) in bounded memory. Nothing
  * is visible under the shard's key until the storage commit succeeds.
  *
- * Chunks never span two sections: a section starts a new chunk. A reader
- * that needs part of one (unit, kind) section - a rank of another world
- * size - then fetches at most one partial chunk at each end of its range,
- * never a neighbouring section's bytes.
+ * Every chunk holds chunk_bytes raw bytes (the last one what is left),
+ * across section boundaries (format 2). Format 1 started a chunk at every
+ * section, so a shard had at least units x kinds chunks however small its
+ * sections: 294 index entries per shard for a 96-block model. Now a shard
+ * has ceil(raw / chunk_bytes), its index shrinks to match, and the reader
+ * finds a chunk by division. The price is that a reader of part of one
+ * section (a rank of another world size) may fetch a neighbouring
+ * section's bytes in the chunk at each end of its range: at most two
+ * chunks per range, and neighbouring ranges share them through the
+ * reader's cache.
+ *
+ * finish appends the chunk index (index.c) to the object, so the shard is
+ * self-describing and the manifest records only where the index is.
  */
 #include "codec.h"
 
@@ -27,7 +36,6 @@ struct ckpt_shard_writer {
     struct ckpt_shard shard;
     size_t fill; /* bytes of the current chunk in codec->raw */
     uint64_t appended, chunk_start;
-    int section; /* the section being appended to */
     int chunk_cap;
     void (*hook)(int chunk);
     char key[160];
@@ -61,19 +69,14 @@ int ckpt_writer_begin(struct storage *st, const char *key, const char *file,
     snprintf(w->shard.file, sizeof w->shard.file, "%s", file);
     w->shard.rank = rank;
     uint64_t raw = 0;
-    w->shard.sections = calloc((size_t)(nsec > 0 ? nsec : 1), sizeof *w->shard.sections);
-    for (int i = 0; w->shard.sections && i < nsec; i++) {
-        w->shard.sections[i] = secs[i];
-        w->shard.sections[i].raw_off = raw;
+    for (int i = 0; i < nsec; i++)
         raw += secs[i].n * 4;
-    }
-    w->shard.nsections = nsec;
     w->shard.raw_size = raw;
-    w->chunk_cap = (int)((raw + codec->chunk_bytes - 1) / codec->chunk_bytes) + nsec;
+    w->chunk_cap = (int)((raw + codec->chunk_bytes - 1) / codec->chunk_bytes);
     w->shard.chunks = calloc((size_t)(w->chunk_cap > 0 ? w->chunk_cap : 1),
                              sizeof *w->shard.chunks);
     w->md = EVP_MD_CTX_new();
-    if (!w->shard.sections || !w->shard.chunks || !w->md) {
+    if (!w->shard.chunks || !w->md) {
         ckpt_writer_abort(w);
         snprintf(err, CKPT_ERR_LEN, "%s: out of memory", key);
         return -1;
@@ -124,25 +127,36 @@ int ckpt_writer_append(struct ckpt_shard_writer *w, const void *data, size_t byt
         return -1;
     }
     while (bytes) {
-        const struct ckpt_section *sec = &w->shard.sections[w->section];
-        uint64_t sec_end = sec->raw_off + sec->n * 4;
         size_t take = w->codec->chunk_bytes - w->fill;
         take = take < bytes ? take : bytes;
-        take = take < sec_end - w->appended ? take : (size_t)(sec_end - w->appended);
         memcpy(w->codec->raw + w->fill, p, take);
         w->fill += take;
         w->appended += take;
         p += take;
         bytes -= take;
-        int at_end = w->appended == sec_end;
-        if ((w->fill == w->codec->chunk_bytes || (at_end && w->fill)) && flush_chunk(w, err))
+        if (w->fill == w->codec->chunk_bytes && flush_chunk(w, err))
             return -1;
-        while (at_end && w->section + 1 < w->shard.nsections &&
-               w->shard.sections[w->section].raw_off + w->shard.sections[w->section].n * 4 ==
-                   w->appended)
-            w->section++;
     }
     return 0;
+}
+
+/* The chunk index, last in the object (covered by the shard's digest). */
+static int write_index(struct ckpt_shard_writer *w, char *err)
+{
+    size_t len;
+    unsigned char *b = ckpt_index_encode(w->shard.chunks, w->shard.nchunks, &len);
+    if (!b) {
+        snprintf(err, CKPT_ERR_LEN, "%s: out of memory for the chunk index", w->key);
+        return -1;
+    }
+    w->shard.index_off = w->shard.stored_size;
+    w->shard.index_len = len;
+    ckpt_sha256(b, len, w->shard.index_sha256);
+    EVP_DigestUpdate(w->md, b, len);
+    int rc = storage_write(w->w, b, len, err);
+    free(b);
+    w->shard.stored_size += len;
+    return rc;
 }
 
 int ckpt_writer_finish(struct ckpt_shard_writer *w, struct ckpt_shard *out, char *err)
@@ -154,6 +168,8 @@ int ckpt_writer_finish(struct ckpt_shard_writer *w, struct ckpt_shard *out, char
         rc = -1;
     }
     if (!rc && w->fill && flush_chunk(w, err))
+        rc = -1;
+    if (!rc && write_index(w, err))
         rc = -1;
     if (rc) {
         ckpt_writer_abort(w);

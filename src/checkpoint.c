@@ -5,9 +5,10 @@
  *   1. every rank writes its own shard, in parallel, straight from its
  *      state; the storage backend makes it durable before returning;
  *   2. the ranks agree that every write succeeded (a failure anywhere
- *      fails the checkpoint everywhere) and gather their chunk tables on
- *      rank 0 - which is also the barrier: rank 0 continues only once all
- *      shards are durable;
+ *      fails the checkpoint everywhere) and gather their shard records on
+ *      rank 0 (a fixed-size entry each: the chunk table stays in the shard)
+ *      - which is also the barrier: rank 0 continues only once all shards
+ *      are durable;
  *   3. rank 0 writes MANIFEST.json with put-if-absent. Until that moment
  *      the step is incomplete and never loaded. If the step is already
  *      committed (by an earlier run whose step this one could not load, or
@@ -20,7 +21,10 @@
  * shards this launch wrote. Every launch has a generation: fsdp-super's
  * (FSDP_GENERATION), or, unsupervised, one rank 0 claims at start - a
  * second run started on the same store fences this one.
- * Resume: newest committed step first; a step that fails to load on any
+ * Resume: rank 0 reads each candidate's manifest and broadcasts it (one
+ * GET, not one per rank); every rank then fetches only the chunk indexes
+ * and chunks of the shards it needs. Newest committed step first; a step
+ * that fails to load on any
  * rank (missing object, bad digest, bad manifest, a read error) is reported
  * with the failing rank's message and skipped - it stays in the store for
  * `fsdp-ckpt verify` - and the next older one is tried. A checkpoint of a
@@ -37,6 +41,7 @@
 #include "checkpoint.h"
 
 #include "heartbeat.h"
+#include "model_ckpt.h"
 #include "util.h"
 
 #include <openssl/evp.h>
@@ -122,13 +127,6 @@ static int agree(struct fsdp_comm *comm, int rc, char *err)
 
 /* ---- open ------------------------------------------------------------------------ */
 
-static json_t *model_json(const struct model_config *c)
-{
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "layers", c->layers, "dim", c->dim,
-                     "heads", c->heads, "seq", c->seq, "vocab", c->vocab, "vocab_pad",
-                     c->vocab_pad);
-}
-
 /* Rank 0, at start: the launch's generation (claimed here when no
  * supervisor gave one), its writer tag, and proof that the store takes a
  * write and a delete - a read-only mount or a file in the way is found now,
@@ -164,7 +162,7 @@ int ckptr_open(struct ckptr *c, const struct ckptr_opts *o, struct fsdp_engine *
     int rc = storage_open(o->uri, &c->st, err);
     if (!rc && !(c->codec = ckpt_codec_new(o->write.chunk_bytes)))
         rc = fsdp_err(err, "checkpoint: out of memory for the codec");
-    if (!rc && !(c->model_json = model_json(&m->cfg)))
+    if (!rc && !(c->model_json = model_ckpt_config(&m->cfg)))
         rc = fsdp_err(err, "checkpoint: out of memory");
     for (int k = 0; !rc && e->k->on_device && k < CKPT_NKINDS; k++)
         if (!(c->host[k] = e->k->host_alloc(e->shard_total * sizeof(float))))
@@ -257,36 +255,6 @@ static int write_own_shard(struct ckptr *c, uint64_t step, float *const bases[CK
     return *json_out ? 0 : fsdp_err(err, "checkpoint: out of memory");
 }
 
-static int fill_units(struct ckpt_manifest *man, const struct model_layout *m, int world)
-{
-    man->nunits = m->nunits;
-    man->units = calloc((size_t)m->nunits, sizeof *man->units);
-    if (!man->units)
-        return -1;
-    for (int u = 0; u < m->nunits; u++) {
-        const struct model_unit *mu = &m->units[u];
-        struct ckpt_unit *U = &man->units[u];
-        snprintf(U->name, sizeof U->name, "%s", mu->name);
-        U->numel = mu->numel;
-        U->padded = (mu->numel + (size_t)world - 1) / (size_t)world * (size_t)world;
-        U->ntensors = mu->ntensors;
-        U->tensors = calloc((size_t)mu->ntensors, sizeof *U->tensors);
-        if (!U->tensors)
-            return -1;
-        for (int i = 0; i < mu->ntensors; i++) {
-            const struct model_tensor *t = &m->tensors[mu->first_tensor + i];
-            struct ckpt_tensor *T = &U->tensors[i];
-            snprintf(T->name, sizeof T->name, "%s", t->name);
-            T->ndim = t->ndim;
-            T->shape[0] = t->shape[0];
-            T->shape[1] = t->shape[1];
-            T->offset = t->offset;
-            T->numel = t->numel;
-        }
-    }
-    return 0;
-}
-
 /* Is the step another launch already committed a point of this same run's
  * trajectory (an earlier launch's step this run skipped at resume)? Then
  * it stands for ours. Anything else - a newer launch, another model, other
@@ -304,7 +272,7 @@ static int same_run(const struct ckptr *c, const struct ckpt_manifest *other, js
     return 1;
 }
 
-/* Rank 0: the manifest from every rank's chunk table, then the commit.
+/* Rank 0: the manifest from every rank's shard record, then the commit.
  * Returns 0 when committed, 1 when the step stays as an earlier launch
  * committed it (this launch's copy removed), -1 on failure. *attempted says
  * whether the commit was tried: from then on ckpt_commit_step alone decides
@@ -314,13 +282,15 @@ static int commit(struct ckptr *c, uint64_t step, json_t *trainer, const char *a
 {
     struct ckpt_manifest man = {0};
     man.version = CKPT_FORMAT_VERSION;
+    man.chunk_bytes = c->o.write.chunk_bytes;
     man.step = step;
     man.generation = c->generation;
     man.world = c->world;
     snprintf(man.sharding, sizeof man.sharding, "%s", fsdp_shard_name(c->e->shard));
     man.model = json_incref(c->model_json);
     man.trainer = json_incref(trainer);
-    int rc = fill_units(&man, c->m, c->world) ? fsdp_err(err, "checkpoint: out of memory") : 0;
+    int rc = model_ckpt_units(c->m, c->world, &man) ? fsdp_err(err, "checkpoint: out of memory")
+                                                    : 0;
     man.shards = calloc((size_t)c->world, sizeof *man.shards);
     if (!rc && !man.shards)
         rc = fsdp_err(err, "checkpoint: out of memory");
@@ -330,7 +300,7 @@ static int commit(struct ckptr *c, uint64_t step, json_t *trainer, const char *a
         json_t *j = json_loadb(all + off, lens[r], 0, &je);
         char sub[ERR_LEN];
         if (!j || ckpt_shard_from_json(j, &man.shards[r], sub))
-            rc = fsdp_err(err, "checkpoint: rank %d sent an unreadable chunk table", r);
+            rc = fsdp_err(err, "checkpoint: rank %d sent an unreadable shard record", r);
         else
             man.nshards = r + 1;
         json_decref(j);
@@ -426,7 +396,7 @@ static void exit_if_fenced(struct ckptr *c, uint64_t step, const char *why)
 }
 
 /* Collective, after every rank wrote (or failed to write) its shard: the
- * agreement, the chunk tables to rank 0, the commit, retention. Takes mine. */
+ * agreement, the shard records to rank 0, the commit, retention. Takes mine. */
 static int finish_save(struct ckptr *c, uint64_t step, json_t *trainer, char *mine, int rc,
                        char *err)
 {
@@ -857,12 +827,48 @@ differ:;
     return CKPTR_REFUSED;
 }
 
+/* Collective: rank 0 loads the manifest (judging that it is live) and
+ * broadcasts its bytes; the others parse them. A failure on rank 0 is every
+ * rank's, with the same code (agree() then reports rank 0's message). */
+static int share_manifest(struct ckptr *c, uint64_t step, struct ckpt_manifest *man, char *err)
+{
+    char *doc = NULL;
+    size_t len = 0;
+    int64_t head[2] = {0, 0}; /* rank 0's result, the document's length */
+    *err = 0;
+    if (c->comm->rank == 0) {
+        head[0] = ckpt_load_manifest_doc(c->st, step, man, &doc, &len, err);
+        head[1] = head[0] ? 0 : (int64_t)len;
+    }
+    char sub[ERR_LEN];
+    if (c->comm->bcast_bytes(c->comm, head, sizeof head, 0, sub)) {
+        free(doc);
+        if (c->comm->rank == 0)
+            ckpt_manifest_free(man);
+        return fsdp_err(err, "%s", sub);
+    }
+    if (c->comm->rank != 0 && head[0] == 0 && !(doc = malloc((size_t)head[1] + 1)))
+        head[0] = fsdp_err(err, "checkpoint: out of memory for a manifest");
+    if (head[0] == 0 && c->comm->world > 1 &&
+        c->comm->bcast_bytes(c->comm, doc, (size_t)head[1], 0, sub))
+        head[0] = fsdp_err(err, "%s", sub);
+    if (c->comm->rank != 0 && head[0] == 0 &&
+        ckpt_manifest_parse(doc, (size_t)head[1], man, sub))
+        head[0] = fsdp_err(err, "step %llu: the manifest rank 0 sent: %s",
+                           (unsigned long long)step, sub);
+    else if (c->comm->rank != 0 && head[0] != 0 && !*err)
+        fsdp_err(err, "rank 0 could not load the manifest of step %llu",
+                 (unsigned long long)step);
+    free(doc);
+    return (int)head[0];
+}
+
 /* Every rank reads its own part of every unit and kind, from whatever
  * shards hold it (any saved world size), as one plan of ranged reads. */
 static int load_step(struct ckptr *c, uint64_t step, struct ckpt_manifest *man,
                      uint64_t *bytes_read, char *err)
 {
-    int rc = ckpt_load_manifest(c->st, step, man, err);
+    int rc = share_manifest(c, step, man, err);
     if (rc)
         return rc == CKPT_CANNOT_JUDGE ? CKPT_CANNOT_JUDGE : -1;
     if ((rc = check_model(c, man, err)))

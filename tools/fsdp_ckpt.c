@@ -11,7 +11,8 @@
  *                                        rewrite for M ranks, streaming
  *   fsdp-ckpt export SRC[@STEP] OUT.safetensors [--all]
  *   fsdp-ckpt import IN.safetensors DST --model PRESET --world-size M
- *   fsdp-ckpt cp SRC[@STEP] DST          committed steps (or one), fs <-> s3
+ *   fsdp-ckpt cp SRC[@STEP] DST          committed steps (or one), fs <-> s3;
+ *                                        format 1 is rewritten as format 2
  *   fsdp-ckpt diff A[@STEP] B[@STEP]     tensors whose digests differ
  *   fsdp-ckpt prune URI --keep K         keep the newest K committed steps
  *
@@ -42,12 +43,14 @@ static void usage(FILE *f)
                "       fsdp-ckpt export SRC[@STEP] OUT.safetensors [--all]\n"
                "       fsdp-ckpt import IN.safetensors DST --model PRESET --world-size M "
                "[--compress C]\n"
-               "       fsdp-ckpt cp SRC[@STEP] DST\n"
+               "       fsdp-ckpt cp SRC[@STEP] DST [--compress C] [--chunk-kib N]\n"
                "       fsdp-ckpt diff A[@STEP] B[@STEP]\n"
                "       fsdp-ckpt prune URI --keep K\n"
                "URI: a path, file://PATH or s3://BUCKET/PREFIX (S3 settings: AWS_ENDPOINT_URL,\n"
                "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION,\n"
                "AWS_PROFILE, AWS_CA_BUNDLE); @STEP picks a step (default: newest committed)\n"
+               "cp copies stored bytes as they are; a format-1 step is rewritten as format 2\n"
+               "(with --compress and --chunk-kib).\n"
                "C: none | zstd[:LEVEL] | zstd+shuffle[:LEVEL] (default zstd+shuffle:1)\n");
 }
 
@@ -342,7 +345,7 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, i
     return rc ? die(err) : 0;
 }
 
-static int cmd_cp(const char *src_arg, const char *dst_uri)
+static int cmd_cp(const char *src_arg, const char *dst_uri, const struct ckpt_write_opts *o)
 {
     char err[CKPT_ERR_LEN], uri[1024];
     uint64_t step;
@@ -377,11 +380,14 @@ static int cmd_cp(const char *src_arg, const char *dst_uri)
         }
         if (rc)
             break;
-        rc = ckpt_copy_step(st, &m, dst, err);
+        int version = m.version;
+        rc = ckpt_copy_step(st, &m, dst, o, err);
         ckpt_manifest_free(&m);
         if (!rc) {
-            printf("%s -> %s: step %llu copied\n", st->uri, dst->uri,
-                   (unsigned long long)steps[i].step);
+            printf("%s -> %s: step %llu %s\n", st->uri, dst->uri,
+                   (unsigned long long)steps[i].step,
+                   version < CKPT_FORMAT_VERSION ? "rewritten from format 1 as format 2"
+                                                 : "copied");
             copied++;
         }
     }
@@ -483,7 +489,7 @@ static int bad_usage(const char *what)
     return 2;
 }
 
-/* reshard / export / import: positional arguments and flags */
+/* reshard / export / import / cp: positional arguments and flags */
 static int cmd_convert(int argc, char **argv)
 {
     const char *cmd = argv[1], *pos[2] = {NULL, NULL}, *model = NULL;
@@ -496,7 +502,8 @@ static int cmd_convert(int argc, char **argv)
         int has_value = i + 1 < argc;
         if (strcmp(a, "--all") == 0 && strcmp(cmd, "export") == 0) {
             all = 1;
-        } else if (strcmp(a, "--world-size") == 0 && strcmp(cmd, "export") != 0) {
+        } else if (strcmp(a, "--world-size") == 0 && strcmp(cmd, "export") != 0 &&
+                   strcmp(cmd, "cp") != 0) {
             char *end = NULL;
             world = has_value ? strtoll(argv[++i], &end, 10) : 0;
             if (!has_value || *end || world < 1 || world > 65536)
@@ -529,6 +536,8 @@ static int cmd_convert(int argc, char **argv)
     }
     if (strcmp(cmd, "export") == 0)
         return cmd_export(pos[0], pos[1], all);
+    if (strcmp(cmd, "cp") == 0)
+        return cmd_cp(pos[0], pos[1], &o);
     if (!world)
         return bad_usage("--world-size M is required");
     if (strcmp(cmd, "reshard") == 0)
@@ -554,10 +563,9 @@ int main(int argc, char **argv)
         return cmd_verify(argv[2]);
     if (argc == 3 && strcmp(cmd, "digest") == 0)
         return cmd_digest(argv[2]);
-    if (strcmp(cmd, "reshard") == 0 || strcmp(cmd, "export") == 0 || strcmp(cmd, "import") == 0)
+    if (strcmp(cmd, "reshard") == 0 || strcmp(cmd, "export") == 0 ||
+        strcmp(cmd, "import") == 0 || strcmp(cmd, "cp") == 0)
         return cmd_convert(argc, argv);
-    if (argc == 4 && strcmp(cmd, "cp") == 0)
-        return cmd_cp(argv[2], argv[3]);
     if (argc == 4 && strcmp(cmd, "diff") == 0)
         return cmd_diff(argv[2], argv[3]);
     if (argc == 5 && strcmp(cmd, "prune") == 0 && strcmp(argv[3], "--keep") == 0) {

@@ -10,6 +10,8 @@
  */
 #include "safetensors.h"
 
+#include "model_ckpt.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -330,46 +332,21 @@ int st_import(const char *path, const struct model_layout *m, const char *model_
         rc = read_header(path, fd, (uint64_t)sb.st_size, m, model_name, offsets, err);
     struct ckpt_manifest out = {0};
     out.version = CKPT_FORMAT_VERSION;
+    out.chunk_bytes = o->chunk_bytes;
     ckpt_tag_generation(tag, &out.generation); /* this writer's in dst: fencing judges by it */
     out.world = world;
     snprintf(out.sharding, sizeof out.sharding, "full");
-    const struct model_config *c = &m->cfg;
-    out.model = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "layers", c->layers, "dim", c->dim,
-                          "heads", c->heads, "seq", c->seq, "vocab", c->vocab, "vocab_pad",
-                          c->vocab_pad);
+    out.model = model_ckpt_config(&m->cfg);
     out.trainer = json_pack("{s:i, s:i, s:i, s:s, s:s}", "step", 0, "tokens_seen", 0,
                             "data_cursor", 0, "rng_state", "0000000000000000", "imported_from",
                             path);
-    out.nunits = m->nunits;
-    out.units = calloc((size_t)m->nunits, sizeof *out.units);
     out.shards = calloc((size_t)world, sizeof *out.shards);
     struct ckpt_section *secs = calloc((size_t)m->nunits * CKPT_NKINDS, sizeof *secs);
     struct ckpt_codec *codec = ckpt_codec_new(o->chunk_bytes);
     float *buf = malloc(PIECE * sizeof *buf);
-    if (!rc && (!out.units || !out.shards || !secs || !codec || !buf)) {
+    if (!rc && (model_ckpt_units(m, world, &out) || !out.shards || !secs || !codec || !buf)) {
         snprintf(err, CKPT_ERR_LEN, "import: out of memory");
         rc = -1;
-    }
-    for (int u = 0; !rc && u < m->nunits; u++) {
-        const struct model_unit *mu = &m->units[u];
-        struct ckpt_unit *U = &out.units[u];
-        snprintf(U->name, sizeof U->name, "%s", mu->name);
-        U->numel = mu->numel;
-        U->padded = (mu->numel + (size_t)world - 1) / (size_t)world * (size_t)world;
-        U->ntensors = mu->ntensors;
-        U->tensors = calloc((size_t)mu->ntensors, sizeof *U->tensors);
-        for (int i = 0; U->tensors && i < mu->ntensors; i++) {
-            const struct model_tensor *t = &m->tensors[mu->first_tensor + i];
-            struct ckpt_tensor *T = &U->tensors[i];
-            snprintf(T->name, sizeof T->name, "%s", t->name);
-            T->ndim = t->ndim;
-            T->shape[0] = t->shape[0];
-            T->shape[1] = t->shape[1];
-            T->offset = t->offset;
-            T->numel = t->numel;
-        }
-        if (!U->tensors)
-            rc = -1;
     }
     for (int r = 0; !rc && r < world; r++) {
         for (int u = 0; u < m->nunits; u++) {

@@ -29,14 +29,22 @@ static inline void fuzz_manifest_accepted(const struct ckpt_manifest *m)
     char err[CKPT_ERR_LEN] = "";
     FUZZ_CHECK(ckpt_manifest_check(m, err) == 0);
     FUZZ_CHECK(m->world >= 1 && m->nshards == m->world && m->nunits >= 1);
+    FUZZ_CHECK(m->version == 1 || m->version == CKPT_FORMAT_VERSION);
+    uint64_t *off = ckpt_section_offsets(m);
+    FUZZ_CHECK(off != NULL);
     for (int r = 0; r < m->nshards; r++) {
         const struct ckpt_shard *s = &m->shards[r];
-        FUZZ_CHECK(s->nsections == m->nunits * CKPT_NKINDS);
-        for (int i = 0; i < s->nsections; i++)
-            FUZZ_CHECK(s->sections[i].unit >= 0 && s->sections[i].unit < m->nunits);
-        for (int i = 0; i < s->nchunks; i++)
-            FUZZ_CHECK(s->chunks[i].raw_off + s->chunks[i].raw_len <= s->raw_size);
+        FUZZ_CHECK(off[m->nunits * CKPT_NKINDS] == s->raw_size); /* the planner's layout */
+        FUZZ_CHECK((m->version == 1) == (s->chunks != NULL));
+        if (m->version >= 2)
+            FUZZ_CHECK(s->index_off + s->index_len == s->stored_size &&
+                       s->index_len == CKPT_INDEX_HEADER +
+                                           (uint64_t)s->nchunks * CKPT_INDEX_ENTRY);
+        for (int i = 0; s->chunks && i < s->nchunks; i++)
+            FUZZ_CHECK(s->chunks[i].raw_off + s->chunks[i].raw_len <= s->raw_size &&
+                       s->chunks[i].raw_len <= m->chunk_bytes);
     }
+    free(off);
     char *a = ckpt_manifest_dump(m);
     FUZZ_CHECK(a != NULL);
     struct ckpt_manifest again;

@@ -9,8 +9,9 @@
  * digest, and the parser stops there. This target computes the digest of
  * whatever object the input holds, reimplementing that rule here with
  * jansson and OpenSSL (not with the code under test), so that the checks
- * behind the digest - counts, offsets, chunk tables, sections against units
- * and world size, shard names - see every mutation. An accepted manifest
+ * behind the digest - counts, offsets, chunk tables and sections (format
+ * 1), the chunk indexes' places (format 2), units against world size,
+ * shard names - see every mutation. An accepted manifest
  * must also survive ckpt_manifest_dump and a second parse.
  */
 #include "fuzz_manifest.h"

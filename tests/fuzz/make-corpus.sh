@@ -43,7 +43,8 @@ fresh() { # regression inputs (regress-*, minimised crashes) stay
     mkdir -p "$C/$1"
     find "$C/$1" -type f ! -name 'regress-*' -delete
 }
-for t in manifest_raw manifest_sealed safetensors_header token_header hbmsg hosts notice; do
+for t in manifest_raw manifest_sealed chunk_index safetensors_header token_header hbmsg hosts \
+    notice; do
     fresh "$t"
 done
 cd "$work"
@@ -71,6 +72,21 @@ for m in ck1/step-00000001 ck1/step-00000002 ck2/step-00000002 ck3/step-00000002
     ckg/step-00000001; do
     name=$(echo "$m" | tr / -).json
     put manifest_raw "$name" <"$m/MANIFEST.json"
+done
+# chunk indexes, as fuzz_chunk_index.c reads them: the shard entry's raw
+# size, index offset and the chunk size (u64 each), then the index bytes
+for m in ck1/step-00000002 ck2/step-00000002 ck3/step-00000002 ckg/step-00000001; do
+    /usr/bin/python3 - "$m" <<'PY' | put chunk_index "$(echo "$m" | tr / -).idx"
+import json, struct, sys
+d = sys.argv[1]
+man = json.load(open(d + "/MANIFEST.json"))
+s = man["shards"][-1]
+with open(d + "/" + s["file"], "rb") as f:
+    f.seek(s["index"]["offset"])
+    index = f.read(s["index"]["length"])
+sys.stdout.buffer.write(struct.pack("<QQQ", s["raw_size"] << 1, s["index"]["offset"] << 1,
+                                    man["chunk_bytes"] - 1) + index)
+PY
 done
 # the same manifest in jansson's compact form (still sealed: the digest is
 # over the canonical form, whatever the layout of the text)

@@ -1,10 +1,13 @@
 """Sharded checkpoints on a real filesystem: verified reads, fallback from
-damage, refusal of another model's checkpoint, clean failure on storage
-errors (injected and real), retention. test_kill_resume.py kills runs."""
+damage (a chunk, a chunk index, the manifest), refusal of another model's
+checkpoint, clean failure on storage errors (injected and real), retention,
+format 1 still loading, and a manifest that does not grow with the chunks.
+test_kill_resume.py kills runs."""
 
 import glob
 import json
 import os
+import shutil
 import subprocess
 
 from harness import (CKPT, TRAIN, committed_steps, digest, kill_job, launch, main, mpirun,
@@ -50,6 +53,93 @@ def flipped_byte_fails_verify_and_resume_falls_back(tmp):
     assert "sha256 mismatch" in p.stderr and "falling back" in p.stderr, p.stderr
     assert "resumed from checkpoint step 3" in p.stderr, p.stderr
     assert digest(ck) == digest(ref), "resuming from step 3 did not reproduce the run"
+
+
+def damaged_chunk_index_fails_verify_and_resume_falls_back(tmp):
+    train, _ = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    mpirun(1, train_args(train, ck, steps=6))
+    shard, = glob.glob(f"{ck}/step-00000006/shard-00000-of-00001.*")
+    flip_byte(shard, os.path.getsize(shard) - 20)  # the chunk index ends the shard
+    p = run([CKPT, "verify", ck], check=False)
+    bad = [l for l in p.stdout.splitlines() if l.startswith("BAD")]
+    assert p.returncode == 1 and len(bad) == 1, p.stdout
+    assert f"{os.path.basename(shard)}: chunk index" in bad[0] and "sha256 mismatch" in bad[0], bad
+    p = run(train_args(train, ck, steps=9))
+    assert "checkpoint step 6 is unusable" in p.stderr and "chunk index" in p.stderr, p.stderr
+    assert "resumed from checkpoint step 3" in p.stderr, p.stderr
+    assert os.path.exists(shard), "a damaged step is kept for fsdp-ckpt verify"
+
+
+V1 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "ckpt-v1")
+V1_MODEL = ["--layers", "1", "--dim", "32", "--heads", "2", "--seq", "16"]
+
+
+def v1_digest():
+    with open(V1 + ".digest") as f:
+        return {tuple(l.split()[:2]): l.split()[2] for l in f if l.strip()}
+
+
+def format_of(uri):
+    return json.loads(run([CKPT, "inspect", uri, "--json"]).stdout)
+
+
+def format1_checkpoint_loads_verifies_and_converts(tmp):
+    """tests/data/ckpt-v1 was written by the last release of format 1."""
+    train, _ = prepare_corpus(tmp)
+    old = f"{tmp}/v1"
+    shutil.copytree(V1, old)
+    man = format_of(old)
+    assert man["version"] == 1 and "sections" in man["shards"][0], man["version"]
+    assert run([CKPT, "verify", old]).stdout.startswith(f"{old}/step-00000003: OK")
+    assert digest(old) == v1_digest()
+    # cp rewrites it as format 2: the same logical bytes, fewer chunks, a small manifest
+    new = f"{tmp}/v2"
+    p = run([CKPT, "cp", old, new])
+    assert "step 3 rewritten from format 1 as format 2" in p.stdout, p.stdout
+    man2 = format_of(new)
+    assert man2["version"] == 2 and all(set(s) == {"rank", "file", "raw_size", "stored_size",
+                                                   "sha256", "chunks", "index"}
+                                        for s in man2["shards"]), man2["shards"][0]
+    assert run([CKPT, "verify", new]).returncode == 0 and digest(new) == v1_digest()
+    assert os.path.getsize(f"{new}/step-00000003/MANIFEST.json") < \
+        os.path.getsize(f"{old}/step-00000003/MANIFEST.json") / 2
+    # cp of a format-2 step copies the stored bytes as they are
+    again = f"{tmp}/v2-again"
+    assert "step 3 copied" in run([CKPT, "cp", new, again]).stdout
+    a, b = (sorted(glob.glob(f"{d}/step-00000003/shard-*")) for d in (new, again))
+    assert [open(x, "rb").read() for x in a] == [open(x, "rb").read() for x in b]
+    # reshard reads format 1 too
+    three = f"{tmp}/v1-on-3"
+    run([CKPT, "reshard", old, three, "--world-size", "3"])
+    assert digest(three) == v1_digest() and format_of(three)["version"] == 2
+    # the trainer resumes from format 1 on 1 and 3 ranks (the loaded state's digest
+    # checked against the checkpoint's), and writes format 2
+    for np in (1, 3):
+        ck = f"{tmp}/resume-{np}"
+        shutil.copytree(V1, ck)
+        p = mpirun(np, [TRAIN, "--data", train, "--global-batch", "6", "--steps", "5",
+                        "--ckpt", ck, "--ckpt-every", "5", "--threads", "1", "--verify-load",
+                        "on"] + V1_MODEL)
+        assert "resumed from checkpoint step 3" in p.stderr, p.stderr
+        assert "digest equal to the checkpoint's" in p.stderr, p.stderr
+        assert committed_steps(ck) == [3, 5] and format_of(ck)["version"] == 2
+        assert run([CKPT, "verify", ck]).returncode == 0
+
+
+def manifest_does_not_grow_with_the_number_of_chunks(tmp):
+    """Format 2 keeps chunk tables in the shards: 4 KiB chunks (hundreds per
+    shard) and 4 MiB chunks give manifests of the same size."""
+    train, _ = prepare_corpus(tmp)
+    sizes, chunks = {}, {}
+    for kib in (4, 4096):
+        ck = f"{tmp}/ck-{kib}"
+        mpirun(2, train_args(train, ck, steps=3, extra=["--ckpt-chunk-kib", str(kib)]))
+        sizes[kib] = os.path.getsize(f"{ck}/step-00000003/MANIFEST.json")
+        chunks[kib] = sum(s["chunks"] for s in format_of(ck)["shards"])
+        assert run([CKPT, "verify", ck]).returncode == 0
+    assert chunks[4] >= 100 * chunks[4096], chunks
+    assert abs(sizes[4] - sizes[4096]) <= 64, sizes
 
 
 def damaged_manifest_is_not_committed_and_falls_back(tmp):
@@ -107,11 +197,12 @@ def no_temporaries(ck):
     return [f for f in glob.glob(f"{ck}/**", recursive=True) if ".tmp." in f]
 
 
-def chunks_per_checkpoint(train, tmp):
+def writes_per_checkpoint(train, tmp):
+    """Storage writes of one save: each shard's chunks, then its chunk index."""
     ck = f"{tmp}/count"
     run(train_args(train, ck, steps=3))
     man = json.loads(run([CKPT, "inspect", ck, "--json"]).stdout)
-    return sum(len(s["chunks"]) for s in man["shards"])
+    return sum(s["chunks"] + 1 for s in man["shards"])
 
 
 def storage_errors_fail_the_save_and_keep_committed(tmp):
@@ -121,7 +212,7 @@ def storage_errors_fail_the_save_and_keep_committed(tmp):
     # manifest. (At start the trainer claims a generation and seals the store
     # with it - two put_if_absent - and probes the store with one put, write,
     # commit and delete.)
-    n = chunks_per_checkpoint(train, tmp)
+    n = writes_per_checkpoint(train, tmp)
     for spec, errno_text in ((f"write=ENOSPC@{1 + n + n // 2}", "No space left on device"),
                              (f"write=EIO@{n + 2}", "Input/output error"),
                              ("commit=EACCES@3", "Permission denied"),
@@ -196,6 +287,9 @@ def real_enospc_on_a_full_filesystem(tmp):
 
 if __name__ == "__main__":
     main([flipped_byte_fails_verify_and_resume_falls_back,
+          damaged_chunk_index_fails_verify_and_resume_falls_back,
+          format1_checkpoint_loads_verifies_and_converts,
+          manifest_does_not_grow_with_the_number_of_chunks,
           damaged_manifest_is_not_committed_and_falls_back,
           other_model_is_refused,
           resume_none_refuses_a_store_with_checkpoints,

@@ -1,9 +1,10 @@
 /*
  * test_ckpt.c - the checkpoint format on a real directory: shards written
  * with every codec and several chunk sizes read back exactly, for any
- * world size; a flipped byte is caught and named; a manifest whose numbers
- * do not fit its layout is refused, and no mutation of one crashes the
- * parser.
+ * world size; a flipped byte is caught and named, in a chunk or in a
+ * shard's chunk index; a manifest whose numbers do not fit its layout is
+ * refused, no mutation of one crashes the parser, and a malformed index is
+ * refused entry by entry.
  */
 #include "check.h"
 
@@ -44,6 +45,7 @@ static int write_step(struct storage *st, uint64_t step, int codec, size_t chunk
 {
     struct ckpt_manifest m = {0};
     m.version = CKPT_FORMAT_VERSION;
+    m.chunk_bytes = chunk;
     m.step = step;
     m.world = W;
     snprintf(m.sharding, sizeof m.sharding, "full");
@@ -218,15 +220,15 @@ static void inconsistent_manifests_are_refused(void)
     struct {
         const char *what, *needle;
     } cases[] = {
-        {"chunk length", "chunk"},     {"section offset", "section"}, {"padding", "padded"},
+        {"chunk count", "chunk count"}, {"index offset", "index"},    {"padding", "padded"},
         {"tensor outside", "outside"}, {"shard name", "named"},      {"world", "one entry per rank"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct ckpt_manifest m;
         REQUIRE(ckpt_load_manifest(st, 200, &m, err) == 0, "%s", err);
         switch (i) {
-        case 0: m.shards[1].chunks[0].raw_len += 4; break;
-        case 1: m.shards[2].sections[1].raw_off += 4; break;
+        case 0: m.shards[1].nchunks += 1; break;
+        case 1: m.shards[2].index_off += 4; break;
         case 2: m.units[1].padded += 3; break;
         case 3: m.units[0].tensors[1].shape[0] += 1; break;
         case 4: snprintf(m.shards[0].file, sizeof m.shards[0].file, "../../etc/passwd"); break;
@@ -279,6 +281,88 @@ static void mutated_manifests_never_crash_the_parser(void)
     CHECK(accepted < 300, "%d of 3000 mutated manifests accepted", accepted);
 }
 
+/* Flips one byte of a shard's chunk index (its last bytes): the reader and
+ * verify name the index, and no chunk is trusted. */
+static void a_damaged_chunk_index_is_named(void)
+{
+    char err[CKPT_ERR_LEN], path[600];
+    struct storage *st;
+    REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
+    REQUIRE(write_step(st, 300, CKPT_CODEC_ZSTD, 1000, err) == 0, "%s", err);
+    snprintf(path, sizeof path, "%s/step-00000300/shard-00002-of-00003", root);
+    FILE *f = fopen(path, "r+b");
+    REQUIRE(f != NULL, "open %s", path);
+    fseek(f, -20, SEEK_END); /* inside the last index entry's digest */
+    int b = fgetc(f);
+    fseek(f, -20, SEEK_END);
+    fputc(b ^ 1, f);
+    fclose(f);
+    CHECK(!read_back_matches(st, 300, 1, err) && strstr(err, "shard-00002-of-00003: chunk index") &&
+              strstr(err, "sha256 mismatch"),
+          "error: %s", err);
+    struct ckpt_manifest m;
+    REQUIRE(ckpt_load_manifest(st, 300, &m, err) == 0, "%s", err);
+    struct ckpt_reader r;
+    REQUIRE(ckpt_reader_init(&r, st, &m, err) == 0, "%s", err);
+    int bad = 0;
+    CHECK(ckpt_verify_shard(&r, 2, count_bad, &bad) == 1 && bad == 1, "verify: %d", bad);
+    CHECK(ckpt_verify_shard(&r, 0, count_bad, &bad) == 0, "an intact shard");
+    ckpt_reader_free(&r);
+    ckpt_manifest_free(&m);
+    remove_step(st, 300);
+    storage_close(st);
+}
+
+/* An index whose digest matched (a writer's bug, a forged manifest) is still
+ * checked entry by entry before anything indexes with it. */
+static void malformed_chunk_indexes_are_refused(void)
+{
+    enum { N = 3 };
+    struct ckpt_chunk c[N];
+    memset(c, 0, sizeof c);
+    for (int i = 0; i < N; i++)
+        c[i] = (struct ckpt_chunk){.raw_len = i < 2 ? 64 : 40, .stored_len = 30, .codec = 1};
+    struct ckpt_shard s = {.file = "shard-00000-of-00001", .raw_size = 168, .nchunks = N,
+                           .index_off = 90};
+    size_t len;
+    struct {
+        const char *what;
+        int at;                 /* byte to change (-1: none) */
+        unsigned char to;
+        size_t len;             /* 0: the whole index */
+        uint64_t index_off;     /* 0: 90 */
+        const char *needle;     /* NULL: accepted */
+    } cases[] = {
+        {"intact", -1, 0, 0, 0, NULL},
+        {"magic", 0, 'X', 0, 0, "FSDPCIX1"},
+        {"count", 12, 4, 0, 0, "holds 4 chunks"},
+        {"truncated", -1, 0, 16 + 48 * 2, 0, "holds 3 chunks"},
+        {"raw length", 16 + 8, 65, 0, 0, "entry 0"},
+        {"codec", 16 + 48 + 12, 9, 0, 0, "entry 1"},
+        {"raw codec with another stored length", 16 + 12, 0, 0, 0, "entry 0"},
+        {"stored beyond the index", 16 + 96 + 7, 1, 0, 0, "entry 2"},
+        {"stored total", -1, 0, 0, 91, "covers"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        unsigned char *b = ckpt_index_encode(c, N, &len);
+        REQUIRE(b != NULL && len == CKPT_INDEX_HEADER + N * CKPT_INDEX_ENTRY, "encode");
+        if (cases[i].at >= 0)
+            b[cases[i].at] = cases[i].to;
+        s.index_off = cases[i].index_off ? cases[i].index_off : 90;
+        struct ckpt_chunk *t = NULL;
+        char err[CKPT_ERR_LEN] = "";
+        int rc = ckpt_index_decode(b, cases[i].len ? cases[i].len : len, &s, 64, &t, err);
+        if (!cases[i].needle)
+            CHECK(rc == 0 && t && t[2].raw_off == 128 && t[2].stored_off == 60, "%s: %s",
+                  cases[i].what, err);
+        else
+            CHECK(rc != 0 && !t && strstr(err, cases[i].needle), "%s: rc %d, '%s'",
+                  cases[i].what, rc, err);
+        free(t);
+        free(b);
+    }
+}
+
 static void teardown(void)
 {
     char cmd[300];
@@ -292,4 +376,5 @@ static void teardown(void)
 CHECK_MAIN(TEST(setup), TEST(round_trip_every_codec_chunk_size_and_world),
            TEST(a_flipped_byte_is_named_by_shard_and_chunk),
            TEST(inconsistent_manifests_are_refused),
-           TEST(mutated_manifests_never_crash_the_parser), TEST(teardown))
+           TEST(mutated_manifests_never_crash_the_parser), TEST(a_damaged_chunk_index_is_named),
+           TEST(malformed_chunk_indexes_are_refused), TEST(teardown))

@@ -43,6 +43,7 @@ static int commit_step(struct storage *st, uint64_t step, int world, const char 
     static float data[3][NUMEL];
     struct ckpt_manifest m = {0};
     m.version = CKPT_FORMAT_VERSION;
+    m.chunk_bytes = 1024;
     m.step = step;
     m.world = world;
     if (tag)
