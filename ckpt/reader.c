@@ -35,6 +35,7 @@ int ckpt_reader_init(struct ckpt_reader *r, struct storage *st, const struct ckp
     }
     r->st = st;
     r->m = m;
+    r->threads = 1;
     ckpt_step_dir(m->step, r->dir, sizeof r->dir);
     return 0;
 }
@@ -80,7 +81,7 @@ int ckpt_fetch_index(struct ckpt_reader *r, int shard, unsigned char **buf, char
     r->index_bytes_fetched += s->index_len;
     unsigned char got[32];
     ckpt_sha256(b, (size_t)s->index_len, got);
-    if (memcmp(got, s->index_sha256, 32) != 0) {
+    if (memcmp(got, s->digest, 32) != 0) {
         snprintf(err, CKPT_ERR_LEN, "%s: chunk index (stored bytes %llu..%llu): sha256 mismatch",
                  key, (unsigned long long)s->index_off,
                  (unsigned long long)(s->index_off + s->index_len));
@@ -133,13 +134,13 @@ static int fetch_verified(struct ckpt_reader *r, int shard, int ci, char *err)
     if (r->on_chunk)
         r->on_chunk();
     unsigned char got[32];
-    ckpt_sha256(k->stored, (size_t)c->stored_len, got);
-    if (memcmp(got, c->sha256, 32) != 0) {
+    ckpt_digest_bytes(r->m->chunk_hash, k->stored, (size_t)c->stored_len, got);
+    if (memcmp(got, c->digest, 32) != 0) {
         snprintf(err, CKPT_ERR_LEN,
-                 "%s: chunk %d (stored bytes %llu..%llu, raw offset %llu): sha256 mismatch", key,
-                 ci, (unsigned long long)c->stored_off,
+                 "%s: chunk %d (stored bytes %llu..%llu, raw offset %llu): %s mismatch", key, ci,
+                 (unsigned long long)c->stored_off,
                  (unsigned long long)(c->stored_off + c->stored_len),
-                 (unsigned long long)c->raw_off);
+                 (unsigned long long)c->raw_off, ckpt_hash_name(r->m->chunk_hash));
         return -1;
     }
     return 0;
@@ -215,18 +216,16 @@ int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, c
         bad(arg, msg);
         problems++;
     }
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
-    if (!md) {
-        bad(arg, "out of memory for a digest context");
-        return problems + 1;
-    }
-    EVP_DigestInit_ex(md, EVP_sha256(), NULL);
+    /* format 2: the index (its SHA-256 is the shard's digest), then every
+     * chunk against it; format 1: every chunk, and the whole object's SHA-256 */
     const struct ckpt_chunk *tab;
     if (ckpt_shard_chunks(r, shard, &tab, err)) { /* a bad index: no chunk can be found */
         bad(arg, err);
-        EVP_MD_CTX_free(md);
         return problems + 1;
     }
+    EVP_MD_CTX *md = r->m->version < 2 ? EVP_MD_CTX_new() : NULL;
+    if (md)
+        EVP_DigestInit_ex(md, EVP_sha256(), NULL);
     for (int c = 0; c < s->nchunks; c++) {
         if (fetch_verified(r, shard, c, err) ||
             decode_into(r, shard, c, r->codec->raw, err)) {
@@ -234,26 +233,19 @@ int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, c
             problems++;
             continue;
         }
-        EVP_DigestUpdate(md, r->codec->stored, (size_t)tab[c].stored_len);
+        if (md)
+            EVP_DigestUpdate(md, r->codec->stored, (size_t)tab[c].stored_len);
     }
-    unsigned char *index = NULL;
-    if (r->m->version >= 2 && !problems) { /* the index is the object's last bytes */
-        if (ckpt_fetch_index(r, shard, &index, err)) {
-            bad(arg, err);
+    if (md) {
+        unsigned char sha[32];
+        unsigned int dl = 32;
+        EVP_DigestFinal_ex(md, sha, &dl);
+        EVP_MD_CTX_free(md);
+        if (!problems && memcmp(sha, s->digest, 32) != 0) {
+            snprintf(msg, sizeof msg, "%s: shard sha256 mismatch", key);
+            bad(arg, msg);
             problems++;
-        } else {
-            EVP_DigestUpdate(md, index, (size_t)s->index_len);
-            free(index);
         }
-    }
-    unsigned char sha[32];
-    unsigned int dl = 32;
-    EVP_DigestFinal_ex(md, sha, &dl);
-    EVP_MD_CTX_free(md);
-    if (!problems && memcmp(sha, s->sha256, 32) != 0) {
-        snprintf(msg, sizeof msg, "%s: shard sha256 mismatch", key);
-        bad(arg, msg);
-        problems++;
     }
     return problems;
 }
@@ -383,6 +375,8 @@ int ckpt_plan_indexes(struct ckpt_reader *r, const struct ckpt_plan *p, char *er
 
 int ckpt_plan_run(struct ckpt_reader *r, const struct ckpt_plan *p, char *err)
 {
+    if (r->threads > 1 && r->st->ops->concurrent_reads)
+        return ckpt_plan_run_parallel(r, p, r->threads, err);
     for (int i = 0; i < p->npieces; i++) {
         const struct ckpt_piece *x = &p->pieces[i];
         if (x->shard < 0)

@@ -283,6 +283,7 @@ static int commit(struct ckptr *c, uint64_t step, json_t *trainer, const char *a
     struct ckpt_manifest man = {0};
     man.version = CKPT_FORMAT_VERSION;
     man.chunk_bytes = c->o.write.chunk_bytes;
+    man.chunk_hash = c->o.write.hash;
     man.step = step;
     man.generation = c->generation;
     man.world = c->world;
@@ -877,6 +878,7 @@ static int load_step(struct ckptr *c, uint64_t step, struct ckpt_manifest *man,
     if (ckpt_reader_init(&r, c->st, man, err))
         return -1;
     r.on_chunk = hb_progress;
+    r.threads = c->o.load_threads; /* the compute threads are idle while loading */
     int nw = c->m->nunits * CKPT_NKINDS;
     struct ckpt_want *w = calloc((size_t)nw, sizeof *w);
     if (!w)

@@ -21,6 +21,7 @@ struct ckptr_opts {
     int resume; /* 1: auto, 0: none */
     int verify_load; /* after loading, compare the state's digest with the checkpoint's */
     int async;       /* --ckpt-async */
+    int load_threads; /* threads that fetch, verify and decode chunks at resume */
     struct ckpt_write_opts write;
 };
 

@@ -590,6 +590,7 @@ static int setup_checkpoints(struct trainer *t, char *err)
     if (!t->o.ckpt.uri)
         return 0;
     t->agreed_error = 1; /* everything here is agreed on by all ranks */
+    t->o.ckpt.load_threads = t->threads;
     if (ckptr_open(&t->ck, &t->o.ckpt, &t->eng, &t->comm, &t->model, err))
         return -1;
     t->have_ckpt = 1;

@@ -712,6 +712,7 @@ static const struct storage_ops posix_ops = {
     .del = posix_del,
     .put_if_absent = posix_put_if_absent,
     .close = posix_close,
+    .concurrent_reads = 1, /* get_range and stat open their own descriptors */
 };
 
 int storage_posix_open(const char *root, struct storage **out, char *err)

@@ -103,8 +103,8 @@ int storage_get_range(struct storage *s, const char *key, uint64_t off, size_t l
 {
     int rc = s->ops->get_range(s, key, off, len, buf, err);
     if (rc == 0) {
-        s->bytes_read += len;
-        s->gets++;
+        __atomic_fetch_add(&s->bytes_read, len, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&s->gets, 1, __ATOMIC_RELAXED);
     }
     return rc;
 }

@@ -63,12 +63,15 @@ struct storage_ops {
     int (*put_if_absent)(struct storage *s, const char *key, const void *buf, size_t n,
                          char *err);
     void (*close)(struct storage *s);
+    /* 1: get_range and stat may be called from several threads at once
+     * (everything else: one thread at a time) */
+    int concurrent_reads;
 };
 
 struct storage {
     const struct storage_ops *ops;
     char uri[1024];
-    /* counters for tests and benchmarks */
+    /* counters for tests and benchmarks (updated atomically) */
     uint64_t bytes_read, bytes_written, gets;
 };
 

@@ -1,0 +1,242 @@
+/*
+ * parallel.c - a load plan run by several threads (the rank's idle compute
+ * threads at resume): each chunk the plan touches is one task, fetched,
+ * verified against its SHA-256 and decoded by whichever thread takes it.
+ *
+ * Each thread reads a chunk into its own buffer (which stays in the CPU's
+ * cache), verifies it there, and copies the wanted parts out - a raw chunk
+ * straight from that buffer, a compressed one decoded into the destination
+ * when one piece wants it whole, else into a second buffer first. Reading
+ * straight into the destination was tried and measured slower: the
+ * kernel's copy into cold memory ran at 0.8 GB/s a thread here, against
+ * 4.4 GB/s for the read into a cached buffer plus a user-space copy. A
+ * destination is written only after its chunk verified.
+ *
+ * Needs a store that may be read from several threads at once (posix); the
+ * reader falls back to one thread otherwise.
+ */
+#include "codec.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct seg {
+    uint64_t in, len; /* raw bytes within the chunk */
+    unsigned char *dst;
+};
+
+struct task {
+    int shard, chunk;
+    int seg0, nseg;
+};
+
+struct pool {
+    struct ckpt_reader *r;
+    const struct task *t;
+    const struct seg *s;
+    int nt;
+    int next, failed;       /* atomics */
+    uint64_t bytes, chunks; /* atomics: what was fetched */
+    pthread_mutex_t mu;
+    char err[CKPT_ERR_LEN];
+};
+
+static void fail(struct pool *p, const char *msg)
+{
+    pthread_mutex_lock(&p->mu);
+    if (!p->failed)
+        snprintf(p->err, sizeof p->err, "%s", msg);
+    __atomic_store_n(&p->failed, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static int run_task(struct pool *p, struct ckpt_codec *k, const struct task *t, char *err)
+{
+    struct ckpt_reader *r = p->r;
+    const struct ckpt_shard *sh = &r->m->shards[t->shard];
+    const struct ckpt_chunk *c = &r->tables[t->shard][t->chunk];
+    const struct seg *s = &p->s[t->seg0];
+    int whole = t->nseg == 1 && s->in == 0 && s->len == c->raw_len;
+    char key[128];
+    snprintf(key, sizeof key, "%s/%s", r->dir, sh->file);
+    if (c->stored_len > k->stored_cap) {
+        snprintf(err, CKPT_ERR_LEN, "%s: chunk %d: stored length %llu exceeds its bound", key,
+                 t->chunk, (unsigned long long)c->stored_len);
+        return -1;
+    }
+    unsigned char *in = k->stored;
+    if (storage_get_range(r->st, key, c->stored_off, (size_t)c->stored_len, in, err))
+        return -1;
+    __atomic_fetch_add(&p->bytes, c->stored_len, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&p->chunks, 1, __ATOMIC_RELAXED);
+    unsigned char got[32];
+    ckpt_digest_bytes(r->m->chunk_hash, in, (size_t)c->stored_len, got);
+    if (memcmp(got, c->digest, 32) != 0) {
+        snprintf(err, CKPT_ERR_LEN,
+                 "%s: chunk %d (stored bytes %llu..%llu, raw offset %llu): %s mismatch", key,
+                 t->chunk, (unsigned long long)c->stored_off,
+                 (unsigned long long)(c->stored_off + c->stored_len),
+                 (unsigned long long)c->raw_off, ckpt_hash_name(r->m->chunk_hash));
+        return -1;
+    }
+    if (c->codec == CKPT_CODEC_RAW && c->stored_len == c->raw_len) {
+        for (int i = 0; i < t->nseg; i++)
+            memcpy(s[i].dst, in + s[i].in, (size_t)s[i].len);
+        return 0;
+    }
+    const char *why = "";
+    unsigned char *out = whole ? s->dst : k->raw;
+    if (ckpt_decode(k, c->codec, (size_t)c->stored_len, out, (size_t)c->raw_len, &why)) {
+        snprintf(err, CKPT_ERR_LEN, "%s: chunk %d (raw offset %llu): cannot decode: %s", key,
+                 t->chunk, (unsigned long long)c->raw_off, why);
+        return -1;
+    }
+    for (int i = 0; !whole && i < t->nseg; i++)
+        memcpy(s[i].dst, k->raw + s[i].in, (size_t)s[i].len);
+    return 0;
+}
+
+/* Takes tasks until none is left or one failed. The caller's thread (main)
+ * also reports progress (the reader's on_chunk: heartbeats). */
+static void drain(struct pool *p, struct ckpt_codec *k, int main)
+{
+    char err[CKPT_ERR_LEN];
+    for (;;) {
+        int i = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
+        if (i >= p->nt || __atomic_load_n(&p->failed, __ATOMIC_ACQUIRE))
+            return;
+        if (run_task(p, k, &p->t[i], err)) {
+            fail(p, err);
+            return;
+        }
+        if (main && p->r->on_chunk)
+            p->r->on_chunk();
+    }
+}
+
+struct worker {
+    struct pool *p;
+    struct ckpt_codec *k;
+    pthread_t th;
+};
+
+static void *work(void *arg)
+{
+    struct worker *w = arg;
+    drain(w->p, w->k, 0);
+    return NULL;
+}
+
+/* The plan's pieces as chunk tasks (pieces are sorted by shard and offset,
+ * so the segments of one chunk are neighbours). */
+static int tasks_of(struct ckpt_reader *r, const struct ckpt_plan *p, struct task **tp,
+                    struct seg **sp, int *nt, char *err)
+{
+    size_t cap = 16;
+    for (int i = 0; i < p->npieces; i++)
+        if (p->pieces[i].shard >= 0)
+            cap += (size_t)(p->pieces[i].len / r->m->chunk_bytes) + 2;
+    struct task *t = calloc(cap, sizeof *t);
+    struct seg *s = calloc(cap, sizeof *s);
+    if (!t || !s) {
+        free(t);
+        free(s);
+        snprintf(err, CKPT_ERR_LEN, "load: out of memory for %zu chunk tasks", cap);
+        return -1;
+    }
+    int n = 0, ns = 0;
+    for (int i = 0; i < p->npieces; i++) {
+        const struct ckpt_piece *x = &p->pieces[i];
+        if (x->shard < 0)
+            continue;
+        const struct ckpt_chunk *tab;
+        if (ckpt_shard_chunks(r, x->shard, &tab, err)) {
+            free(t);
+            free(s);
+            return -1;
+        }
+        int lo = 0, hi = r->m->shards[x->shard].nchunks - 1; /* the chunk holding x->off */
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (tab[mid].raw_off <= x->off)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        uint64_t off = x->off, left = x->len;
+        unsigned char *dst = (unsigned char *)x->dst;
+        for (int ci = lo; left > 0; ci++) {
+            if ((size_t)ns + 1 >= cap) { /* format 1's short chunks: more than estimated */
+                cap *= 2;
+                struct task *t2 = realloc(t, cap * sizeof *t);
+                t = t2 ? t2 : t;
+                struct seg *s2 = realloc(s, cap * sizeof *s);
+                s = s2 ? s2 : s;
+                if (!t2 || !s2) {
+                    free(t);
+                    free(s);
+                    snprintf(err, CKPT_ERR_LEN, "load: out of memory for chunk tasks");
+                    return -1;
+                }
+            }
+            uint64_t in = off - tab[ci].raw_off, take = tab[ci].raw_len - in;
+            take = take < left ? take : left;
+            if (n == 0 || t[n - 1].shard != x->shard || t[n - 1].chunk != ci)
+                t[n++] = (struct task){x->shard, ci, ns, 0};
+            s[ns++] = (struct seg){in, take, dst};
+            t[n - 1].nseg++;
+            dst += take;
+            off += take;
+            left -= take;
+        }
+    }
+    *tp = t;
+    *sp = s;
+    *nt = n;
+    return 0;
+}
+
+int ckpt_plan_run_parallel(struct ckpt_reader *r, const struct ckpt_plan *p, int threads, char *err)
+{
+    for (int i = 0; i < p->npieces; i++) /* padding */
+        if (p->pieces[i].shard < 0)
+            memset(p->pieces[i].dst, 0, (size_t)p->pieces[i].len);
+    struct pool pool = {.r = r};
+    struct task *t;
+    struct seg *s;
+    if (tasks_of(r, p, &t, &s, &pool.nt, err))
+        return -1;
+    pool.t = t;
+    pool.s = s;
+    pthread_mutex_init(&pool.mu, NULL);
+    threads = threads < pool.nt ? threads : pool.nt;
+    struct worker *w = calloc((size_t)(threads > 1 ? threads : 1), sizeof *w);
+    int started = 0, rc = 0;
+    for (int i = 1; w && i < threads; i++) { /* thread 0 is this one, with r->codec */
+        w[i].p = &pool;
+        w[i].k = ckpt_codec_new(r->codec->chunk_bytes);
+        if (!w[i].k || pthread_create(&w[i].th, NULL, work, &w[i])) {
+            ckpt_codec_free(w[i].k);
+            break; /* fewer threads: the work still gets done */
+        }
+        started = i;
+    }
+    drain(&pool, r->codec, 1);
+    for (int i = 1; w && i <= started; i++) {
+        pthread_join(w[i].th, NULL);
+        ckpt_codec_free(w[i].k);
+    }
+    r->bytes_fetched += pool.bytes;
+    r->chunks_fetched += pool.chunks;
+    if (pool.failed) {
+        snprintf(err, CKPT_ERR_LEN, "%s", pool.err);
+        rc = -1;
+    }
+    pthread_mutex_destroy(&pool.mu);
+    free(w);
+    free(t);
+    free(s);
+    return rc;
+}
