@@ -10,6 +10,7 @@
 #include "codec.h"
 
 #include <openssl/evp.h>
+#include <xxhash.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +86,37 @@ void ckpt_sha256(const void *p, size_t n, unsigned char out[32])
 {
     unsigned int len = 32;
     EVP_Digest(p, n, out, &len, EVP_sha256(), NULL);
+}
+
+static const char *hashes[] = {"sha256", "xxh3-128"};
+
+const char *ckpt_hash_name(int h) { return h >= 0 && h < 2 ? hashes[h] : "?"; }
+
+int ckpt_parse_hash(const char *s, int *hash)
+{
+    if (strcmp(s, "sha256") == 0)
+        *hash = CKPT_HASH_SHA256;
+    else if (strcmp(s, "xxh3") == 0 || strcmp(s, "xxh3-128") == 0)
+        *hash = CKPT_HASH_XXH3;
+    else
+        return -1;
+    return 0;
+}
+
+static void xxh3_out(XXH128_hash_t h, unsigned char out[32])
+{
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, h);
+    memcpy(out, c.digest, 16);
+    memset(out + 16, 0, 16);
+}
+
+void ckpt_digest_bytes(int hash, const void *p, size_t n, unsigned char out[32])
+{
+    if (hash == CKPT_HASH_XXH3)
+        xxh3_out(XXH3_128bits(p, n), out);
+    else
+        ckpt_sha256(p, n, out);
 }
 
 static void shuffle4(unsigned char *dst, const unsigned char *src, size_t n)

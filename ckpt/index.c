@@ -48,7 +48,7 @@ unsigned char *ckpt_index_encode(const struct ckpt_chunk *chunks, int n, size_t 
         put64(p, chunks[i].stored_len);
         put32(p + 8, (uint32_t)chunks[i].raw_len);
         put32(p + 12, (uint32_t)chunks[i].codec);
-        memcpy(p + 16, chunks[i].sha256, 32);
+        memcpy(p + 16, chunks[i].digest, 32);
     }
     return b;
 }
@@ -64,8 +64,10 @@ int ckpt_index_decode(const unsigned char *buf, size_t len, const struct ckpt_sh
     }
     uint32_t n = get32(buf + 12);
     if (n != (uint32_t)s->nchunks || len != CKPT_INDEX_HEADER + (size_t)n * CKPT_INDEX_ENTRY) {
-        snprintf(err, CKPT_ERR_LEN, "%s: the chunk index holds %u chunks in %zu bytes, the "
-                 "manifest says %d", s->file, n, len, s->nchunks);
+        snprintf(err, CKPT_ERR_LEN,
+                 "%s: the chunk index holds %u chunks in %zu bytes, the "
+                 "manifest says %d",
+                 s->file, n, len, s->nchunks);
         return -1;
     }
     struct ckpt_chunk *t = calloc(n ? n : 1, sizeof *t);
@@ -82,15 +84,17 @@ int ckpt_index_decode(const unsigned char *buf, size_t len, const struct ckpt_sh
         c->raw_len = get32(p + 8);
         uint32_t codec = get32(p + 12);
         c->codec = (int)codec;
-        memcpy(c->sha256, p + 16, 32);
+        memcpy(c->digest, p + 16, 32);
         c->raw_off = raw;
         c->stored_off = stored;
         if (raw >= s->raw_size || c->raw_len != want || codec > CKPT_CODEC_ZSTD_SHUFFLE4 ||
             c->stored_len == 0 || c->stored_len > 2ULL * CKPT_MAX_CHUNK_BYTES ||
             (codec == CKPT_CODEC_RAW && c->stored_len != c->raw_len) ||
             c->stored_len > s->index_off - stored) {
-            snprintf(err, CKPT_ERR_LEN, "%s: chunk index entry %u (raw offset %llu) is "
-                     "malformed", s->file, i, (unsigned long long)raw);
+            snprintf(err, CKPT_ERR_LEN,
+                     "%s: chunk index entry %u (raw offset %llu) is "
+                     "malformed",
+                     s->file, i, (unsigned long long)raw);
             free(t);
             return -1;
         }
@@ -98,10 +102,11 @@ int ckpt_index_decode(const unsigned char *buf, size_t len, const struct ckpt_sh
         stored += c->stored_len;
     }
     if (raw != s->raw_size || stored != s->index_off) {
-        snprintf(err, CKPT_ERR_LEN, "%s: the chunk index covers %llu raw and %llu stored bytes, "
-                 "the manifest says %llu and %llu", s->file, (unsigned long long)raw,
-                 (unsigned long long)stored, (unsigned long long)s->raw_size,
-                 (unsigned long long)s->index_off);
+        snprintf(err, CKPT_ERR_LEN,
+                 "%s: the chunk index covers %llu raw and %llu stored bytes, "
+                 "the manifest says %llu and %llu",
+                 s->file, (unsigned long long)raw, (unsigned long long)stored,
+                 (unsigned long long)s->raw_size, (unsigned long long)s->index_off);
         free(t);
         return -1;
     }

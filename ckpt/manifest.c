@@ -138,14 +138,12 @@ void ckpt_manifest_free(struct ckpt_manifest *m)
 
 json_t *ckpt_shard_to_json(const struct ckpt_shard *s)
 {
-    char hex[65], ihex[65];
-    ckpt_hex(s->sha256, hex);
-    ckpt_hex(s->index_sha256, ihex);
-    return json_pack("{s:i, s:s, s:I, s:I, s:s, s:i, s:{s:I, s:I, s:s}}", "rank", s->rank,
-                     "file", s->file, "raw_size", (json_int_t)s->raw_size, "stored_size",
+    char hex[65];
+    ckpt_hex(s->digest, hex);
+    return json_pack("{s:i, s:s, s:I, s:I, s:s, s:i, s:{s:I, s:I}}", "rank", s->rank, "file",
+                     s->file, "raw_size", (json_int_t)s->raw_size, "stored_size",
                      (json_int_t)s->stored_size, "sha256", hex, "chunks", s->nchunks, "index",
-                     "offset", (json_int_t)s->index_off, "length", (json_int_t)s->index_len,
-                     "sha256", ihex);
+                     "offset", (json_int_t)s->index_off, "length", (json_int_t)s->index_len);
 }
 
 /* Format 1 kept each shard's sections and chunk table in the manifest. */
@@ -164,7 +162,7 @@ static json_t *shard_to_json_v1(const struct ckpt_manifest *m, const uint64_t *s
     }
     for (int i = 0; i < s->nchunks; i++) {
         const struct ckpt_chunk *c = &s->chunks[i];
-        ckpt_hex(c->sha256, hex);
+        ckpt_hex(c->digest, hex);
         json_array_append_new(
             chunks, json_pack("{s:I, s:I, s:I, s:I, s:s, s:s}", "raw_offset",
                               (json_int_t)c->raw_off, "raw_length", (json_int_t)c->raw_len,
@@ -172,7 +170,7 @@ static json_t *shard_to_json_v1(const struct ckpt_manifest *m, const uint64_t *s
                               (json_int_t)c->stored_len, "codec", ckpt_codec_name(c->codec),
                               "sha256", hex));
     }
-    ckpt_hex(s->sha256, hex);
+    ckpt_hex(s->digest, hex);
     return json_pack("{s:i, s:s, s:I, s:I, s:s, s:o, s:o}", "rank", s->rank, "file", s->file,
                      "raw_size", (json_int_t)s->raw_size, "stored_size",
                      (json_int_t)s->stored_size, "sha256", hex, "sections", secs, "chunks",
@@ -265,8 +263,10 @@ char *ckpt_manifest_dump(const struct ckpt_manifest *m)
                           "kinds", kl, "model", m->model ? m->model : json_object(), "trainer",
                           m->trainer ? m->trainer : json_object(), "units", units, "shards",
                           shards);
-    if (j && m->version >= 2)
+    if (j && m->version >= 2) {
         json_object_set_new(j, "chunk_bytes", json_integer((json_int_t)m->chunk_bytes));
+        json_object_set_new(j, "chunk_hash", json_string(ckpt_hash_name(m->chunk_hash)));
+    }
     char *s = NULL;
     if (j && seal(j) == 0)
         s = json_dumps(j, JSON_INDENT(1));
@@ -327,7 +327,8 @@ static int lookup(const char *s, const char **names, int n)
     return -1;
 }
 
-/* The members every shard entry has. */
+/* The members every shard entry has ("sha256": format 1 of the whole
+ * object, format 2 of its chunk index). */
 static int shard_common(json_t *j, struct ckpt_shard *s, char *err)
 {
     uint64_t v;
@@ -342,7 +343,7 @@ static int shard_common(json_t *j, struct ckpt_shard *s, char *err)
         get_u64(j, "stored_size", UINT64_MAX >> 1, &s->stored_size, err) ||
         get_str(j, "sha256", hex, sizeof hex, err))
         return -1;
-    if (unhex(hex, s->sha256))
+    if (unhex(hex, s->digest))
         return bad(err, "a shard's sha256 is not 64 hex digits");
     return 0;
 }
@@ -351,7 +352,6 @@ int ckpt_shard_from_json(json_t *j, struct ckpt_shard *s, char *err)
 {
     memset(s, 0, sizeof *s);
     uint64_t v;
-    char hex[80];
     json_t *idx = json_object_get(j, "index");
     if (shard_common(j, s, err))
         return -1;
@@ -361,11 +361,8 @@ int ckpt_shard_from_json(json_t *j, struct ckpt_shard *s, char *err)
     if (!json_is_object(idx))
         return bad(err, "a shard entry lacks its chunk index");
     if (get_u64(idx, "offset", UINT64_MAX >> 1, &s->index_off, err) ||
-        get_u64(idx, "length", UINT64_MAX >> 1, &s->index_len, err) ||
-        get_str(idx, "sha256", hex, sizeof hex, err))
+        get_u64(idx, "length", UINT64_MAX >> 1, &s->index_len, err))
         return -1;
-    if (unhex(hex, s->index_sha256))
-        return bad(err, "a chunk index's sha256 is not 64 hex digits");
     return 0;
 }
 
@@ -421,7 +418,7 @@ static int shard_from_json_v1(json_t *j, const struct ckpt_manifest *m, int r,
             get_u64(x, "raw_length", CKPT_MAX_CHUNK_BYTES, &c->raw_len, err) ||
             get_u64(x, "stored_offset", UINT64_MAX >> 1, &c->stored_off, err) ||
             get_u64(x, "stored_length", 2ULL * CKPT_MAX_CHUNK_BYTES, &c->stored_len, err) ||
-            get_str(x, "sha256", hex, sizeof hex, err) || unhex(hex, c->sha256))
+            get_str(x, "sha256", hex, sizeof hex, err) || unhex(hex, c->digest))
             return bad(err, "a chunk entry is malformed");
     }
     return 0;
@@ -488,6 +485,8 @@ int ckpt_manifest_check(const struct ckpt_manifest *m, char *err)
         return bad(err, "unknown format version");
     if (m->chunk_bytes < 4 || m->chunk_bytes > CKPT_MAX_CHUNK_BYTES || m->chunk_bytes % 4)
         return bad(err, "'chunk_bytes' is out of range");
+    if (m->chunk_hash != CKPT_HASH_SHA256 && (m->version < 2 || m->chunk_hash != CKPT_HASH_XXH3))
+        return bad(err, "unknown chunk hash");
     uint64_t raw = 0; /* every shard's raw size */
     for (int u = 0; u < m->nunits; u++) {
         const struct ckpt_unit *U = &m->units[u];
@@ -607,6 +606,12 @@ int ckpt_manifest_parse(const char *buf, size_t len, struct ckpt_manifest *m, ch
     }
     if (m->version >= 2 && get_u64(j, "chunk_bytes", CKPT_MAX_CHUNK_BYTES, &m->chunk_bytes, err))
         goto out;
+    const char *hash = json_string_value(json_object_get(j, "chunk_hash"));
+    if (m->version >= 2 && (!hash || ckpt_parse_hash(hash, &m->chunk_hash) ||
+                            strcmp(hash, ckpt_hash_name(m->chunk_hash)) != 0)) {
+        bad(err, "'chunk_hash' is not sha256 or xxh3-128");
+        goto out;
+    }
     const char *dtype = json_string_value(json_object_get(j, "dtype"));
     if (!dtype || strcmp(dtype, "float32") != 0) {
         bad(err, "'dtype' is not float32");

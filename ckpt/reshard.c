@@ -53,6 +53,7 @@ int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct stor
     struct ckpt_manifest out = {0};
     out.version = CKPT_FORMAT_VERSION;
     out.chunk_bytes = o->chunk_bytes;
+    out.chunk_hash = o->hash;
     out.step = m->step;
     ckpt_tag_generation(tag, &out.generation); /* this writer's, in dst */
     out.world = world;

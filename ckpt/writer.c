@@ -23,7 +23,6 @@
  */
 #include "codec.h"
 
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +31,6 @@ struct ckpt_shard_writer {
     const struct ckpt_write_opts *o;
     struct ckpt_codec *codec;
     struct storage_writer *w;
-    EVP_MD_CTX *md;
     struct ckpt_shard shard;
     size_t fill; /* bytes of the current chunk in codec->raw */
     uint64_t appended, chunk_start;
@@ -46,7 +44,6 @@ void ckpt_writer_abort(struct ckpt_shard_writer *w)
     if (!w)
         return;
     storage_writer_abort(w->w);
-    EVP_MD_CTX_free(w->md);
     ckpt_shard_free(&w->shard);
     free(w);
 }
@@ -75,13 +72,11 @@ int ckpt_writer_begin(struct storage *st, const char *key, const char *file,
     w->chunk_cap = (int)((raw + codec->chunk_bytes - 1) / codec->chunk_bytes);
     w->shard.chunks = calloc((size_t)(w->chunk_cap > 0 ? w->chunk_cap : 1),
                              sizeof *w->shard.chunks);
-    w->md = EVP_MD_CTX_new();
-    if (!w->shard.chunks || !w->md) {
+    if (!w->shard.chunks) {
         ckpt_writer_abort(w);
         snprintf(err, CKPT_ERR_LEN, "%s: out of memory", key);
         return -1;
     }
-    EVP_DigestInit_ex(w->md, EVP_sha256(), NULL);
     if (storage_put_begin(st, key, &w->w, err)) {
         w->w = NULL;
         ckpt_writer_abort(w);
@@ -107,8 +102,7 @@ static int flush_chunk(struct ckpt_shard_writer *w, char *err)
     w->chunk_start += w->fill;
     c->stored_off = w->shard.stored_size;
     c->stored_len = plen;
-    ckpt_sha256(p, plen, c->sha256);
-    EVP_DigestUpdate(w->md, p, plen);
+    ckpt_digest_bytes(w->o->hash, p, plen, c->digest);
     if (storage_write(w->w, p, plen, err))
         return -1;
     w->shard.stored_size += plen;
@@ -140,7 +134,7 @@ int ckpt_writer_append(struct ckpt_shard_writer *w, const void *data, size_t byt
     return 0;
 }
 
-/* The chunk index, last in the object (covered by the shard's digest). */
+/* The chunk index, last in the object; its SHA-256 is the shard's digest. */
 static int write_index(struct ckpt_shard_writer *w, char *err)
 {
     size_t len;
@@ -151,8 +145,7 @@ static int write_index(struct ckpt_shard_writer *w, char *err)
     }
     w->shard.index_off = w->shard.stored_size;
     w->shard.index_len = len;
-    ckpt_sha256(b, len, w->shard.index_sha256);
-    EVP_DigestUpdate(w->md, b, len);
+    ckpt_sha256(b, len, w->shard.digest);
     int rc = storage_write(w->w, b, len, err);
     free(b);
     w->shard.stored_size += len;
@@ -175,8 +168,6 @@ int ckpt_writer_finish(struct ckpt_shard_writer *w, struct ckpt_shard *out, char
         ckpt_writer_abort(w);
         return -1;
     }
-    unsigned int dl = 32;
-    EVP_DigestFinal_ex(w->md, w->shard.sha256, &dl);
     struct storage_writer *sw = w->w;
     w->w = NULL;
     if (storage_writer_commit(sw, err)) {

@@ -9,9 +9,8 @@
 
 json_t *model_ckpt_config(const struct model_config *c)
 {
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "layers", c->layers, "dim", c->dim,
-                     "heads", c->heads, "seq", c->seq, "vocab", c->vocab, "vocab_pad",
-                     c->vocab_pad);
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}", "layers", c->layers, "dim", c->dim, "heads",
+                     c->heads, "seq", c->seq, "vocab", c->vocab, "vocab_pad", c->vocab_pad);
 }
 
 int model_ckpt_units(const struct model_layout *m, int world, struct ckpt_manifest *man)

@@ -333,6 +333,7 @@ int st_import(const char *path, const struct model_layout *m, const char *model_
     struct ckpt_manifest out = {0};
     out.version = CKPT_FORMAT_VERSION;
     out.chunk_bytes = o->chunk_bytes;
+    out.chunk_hash = o->hash;
     ckpt_tag_generation(tag, &out.generation); /* this writer's in dst: fencing judges by it */
     out.world = world;
     snprintf(out.sharding, sizeof out.sharding, "full");

@@ -142,6 +142,31 @@ def manifest_does_not_grow_with_the_number_of_chunks(tmp):
     assert abs(sizes[4] - sizes[4096]) <= 64, sizes
 
 
+def xxh3_chunk_digests_load_verify_and_catch_damage(tmp):
+    """--ckpt-hash xxh3: the same state (logical digests), loaded on 2 threads
+    and on 2 ranks, a flipped byte caught and named."""
+    train, _ = prepare_corpus(tmp)
+    sha, xxh = f"{tmp}/sha", f"{tmp}/xxh"
+    run(train_args(train, sha, steps=6))
+    run(train_args(train, xxh, steps=6, extra=["--ckpt-hash", "xxh3"]))
+    man = format_of(xxh)
+    assert man["chunk_hash"] == "xxh3-128" and format_of(sha)["chunk_hash"] == "sha256"
+    assert digest(xxh) == digest(sha)
+    assert run([CKPT, "verify", xxh]).returncode == 0
+    for np, extra in ((1, ["--threads", "2"]), (2, ["--threads", "1"])):
+        ck = f"{tmp}/resume-{np}"
+        shutil.copytree(xxh, ck)
+        p = mpirun(np, train_args(train, ck, steps=9, extra=extra + ["--verify-load", "on"]))
+        assert "digest equal to the checkpoint's" in p.stderr, p.stderr
+    shard, = glob.glob(f"{xxh}/step-00000006/shard-00000-of-00001.*")
+    flip_byte(shard, 1000)
+    p = run([CKPT, "verify", xxh], check=False)
+    assert p.returncode == 1 and "xxh3-128 mismatch" in p.stdout, p.stdout
+    p = run(train_args(train, xxh, steps=9, extra=["--threads", "2"]))
+    assert "xxh3-128 mismatch" in p.stderr and "resumed from checkpoint step 3" in p.stderr, \
+        p.stderr
+
+
 def damaged_manifest_is_not_committed_and_falls_back(tmp):
     train, _ = prepare_corpus(tmp)
     ck = f"{tmp}/ck"
@@ -290,6 +315,7 @@ if __name__ == "__main__":
           damaged_chunk_index_fails_verify_and_resume_falls_back,
           format1_checkpoint_loads_verifies_and_converts,
           manifest_does_not_grow_with_the_number_of_chunks,
+          xxh3_chunk_digests_load_verify_and_catch_damage,
           damaged_manifest_is_not_committed_and_falls_back,
           other_model_is_refused,
           resume_none_refuses_a_store_with_checkpoints,

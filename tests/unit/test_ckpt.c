@@ -40,12 +40,15 @@ static void fill_units(struct ckpt_manifest *m, int world)
     }
 }
 
-/* Writes step `step` as world W with the given codec and chunk size. */
-static int write_step(struct storage *st, uint64_t step, int codec, size_t chunk, char *err)
+/* Writes step `step` as world W with the given codec, chunk size and chunk
+ * hash. */
+static int write_step_hashed(struct storage *st, uint64_t step, int codec, size_t chunk, int hash,
+                             char *err)
 {
     struct ckpt_manifest m = {0};
     m.version = CKPT_FORMAT_VERSION;
     m.chunk_bytes = chunk;
+    m.chunk_hash = hash;
     m.step = step;
     m.world = W;
     snprintf(m.sharding, sizeof m.sharding, "full");
@@ -54,7 +57,7 @@ static int write_step(struct storage *st, uint64_t step, int codec, size_t chunk
     fill_units(&m, W);
     m.nshards = W;
     m.shards = calloc(W, sizeof *m.shards);
-    struct ckpt_write_opts o = {codec, 3, chunk};
+    struct ckpt_write_opts o = {codec, 3, chunk, hash};
     struct ckpt_codec *c = ckpt_codec_new(chunk);
     char dir[32];
     ckpt_step_dir(step, dir, sizeof dir);
@@ -78,6 +81,11 @@ static int write_step(struct storage *st, uint64_t step, int codec, size_t chunk
     ckpt_codec_free(c);
     ckpt_manifest_free(&m);
     return rc;
+}
+
+static int write_step(struct storage *st, uint64_t step, int codec, size_t chunk, char *err)
+{
+    return write_step_hashed(st, step, codec, chunk, CKPT_HASH_SHA256, err);
 }
 
 /* The test's own clean-up: every object of one step. */
@@ -109,40 +117,58 @@ static void setup(void)
         }
 }
 
-/* Reads every unit and kind back as if on `world` ranks. */
-static int read_back_matches(struct storage *st, uint64_t step, int world, char *err)
+/* Reads every unit and kind back as if on `world` ranks, each rank's wants
+ * as one plan run by `threads` threads (1: the reader's cache). */
+static int read_back_with(struct storage *st, uint64_t step, int world, int threads, char *err)
 {
     struct ckpt_manifest m;
     if (ckpt_load_manifest(st, step, &m, err))
         return 0;
     struct ckpt_reader r;
     ckpt_reader_init(&r, st, &m, err);
+    r.threads = threads;
     int ok = 1;
-    for (int u = 0; ok && u < NUNITS; u++) {
-        uint64_t per = padded(numel[u], world) / (uint64_t)world;
-        float *buf = calloc(per, sizeof *buf);
-        for (int k = 0; ok && k < CKPT_NKINDS; k++)
-            for (int rank = 0; ok && rank < world; rank++) {
-                if (ckpt_read_unit(&r, u, k, rank * per, per, buf, err)) {
-                    ok = 0;
-                    break;
-                }
-                for (uint64_t i = 0; i < per; i++) {
-                    uint64_t x = rank * per + i;
+    float *buf[NUNITS];
+    uint64_t per[NUNITS];
+    for (int u = 0; u < NUNITS; u++) {
+        per[u] = padded(numel[u], world) / (uint64_t)world;
+        buf[u] = calloc(per[u] * CKPT_NKINDS, sizeof(float));
+    }
+    for (int rank = 0; ok && rank < world; rank++) {
+        struct ckpt_want w[NUNITS * CKPT_NKINDS];
+        for (int u = 0; u < NUNITS; u++)
+            for (int k = 0; k < CKPT_NKINDS; k++) {
+                memset(buf[u] + k * per[u], 0xff, per[u] * sizeof(float));
+                w[u * CKPT_NKINDS + k] =
+                    (struct ckpt_want){u, k, rank * per[u], per[u], buf[u] + k * per[u]};
+            }
+        if (ckpt_load(&r, w, NUNITS * CKPT_NKINDS, err)) {
+            ok = 0;
+            break;
+        }
+        for (int u = 0; ok && u < NUNITS; u++)
+            for (int k = 0; ok && k < CKPT_NKINDS; k++)
+                for (uint64_t i = 0; i < per[u]; i++) {
+                    uint64_t x = rank * per[u] + i;
                     float want = x < numel[u] ? state[u][k][x] : 0.0f;
-                    if (memcmp(&buf[i], &want, 4) != 0) {
-                        snprintf(err, CKPT_ERR_LEN, "unit %d kind %d element %llu differs", u, k,
-                                 (unsigned long long)x);
+                    if (memcmp(&buf[u][k * per[u] + i], &want, 4) != 0) {
+                        snprintf(err, CKPT_ERR_LEN, "unit %d kind %d element %llu differs", u,
+                                 k, (unsigned long long)x);
                         ok = 0;
                         break;
                     }
                 }
-            }
-        free(buf);
     }
+    for (int u = 0; u < NUNITS; u++)
+        free(buf[u]);
     ckpt_reader_free(&r);
     ckpt_manifest_free(&m);
     return ok;
+}
+
+static int read_back_matches(struct storage *st, uint64_t step, int world, char *err)
+{
+    return read_back_with(st, step, world, 1, err);
 }
 
 static void round_trip_every_codec_chunk_size_and_world(void)
@@ -157,13 +183,30 @@ static void round_trip_every_codec_chunk_size_and_world(void)
         for (int si = 0; si < 3; si++, step++) {
             REQUIRE(write_step(st, step, codecs[ci], chunks[si], err) == 0, "%s", err);
             for (int world = 1; world <= 5; world++)
-                CHECK(read_back_matches(st, step, world, err), "codec %d chunk %zu world %d: %s",
-                      codecs[ci], chunks[si], world, err);
+                for (int threads = 1; threads <= 3; threads += 2)
+                    CHECK(read_back_with(st, step, world, threads, err),
+                          "codec %d chunk %zu world %d, %d threads: %s", codecs[ci], chunks[si],
+                          world, threads, err);
         }
     struct ckpt_step_info *steps;
     int n;
     REQUIRE(ckpt_list_steps(st, &steps, &n, err) == 0, "%s", err);
     CHECK(n == 9 && steps[0].step == 1 && steps[8].step == 9 && steps[8].committed, "listing");
+    free(steps);
+    /* XXH3-128 chunk digests: the same round trip, and a manifest saying so */
+    for (int ci = 0; ci < 3; ci++, step++) {
+        REQUIRE(write_step_hashed(st, step, codecs[ci], 1000, CKPT_HASH_XXH3, err) == 0, "%s",
+                err);
+        for (int world = 1; world <= 4; world += 3)
+            for (int threads = 1; threads <= 3; threads += 2)
+                CHECK(read_back_with(st, step, world, threads, err),
+                      "xxh3, codec %d world %d, %d threads: %s", codecs[ci], world, threads, err);
+        struct ckpt_manifest m;
+        REQUIRE(ckpt_load_manifest(st, step, &m, err) == 0, "%s", err);
+        CHECK(m.chunk_hash == CKPT_HASH_XXH3, "the manifest lost its chunk hash");
+        ckpt_manifest_free(&m);
+    }
+    REQUIRE(ckpt_list_steps(st, &steps, &n, err) == 0, "%s", err);
     free(steps);
     storage_close(st);
 }
@@ -174,12 +217,13 @@ static void count_bad(void *arg, const char *msg)
     (*(int *)arg)++;
 }
 
-static void a_flipped_byte_is_named_by_shard_and_chunk(void)
+static void flipped_byte_is_named(int hash)
 {
     char err[CKPT_ERR_LEN], path[600];
     struct storage *st;
     REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
-    REQUIRE(write_step(st, 100, CKPT_CODEC_ZSTD_SHUFFLE4, 1000, err) == 0, "%s", err);
+    REQUIRE(write_step_hashed(st, 100, CKPT_CODEC_ZSTD_SHUFFLE4, 1000, hash, err) == 0, "%s",
+            err);
     snprintf(path, sizeof path, "%s/step-00000100/shard-00001-of-00003", root);
     FILE *f = fopen(path, "r+b");
     REQUIRE(f != NULL, "open %s", path);
@@ -190,9 +234,14 @@ static void a_flipped_byte_is_named_by_shard_and_chunk(void)
     fseek(f, size / 2, SEEK_SET);
     fputc(b ^ 0x10, f);
     fclose(f);
+    char mismatch[64];
+    snprintf(mismatch, sizeof mismatch, "%s mismatch", ckpt_hash_name(hash));
     CHECK(!read_back_matches(st, 100, 2, err) && strstr(err, "shard-00001-of-00003: chunk") &&
-              strstr(err, "sha256 mismatch"),
+              strstr(err, mismatch),
           "error: %s", err);
+    CHECK(!read_back_with(st, 100, 2, 3, err) && strstr(err, "shard-00001-of-00003: chunk") &&
+              strstr(err, mismatch),
+          "3 threads: error: %s", err);
     struct ckpt_manifest m;
     REQUIRE(ckpt_load_manifest(st, 100, &m, err) == 0, "%s", err);
     struct ckpt_reader r;
@@ -207,6 +256,12 @@ static void a_flipped_byte_is_named_by_shard_and_chunk(void)
     ckpt_manifest_free(&m);
     remove_step(st, 100);
     storage_close(st);
+}
+
+static void a_flipped_byte_is_named_by_shard_and_chunk(void)
+{
+    flipped_byte_is_named(CKPT_HASH_SHA256);
+    flipped_byte_is_named(CKPT_HASH_XXH3);
 }
 
 /* Breaks one number of a valid manifest, re-serialises (which re-seals its

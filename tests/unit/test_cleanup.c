@@ -57,7 +57,7 @@ static int commit_step(struct storage *st, uint64_t step, int world, const char 
     m.units[0].tensors[0] = (struct ckpt_tensor){"u.w", 1, {NUMEL}, 0, NUMEL};
     m.nshards = world;
     m.shards = calloc((size_t)world, sizeof *m.shards);
-    struct ckpt_write_opts o = {CKPT_CODEC_RAW, 0, 1024};
+    struct ckpt_write_opts o = {CKPT_CODEC_RAW, 0, 1024, CKPT_HASH_SHA256};
     struct ckpt_codec *c = ckpt_codec_new(o.chunk_bytes);
     char dir[32];
     ckpt_step_dir(step, dir, sizeof dir);

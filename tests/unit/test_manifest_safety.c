@@ -23,7 +23,7 @@ static json_t *good_shard(void)
     json_error_t je;
     return json_loads("{\"rank\": 0, \"file\": \"shard-00000-of-00001\", \"raw_size\": 64,"
                       " \"stored_size\": 160, \"sha256\": \"" HEX64 "\", \"chunks\": 2,"
-                      " \"index\": {\"offset\": 48, \"length\": 112, \"sha256\": \"" HEX64 "\"}}",
+                      " \"index\": {\"offset\": 48, \"length\": 112}}",
                       0, &je);
 }
 
@@ -34,7 +34,7 @@ static void a_good_shard_entry_parses(void)
     struct ckpt_shard s;
     char err[CKPT_ERR_LEN] = "";
     CHECK(ckpt_shard_from_json(j, &s, err) == 0, "%s", err);
-    CHECK(s.nchunks == 2 && s.index_off == 48 && s.index_len == 112 && s.index_sha256[1] == 0x11 &&
+    CHECK(s.nchunks == 2 && s.index_off == 48 && s.index_len == 112 && s.digest[1] == 0x11 &&
               !s.chunks,
           "parsed other values");
     json_t *back = ckpt_shard_to_json(&s);
@@ -75,8 +75,9 @@ static void bad_format2_entries_are_refused(void)
     CHECK(refused(0, "chunks", json_integer(-1), "'chunks'"), "a negative count");
     CHECK(refused(0, "index", json_null(), "chunk index"), "no index");
     CHECK(refused(1, "offset", json_integer(-5), "'offset'"), "a negative index offset");
-    CHECK(refused(1, "sha256", json_string("xyz"), "index's sha256"), "a bad index digest");
-    CHECK(refused(1, "sha256", json_string(HEX64 "00"), "index's sha256"), "a long index digest");
+    CHECK(refused(1, "length", json_string("112"), "'length'"), "a string as index length");
+    CHECK(refused(0, "sha256", json_string("xyz"), "sha256"), "a bad digest");
+    CHECK(refused(0, "sha256", json_string(HEX64 "00"), "sha256"), "a long digest");
 }
 
 /* ---- format 1, through the whole manifest ------------------------------------ */
