@@ -23,11 +23,15 @@ table and writes it as JSON. Installs what is missing and builds first.
                   committed; median of 3 saves; the posix backend writes with
                   O_DIRECT) against dd conv=fsync of the same number of bytes,
                   one stream, on the same disk, through the page cache and
-                  with oflag=direct.
-  load            resuming that checkpoint on 2 ranks (same world size) and on
-                  1 and 4 ranks (resharding; 4 ranks oversubscribe 2 cores), every chunk read and verified,
-                  against cat of the same files to /dev/null. Warm: nothing is
-                  dropped from the page cache (both sides read cached bytes).
+                  with oflag=direct (median of 3 rounds each).
+  load            resuming that checkpoint and copies of it (fsdp-ckpt reshard):
+                  same world 1->1 (1 rank x 2 threads) and 2->2, reshard 2->1
+                  and 2->4 (4 ranks oversubscribe 2 cores), each with SHA-256
+                  and XXH3-128 chunk digests (--ckpt-hash), every chunk read
+                  and verified, median of 3 loads, against cat of the same
+                  files to /dev/null: warm, both read cached bytes. Then cold:
+                  the page cache dropped (where permitted) before the 1->1
+                  loads and before dd iflag=direct of the same files.
   compression     the trained state of the sync runs (step 50), resharded
                   offline from a raw copy with each codec: ratio, and raw
                   GB/s of the whole reshard (read, verify, compress, hash,
@@ -146,37 +150,99 @@ def write_and_load(data, tmp):
     mib = (nbytes + (1 << 20) - 1) >> 20
     write = {"bytes": nbytes, "saves_s": saves, "save_s": save_s, "gb_s": nbytes / save_s / 1e9}
     # dd as the filesystem's users write (through the page cache) and as our
-    # posix backend does (O_DIRECT), both with a final fsync, 4 MiB blocks
+    # posix backend does (O_DIRECT), both with a final fsync, 4 MiB blocks;
+    # median of 3 rounds each, like the saves
     for name, flags in (("dd", []), ("dd_direct", ["oflag=direct"])):
-        secs, _ = timed(["dd", "if=/dev/zero", "of=" + dd_file, "bs=4M", "count=%d" % ((mib + 3) // 4),
-                         "conv=fsync", "status=none"] + flags)
-        dd_bytes = os.path.getsize(dd_file)
-        os.unlink(dd_file)
-        write.update({name + "_bytes": dd_bytes, name + "_s": secs,
+        rounds = []
+        for _ in range(3):
+            secs, _ = timed(["dd", "if=/dev/zero", "of=" + dd_file, "bs=4M",
+                             "count=%d" % ((mib + 3) // 4), "conv=fsync", "status=none"] + flags)
+            dd_bytes = os.path.getsize(dd_file)
+            os.unlink(dd_file)
+            rounds.append(secs)
+        secs = statistics.median(rounds)
+        write.update({name + "_bytes": dd_bytes, name + "_s": secs, name + "_rounds_s": rounds,
                       name + "_gb_s": dd_bytes / secs / 1e9})
         write["over_" + name] = write["gb_s"] / write[name + "_gb_s"]
     for s in (1, 2):
         shutil.rmtree(step_dir(ck, s))
-    files = [os.path.join(d, f) for d, _, fs in os.walk(step_dir(ck, 3)) for f in fs]
-    cat_s = []
-    loads = {}
-    for ranks, threads in ((2, 1), (1, 2), (4, 1)):
-        cat_t, _ = timed(["sh", "-c", 'cat "$@" > /dev/null', "cat"] + files)
-        cat_s.append(cat_t)
-        err = train(data, ranks, threads, 3, ["--ckpt", ck, "--resume", "auto"],
-                    os.path.join(tmp, "load.jsonl"), BIG, 4)
-        m = re.search(r"loading step 3 read ([0-9 ,]+) bytes on ranks 0\.\.\d+, of (\d+) stored, "
-                      r"in ([0-9.]+) s", err)
-        if not m:
-            sys.exit("bench: no load line in:\n" + err[-2000:])
-        secs = float(m.group(3))
-        loads[ranks] = {"s": secs, "bytes": nbytes, "gb_s": nbytes / secs / 1e9,
-                        "resharded": ranks != 2}
+    return write, loads(data, tmp, ck, nbytes)
+
+
+def drop_caches():
+    """Empties the page cache (root on Linux); False where not permitted."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def load_once(data, ck, ranks, threads, tmp):
+    err = train(data, ranks, threads, 3, ["--ckpt", ck, "--resume", "auto"],
+                os.path.join(tmp, "load.jsonl"), BIG, 4)
+    m = re.search(r"loading step 3 read ([0-9 ,]+) bytes on ranks 0\.\.\d+, of (\d+) stored, "
+                  r"in ([0-9.]+) s", err)
+    if not m:
+        sys.exit("bench: no load line in:\n" + err[-2000:])
+    return float(m.group(3))
+
+
+def loads(data, tmp, ck, nbytes):
+    """Resuming the checkpoint written by 2 ranks, and a copy of it for 1 rank
+    (fsdp-ckpt reshard), each with SHA-256 and with XXH3-128 chunk digests:
+    same world 1->1 and 2->2, reshard 2->1 and 2->4, against cat of the same
+    files (warm: both from the page cache), and cold, after dropping the
+    page cache, against dd iflag=direct of the same files."""
+    stores = {("sha256", 2): ck}
+    for h, w in (("sha256", 1), ("xxh3", 2), ("xxh3", 1)):
+        dst = os.path.join(tmp, f"ck-{h}-{w}")
+        shutil.rmtree(dst, ignore_errors=True)
+        sh([CKPT, "reshard", ck + "@3", dst, "--world-size", str(w), "--compress", "none",
+            "--hash", h])
+        stores[(h, w)] = dst
+    cases = [("same world 1->1", 1, 1, 2), ("reshard 2->1", 2, 1, 2),
+             ("same world 2->2", 2, 2, 1), ("reshard 2->4", 2, 4, 1)]
+    rows, cat_s = [], []
+    for name, saved, ranks, threads in cases:
+        for h in ("sha256", "xxh3"):
+            store = stores[(h, saved)]
+            files = [os.path.join(d, f) for d, _, fs in os.walk(step_dir(store, 3)) for f in fs]
+            cat_t, _ = timed(["sh", "-c", 'cat "$@" > /dev/null', "cat"] + files)
+            cat_s.append(cat_t)
+            load_once(data, store, ranks, threads, tmp)  # the page cache holds the files
+            secs = statistics.median(load_once(data, store, ranks, threads, tmp)
+                                     for _ in range(3))
+            rows.append({"case": name, "hash": h, "ranks": ranks, "threads": threads,
+                         "s": secs, "gb_s": nbytes / secs / 1e9})
     cat = statistics.median(cat_s)
-    for v in loads.values():
-        v["over_cat"] = v["gb_s"] / (nbytes / cat / 1e9)
-    return write, {"cat_s": cat, "cat_gb_s": nbytes / cat / 1e9, "by_ranks": loads,
-                   "cache": "warm (nothing dropped; both read from the page cache)"}
+    for r in rows:
+        r["over_cat"] = r["gb_s"] / (nbytes / cat / 1e9)
+    res = {"cat_s": cat, "cat_gb_s": nbytes / cat / 1e9, "rows": rows,
+           "cache": "warm (both read from the page cache; median of 3 loads)"}
+    # cold: the same-world 1-rank loads and dd iflag=direct, caches dropped before each
+    if drop_caches():
+        cold = []
+        for h in ("sha256", "xxh3"):
+            store = stores[(h, 1)]
+            files = [os.path.join(d, f) for d, _, fs in os.walk(step_dir(store, 3)) for f in fs]
+            drop_caches()
+            dd_t = 0.0
+            for f in files:
+                t, _ = timed(["dd", "if=" + f, "of=/dev/null", "bs=4M", "iflag=direct",
+                              "status=none"])
+                dd_t += t
+            drop_caches()
+            secs = load_once(data, store, 1, 2, tmp)
+            cold.append({"hash": h, "s": secs, "gb_s": nbytes / secs / 1e9,
+                         "dd_direct_gb_s": nbytes / dd_t / 1e9,
+                         "over_dd_direct": dd_t / secs})
+        res["cold"] = cold
+    else:
+        res["cold"] = "not measured: dropping the page cache is not permitted"
+    return res
 
 
 def compression(tmp):
@@ -301,9 +367,21 @@ def report_io(w, ld):
           f"checkpoint / dd {w['over_dd_direct']:.2f}")
     print(f"load, the same {w['bytes'] / mb:.1f} MB, {ld['cache']}; "
           f"cat > /dev/null {ld['cat_gb_s']:.3f} GB/s")
-    for ranks, v in sorted(ld["by_ranks"].items()):
-        kind = "reshard 2->%d" % ranks if v["resharded"] else "same world 2->2"
-        print(f"  {kind:<30} {v['gb_s']:10.3f} GB/s   ratio to cat {v['over_cat']:.2f}")
+    same = {r["hash"]: r["gb_s"] for r in ld["rows"] if r["case"] == "same world 1->1"}
+    for r in ld["rows"]:
+        extra = ""
+        if r["case"] == "reshard 2->1":
+            extra = f"   reshard / same-world load {r['gb_s'] / same[r['hash']]:.2f}"
+        setting = f"{r['ranks']} x {r['threads']} thr, {r['hash']}"
+        print(f"  {r['case']:<16} {setting:<20} {r['gb_s']:8.3f} GB/s   "
+              f"ratio to cat {r['over_cat']:.2f}{extra}")
+    if isinstance(ld["cold"], str):
+        print(f"cold cache: {ld['cold']}")
+    else:
+        for c in ld["cold"]:
+            print(f"cold cache, same world 1->1, 1 x 2 thr, {c['hash']:<7} {c['gb_s']:8.3f} GB/s   "
+                  f"dd bs=4M iflag=direct {c['dd_direct_gb_s']:.3f} GB/s   "
+                  f"ratio {c['over_dd_direct']:.2f}")
 
 
 def report_compression(cm):
