@@ -45,6 +45,7 @@
 #define CKPT_MANIFEST "MANIFEST.json"
 #define CKPT_MAX_MANIFEST_BYTES (64u << 20)
 #define CKPT_MAX_CHUNK_BYTES (256u << 20)
+#define CKPT_MAX_CHUNKS (1 << 24) /* per shard: a larger shard needs larger chunks */
 
 enum ckpt_kind { CKPT_PARAM, CKPT_EXP_AVG, CKPT_EXP_AVG_SQ, CKPT_NKINDS };
 const char *ckpt_kind_name(int kind);

@@ -278,7 +278,7 @@ char *ckpt_manifest_dump(const struct ckpt_manifest *m)
 
 #define LIMIT_UNITS 65536
 #define LIMIT_TENSORS 65536
-#define LIMIT_CHUNKS (1 << 24)
+#define LIMIT_CHUNKS CKPT_MAX_CHUNKS
 #define LIMIT_WORLD 65536
 #define LIMIT_NUMEL (1ULL << 40)
 
@@ -526,7 +526,7 @@ int ckpt_manifest_check(const struct ckpt_manifest *m, char *err)
         }
         if (m->version >= 2) {
             uint64_t n = (raw + m->chunk_bytes - 1) / m->chunk_bytes;
-            if ((uint64_t)s->nchunks != n ||
+            if (n > LIMIT_CHUNKS || (uint64_t)s->nchunks != n ||
                 s->index_len != CKPT_INDEX_HEADER + n * CKPT_INDEX_ENTRY ||
                 s->index_off < n || s->index_off > s->stored_size ||
                 s->stored_size - s->index_off != s->index_len) {

@@ -211,6 +211,10 @@ int ckpt_plan_run_parallel(struct ckpt_reader *r, const struct ckpt_plan *p, int
     pool.t = t;
     pool.s = s;
     pthread_mutex_init(&pool.mu, NULL);
+    /* each extra thread holds about three chunks of buffers (the chunk size
+     * comes from the manifest, up to 256 MiB): at most 1 GiB of them */
+    long budget = (long)((1ull << 30) / (3 * (unsigned long long)r->codec->chunk_bytes));
+    threads = threads < budget + 1 ? threads : (int)budget + 1;
     threads = threads < pool.nt ? threads : pool.nt;
     struct worker *w = calloc((size_t)(threads > 1 ? threads : 1), sizeof *w);
     int started = 0, rc = 0;

@@ -224,6 +224,10 @@ int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, c
         return problems + 1;
     }
     EVP_MD_CTX *md = r->m->version < 2 ? EVP_MD_CTX_new() : NULL;
+    if (r->m->version < 2 && !md) {
+        bad(arg, "out of memory for a digest context");
+        return problems + 1;
+    }
     if (md)
         EVP_DigestInit_ex(md, EVP_sha256(), NULL);
     for (int c = 0; c < s->nchunks; c++) {
@@ -246,6 +250,10 @@ int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, c
             bad(arg, msg);
             problems++;
         }
+    }
+    if (r->tables[shard] != s->chunks) { /* a fetched index: verify holds one at a time */
+        free(r->tables[shard]);
+        r->tables[shard] = NULL;
     }
     return problems;
 }

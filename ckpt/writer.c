@@ -69,7 +69,16 @@ int ckpt_writer_begin(struct storage *st, const char *key, const char *file,
     for (int i = 0; i < nsec; i++)
         raw += secs[i].n * 4;
     w->shard.raw_size = raw;
-    w->chunk_cap = (int)((raw + codec->chunk_bytes - 1) / codec->chunk_bytes);
+    uint64_t nchunks = (raw + codec->chunk_bytes - 1) / codec->chunk_bytes;
+    if (nchunks > CKPT_MAX_CHUNKS) {
+        snprintf(err, CKPT_ERR_LEN,
+                 "%s: %llu raw bytes in %zu-byte chunks make %llu chunks, over the format's %d: "
+                 "use larger chunks (--ckpt-chunk-kib)", key, (unsigned long long)raw,
+                 codec->chunk_bytes, (unsigned long long)nchunks, CKPT_MAX_CHUNKS);
+        free(w);
+        return -1;
+    }
+    w->chunk_cap = (int)nchunks;
     w->shard.chunks = calloc((size_t)(w->chunk_cap > 0 ? w->chunk_cap : 1),
                              sizeof *w->shard.chunks);
     if (!w->shard.chunks) {

@@ -848,10 +848,19 @@ static int share_manifest(struct ckptr *c, uint64_t step, struct ckpt_manifest *
             ckpt_manifest_free(man);
         return fsdp_err(err, "%s", sub);
     }
+    /* every rank takes part in the same collectives: the document goes out
+     * only if every rank could make room for it */
+    double short_of_memory = 0;
     if (c->comm->rank != 0 && head[0] == 0 && !(doc = malloc((size_t)head[1] + 1)))
-        head[0] = fsdp_err(err, "checkpoint: out of memory for a manifest");
+        short_of_memory = 1;
     if (head[0] == 0 && c->comm->world > 1 &&
-        c->comm->bcast_bytes(c->comm, doc, (size_t)head[1], 0, sub))
+        c->comm->allreduce_sum_f64(c->comm, &short_of_memory, 1, sub))
+        head[0] = fsdp_err(err, "%s", sub);
+    else if (head[0] == 0 && short_of_memory > 0)
+        head[0] = fsdp_err(err, "checkpoint: a rank is out of memory for the manifest of step %llu "
+                           "(%lld bytes)", (unsigned long long)step, (long long)head[1]);
+    else if (head[0] == 0 && c->comm->world > 1 &&
+             c->comm->bcast_bytes(c->comm, doc, (size_t)head[1], 0, sub))
         head[0] = fsdp_err(err, "%s", sub);
     if (c->comm->rank != 0 && head[0] == 0 &&
         ckpt_manifest_parse(doc, (size_t)head[1], man, sub))

@@ -347,7 +347,8 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, i
     return rc ? die(err) : 0;
 }
 
-static int cmd_cp(const char *src_arg, const char *dst_uri, const struct ckpt_write_opts *o)
+static int cmd_cp(const char *src_arg, const char *dst_uri, const struct ckpt_write_opts *o,
+                  int rewrite_opts)
 {
     char err[CKPT_ERR_LEN], uri[1024];
     uint64_t step;
@@ -383,6 +384,10 @@ static int cmd_cp(const char *src_arg, const char *dst_uri, const struct ckpt_wr
         if (rc)
             break;
         int version = m.version;
+        if (rewrite_opts && version >= CKPT_FORMAT_VERSION)
+            fprintf(stderr, "fsdp-ckpt: step %llu is format %d: copied as it is (--compress, "
+                    "--chunk-kib and --hash apply when rewriting format 1; reshard rewrites "
+                    "any step)\n", (unsigned long long)steps[i].step, version);
         rc = ckpt_copy_step(st, &m, dst, o, err);
         ckpt_manifest_free(&m);
         if (!rc) {
@@ -496,7 +501,7 @@ static int cmd_convert(int argc, char **argv)
 {
     const char *cmd = argv[1], *pos[2] = {NULL, NULL}, *model = NULL;
     long long world = 0, chunk_kib = 4096;
-    int npos = 0, all = 0;
+    int npos = 0, all = 0, rewrite_opts = 0;
     struct ckpt_write_opts o = {CKPT_CODEC_ZSTD_SHUFFLE4, 1, 4u << 20, CKPT_HASH_SHA256};
     char err[CKPT_ERR_LEN], msg[CKPT_ERR_LEN + 64];
     for (int i = 2; i < argc; i++) {
@@ -511,14 +516,17 @@ static int cmd_convert(int argc, char **argv)
             if (!has_value || *end || world < 1 || world > 65536)
                 return bad_usage("--world-size needs an integer in 1..65536");
         } else if (strcmp(a, "--compress") == 0 && strcmp(cmd, "export") != 0) {
+            rewrite_opts = 1;
             if (!has_value)
                 return bad_usage("--compress needs a value");
             if (ckpt_parse_compress(argv[++i], &o, err))
                 return bad_usage(err);
         } else if (strcmp(a, "--hash") == 0 && strcmp(cmd, "export") != 0) {
+            rewrite_opts = 1;
             if (!has_value || ckpt_parse_hash(argv[++i], &o.hash))
                 return bad_usage("--hash needs sha256 or xxh3");
         } else if (strcmp(a, "--chunk-kib") == 0 && strcmp(cmd, "export") != 0) {
+            rewrite_opts = 1;
             char *end = NULL;
             chunk_kib = has_value ? strtoll(argv[++i], &end, 10) : 0;
             if (!has_value || *end || chunk_kib < 1 || chunk_kib > 256 * 1024)
@@ -542,7 +550,7 @@ static int cmd_convert(int argc, char **argv)
     if (strcmp(cmd, "export") == 0)
         return cmd_export(pos[0], pos[1], all);
     if (strcmp(cmd, "cp") == 0)
-        return cmd_cp(pos[0], pos[1], &o);
+        return cmd_cp(pos[0], pos[1], &o, rewrite_opts);
     if (!world)
         return bad_usage("--world-size M is required");
     if (strcmp(cmd, "reshard") == 0)

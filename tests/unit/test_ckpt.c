@@ -418,6 +418,30 @@ static void malformed_chunk_indexes_are_refused(void)
     }
 }
 
+/* A shard that would need more chunks than the format allows is refused
+ * before a byte is written (a reader would refuse its manifest). */
+static void too_many_chunks_are_refused_up_front(void)
+{
+    char err[CKPT_ERR_LEN] = "";
+    struct storage *st;
+    REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
+    struct ckpt_codec *c = ckpt_codec_new(4);
+    struct ckpt_write_opts o = {CKPT_CODEC_RAW, 0, 4, CKPT_HASH_SHA256};
+    struct ckpt_section sec = {0, 0, 0, (uint64_t)CKPT_MAX_CHUNKS + 1, 0};
+    struct ckpt_shard_writer *w = NULL;
+    int rc = ckpt_writer_begin(st, "step-00000400/shard-00000-of-00001", "shard-00000-of-00001", &o,
+                               c, 0, &sec, 1, NULL, &w, err);
+    CHECK(rc != 0 && w == NULL && strstr(err, "use larger chunks"), "rc %d: %s", rc, err);
+    struct ckpt_step_info *steps;
+    int n;
+    REQUIRE(ckpt_list_steps(st, &steps, &n, err) == 0, "%s", err);
+    for (int i = 0; i < n; i++)
+        CHECK(steps[i].step != 400, "an object of the refused shard was left");
+    free(steps);
+    ckpt_codec_free(c);
+    storage_close(st);
+}
+
 static void teardown(void)
 {
     char cmd[300];
@@ -432,4 +456,5 @@ CHECK_MAIN(TEST(setup), TEST(round_trip_every_codec_chunk_size_and_world),
            TEST(a_flipped_byte_is_named_by_shard_and_chunk),
            TEST(inconsistent_manifests_are_refused),
            TEST(mutated_manifests_never_crash_the_parser), TEST(a_damaged_chunk_index_is_named),
-           TEST(malformed_chunk_indexes_are_refused), TEST(teardown))
+           TEST(malformed_chunk_indexes_are_refused), TEST(too_many_chunks_are_refused_up_front),
+           TEST(teardown))
