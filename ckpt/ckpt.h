@@ -187,8 +187,14 @@ struct ckpt_write_opts {
     int codec; /* CKPT_CODEC_* */
     int level; /* zstd level */
     size_t chunk_bytes;
-    int hash; /* CKPT_HASH_* (0: SHA-256) */
+    int hash; /* CKPT_HASH_* */
 };
+
+/* What the trainer and fsdp-ckpt write unless told otherwise: zstd+shuffle
+ * level 1, 4 MiB chunks, XXH3-128 chunk digests (the index and manifest
+ * digests are SHA-256 whatever this says; see README "Checkpoint format"). */
+#define CKPT_WRITE_DEFAULTS                                                                       \
+    ((struct ckpt_write_opts){CKPT_CODEC_ZSTD_SHUFFLE4, 1, 4u << 20, CKPT_HASH_XXH3})
 
 /* Parses "none", "zstd", "zstd:LEVEL", and with shuffle: "zstd+shuffle[:LEVEL]". */
 int ckpt_parse_compress(const char *s, struct ckpt_write_opts *o, char *err);
@@ -294,8 +300,8 @@ int ckpt_plan_load(const struct ckpt_reader *r, const struct ckpt_want *w, int n
                    struct ckpt_plan *p, char *err);
 int ckpt_plan_indexes(struct ckpt_reader *r, const struct ckpt_plan *p, char *err);
 /* Runs the plan: every chunk fetched, verified and decoded once, by
- * r->threads threads when the store may be read from several (parallel.c),
- * else by this one through the reader's cache. */
+ * r->threads threads with reads issued ahead when the store may be read from
+ * several (parallel.c), else by this one through the reader's cache. */
 int ckpt_plan_run(struct ckpt_reader *r, const struct ckpt_plan *p, char *err);
 int ckpt_plan_run_parallel(struct ckpt_reader *r, const struct ckpt_plan *p, int threads,
                            char *err);

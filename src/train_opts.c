@@ -81,9 +81,9 @@ void train_opts_usage(void)
            "  --compress C           none | zstd[:LEVEL] | zstd+shuffle[:LEVEL]\n"
            "                         (default zstd+shuffle:1)\n"
            "  --ckpt-chunk-kib N     raw bytes per chunk (default 4096)\n"
-           "  --ckpt-hash H          sha256 | xxh3: the chunks' digest; xxh3 (XXH3-128, not\n"
-           "                         cryptographic) verifies ten times faster at load\n"
-           "                         (default sha256)\n"
+           "  --ckpt-hash H          xxh3 | sha256: the chunks' digest (default xxh3:\n"
+           "                         XXH3-128, ten times faster to verify; sha256 when\n"
+           "                         the digests must be cryptographic)\n"
            "  --ckpt-async           write checkpoints in the background (training goes on)\n"
            "  --verify-load on       after loading, check the state's digest against the\n"
            "                         checkpoint's (proves a reshard; reads it twice)\n"
@@ -149,7 +149,7 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
     o->bucket_mib = -1;
     o->ckpt.keep = 3;
     o->ckpt.resume = 1;
-    o->ckpt.write = (struct ckpt_write_opts){CKPT_CODEC_ZSTD_SHUFFLE4, 1, 4u << 20, CKPT_HASH_SHA256};
+    o->ckpt.write = CKPT_WRITE_DEFAULTS;
     long long chunk_kib = 4096;
     long long layers = 0, dim = 0, heads = 0, seq = 0, vocab = 0, seed = 1337;
 

@@ -39,10 +39,10 @@ static void usage(FILE *f)
                "       fsdp-ckpt verify URI[@STEP]\n"
                "       fsdp-ckpt digest URI[@STEP]\n"
                "       fsdp-ckpt reshard SRC[@STEP] DST --world-size M [--compress C] "
-               "[--chunk-kib N]\n"
+               "[--chunk-kib N] [--hash H]\n"
                "       fsdp-ckpt export SRC[@STEP] OUT.safetensors [--all]\n"
                "       fsdp-ckpt import IN.safetensors DST --model PRESET --world-size M "
-               "[--compress C]\n"
+               "[--compress C] [--hash H]\n"
                "       fsdp-ckpt cp SRC[@STEP] DST [--compress C] [--chunk-kib N] [--hash H]\n"
                "       fsdp-ckpt diff A[@STEP] B[@STEP]\n"
                "       fsdp-ckpt prune URI --keep K\n"
@@ -51,8 +51,8 @@ static void usage(FILE *f)
                "AWS_PROFILE, AWS_CA_BUNDLE); @STEP picks a step (default: newest committed)\n"
                "cp copies stored bytes as they are; a format-1 step is rewritten as format 2\n"
                "(with --compress, --chunk-kib and --hash).\n"
-               "H: sha256 | xxh3 (XXH3-128: not cryptographic, ten times faster to verify;\n"
-               "default sha256)\n"
+               "H: xxh3 | sha256 (default xxh3: XXH3-128, ten times faster to verify;\n"
+               "sha256 when the chunks' digests must be cryptographic)\n"
                "C: none | zstd[:LEVEL] | zstd+shuffle[:LEVEL] (default zstd+shuffle:1)\n");
 }
 
@@ -502,7 +502,7 @@ static int cmd_convert(int argc, char **argv)
     const char *cmd = argv[1], *pos[2] = {NULL, NULL}, *model = NULL;
     long long world = 0, chunk_kib = 4096;
     int npos = 0, all = 0, rewrite_opts = 0;
-    struct ckpt_write_opts o = {CKPT_CODEC_ZSTD_SHUFFLE4, 1, 4u << 20, CKPT_HASH_SHA256};
+    struct ckpt_write_opts o = CKPT_WRITE_DEFAULTS;
     char err[CKPT_ERR_LEN], msg[CKPT_ERR_LEN + 64];
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];

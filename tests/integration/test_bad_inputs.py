@@ -173,7 +173,7 @@ def cases(f):
          ["already holds a committed step 6"]),
         ("ckpt export: into a directory", [CKPT, "export", f.ck, t], [t]),
         ("ckpt export: a damaged source", [CKPT, "export", flipped, f.path("e.safetensors"),
-                                           "--all"], ["sha256 mismatch"]),
+                                           "--all"], ["xxh3-128 mismatch"]),
         ("ckpt import: a FIFO", [CKPT, "import", fifo, f.path("i1"), "--model", "tiny",
                                  "--world-size", "1"], [fifo, "not a regular file"]),
         ("ckpt import: truncated file", [CKPT, "import", st_trunc, f.path("i2"), "--model",

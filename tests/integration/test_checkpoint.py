@@ -45,12 +45,12 @@ def flipped_byte_fails_verify_and_resume_falls_back(tmp):
     p = run([CKPT, "verify", ck], check=False)
     assert p.returncode == 1, p.stdout
     bad = [l for l in p.stdout.splitlines() if l.startswith("BAD")]
-    assert bad and f"{os.path.basename(shard)}: chunk" in bad[0] and "sha256 mismatch" in bad[0], \
+    assert bad and f"{os.path.basename(shard)}: chunk" in bad[0] and "xxh3-128 mismatch" in bad[0], \
         p.stdout
     assert run([CKPT, "verify", f"{ck}@3"]).returncode == 0
     p = mpirun(2, train_args(train, ck, steps=9))
     assert "checkpoint step 6 is unusable" in p.stderr, p.stderr
-    assert "sha256 mismatch" in p.stderr and "falling back" in p.stderr, p.stderr
+    assert "xxh3-128 mismatch" in p.stderr and "falling back" in p.stderr, p.stderr
     assert "resumed from checkpoint step 3" in p.stderr, p.stderr
     assert digest(ck) == digest(ref), "resuming from step 3 did not reproduce the run"
 
@@ -144,12 +144,13 @@ def manifest_does_not_grow_with_the_number_of_chunks(tmp):
 
 
 def xxh3_chunk_digests_load_verify_and_catch_damage(tmp):
-    """--ckpt-hash xxh3: the same state (logical digests), loaded on 2 threads
-    and on 2 ranks, a flipped byte caught and named."""
+    """--ckpt-hash xxh3 (the default) against sha256: the same state (logical
+    digests); xxh3 loaded on 2 threads and on 2 ranks, a flipped byte caught
+    and named."""
     train, _ = prepare_corpus(tmp)
     sha, xxh = f"{tmp}/sha", f"{tmp}/xxh"
-    run(train_args(train, sha, steps=6))
-    run(train_args(train, xxh, steps=6, extra=["--ckpt-hash", "xxh3"]))
+    run(train_args(train, sha, steps=6, extra=["--ckpt-hash", "sha256"]))
+    run(train_args(train, xxh, steps=6))  # the default
     man = format_of(xxh)
     assert man["chunk_hash"] == "xxh3-128" and format_of(sha)["chunk_hash"] == "sha256"
     assert digest(xxh) == digest(sha)

@@ -223,7 +223,7 @@ def reshard_of_a_damaged_checkpoint_fails_and_commits_nothing(tmp):
     p = run([CKPT, "reshard", ck, dst, "--world-size", "3"], check=False)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 1 and len(lines) == 1, p.stderr
-    assert f"{os.path.basename(shard)}: chunk" in lines[0] and "sha256 mismatch" in lines[0], lines
+    assert f"{os.path.basename(shard)}: chunk" in lines[0] and "xxh3-128 mismatch" in lines[0], lines
     assert not os.path.exists(dst) or not [f for _, _, fs in os.walk(dst) for f in fs], \
         "files left in the destination"
 
