@@ -38,9 +38,10 @@ static uint64_t get64(const unsigned char *p) { return get32(p) | (uint64_t)get3
 unsigned char *ckpt_index_encode(const struct ckpt_chunk *chunks, int n, size_t *len)
 {
     *len = CKPT_INDEX_HEADER + (size_t)n * CKPT_INDEX_ENTRY;
-    unsigned char *b = malloc(*len), *p = b + CKPT_INDEX_HEADER;
+    unsigned char *b = malloc(*len);
     if (!b)
         return NULL;
+    unsigned char *p = b + CKPT_INDEX_HEADER;
     memcpy(b, magic, 8);
     put32(b + 8, 1);
     put32(b + 12, (uint32_t)n);

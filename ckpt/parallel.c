@@ -1,7 +1,7 @@
 /*
  * parallel.c - a load plan run by several threads (the rank's idle compute
  * threads at resume): each chunk the plan touches is one task, fetched,
- * verified against its SHA-256 and decoded by whichever thread takes it.
+ * verified against its digest and decoded by whichever thread takes it.
  *
  * Each thread reads a chunk into its own buffer (which stays in the CPU's
  * cache), verifies it there, and copies the wanted parts out - a raw chunk
@@ -12,8 +12,14 @@
  * 4.4 GB/s for the read into a cached buffer plus a user-space copy. A
  * destination is written only after its chunk verified.
  *
- * Needs a store that may be read from several threads at once (posix); the
- * reader falls back to one thread otherwise.
+ * Reads are issued ahead: taking chunk i, a thread first hints chunk
+ * i + 2 x threads to the store (posix: POSIX_FADV_WILLNEED), so the disk
+ * has work queued while the threads hash and copy. Measured from a cold
+ * page cache, 1 rank x 2 threads, 1.48 GB, 6 interleaved rounds: median
+ * 0.94 GB/s with no hint, 1.15 with 4 chunks ahead, 1.01 with 16.
+ *
+ * Runs every load from a store that may be read from several threads at
+ * once (posix), on one thread too; the reader reads on its own otherwise.
  */
 #include "codec.h"
 
@@ -36,7 +42,7 @@ struct pool {
     struct ckpt_reader *r;
     const struct task *t;
     const struct seg *s;
-    int nt;
+    int nt, ahead;
     int next, failed;       /* atomics */
     uint64_t bytes, chunks; /* atomics: what was fetched */
     pthread_mutex_t mu;
@@ -100,6 +106,18 @@ static int run_task(struct pool *p, struct ckpt_codec *k, const struct task *t, 
 
 /* Takes tasks until none is left or one failed. The caller's thread (main)
  * also reports progress (the reader's on_chunk: heartbeats). */
+static void prefetch(struct pool *p, int i)
+{
+    if (i >= p->nt)
+        return;
+    struct ckpt_reader *r = p->r;
+    const struct task *t = &p->t[i];
+    const struct ckpt_chunk *c = &r->tables[t->shard][t->chunk];
+    char key[128];
+    snprintf(key, sizeof key, "%s/%s", r->dir, r->m->shards[t->shard].file);
+    storage_prefetch(r->st, key, c->stored_off, c->stored_len);
+}
+
 static void drain(struct pool *p, struct ckpt_codec *k, int main)
 {
     char err[CKPT_ERR_LEN];
@@ -107,6 +125,12 @@ static void drain(struct pool *p, struct ckpt_codec *k, int main)
         int i = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
         if (i >= p->nt || __atomic_load_n(&p->failed, __ATOMIC_ACQUIRE))
             return;
+        if (p->ahead > 0) {
+            if (i == 0)
+                for (int j = 1; j < p->ahead; j++)
+                    prefetch(p, j);
+            prefetch(p, i + p->ahead);
+        }
         if (run_task(p, k, &p->t[i], err)) {
             fail(p, err);
             return;
@@ -210,6 +234,7 @@ int ckpt_plan_run_parallel(struct ckpt_reader *r, const struct ckpt_plan *p, int
         return -1;
     pool.t = t;
     pool.s = s;
+    pool.ahead = 2 * (threads > 1 ? threads : 1);
     pthread_mutex_init(&pool.mu, NULL);
     /* each extra thread holds about three chunks of buffers (the chunk size
      * comes from the manifest, up to 256 MiB): at most 1 GiB of them */

@@ -383,7 +383,7 @@ int ckpt_plan_indexes(struct ckpt_reader *r, const struct ckpt_plan *p, char *er
 
 int ckpt_plan_run(struct ckpt_reader *r, const struct ckpt_plan *p, char *err)
 {
-    if (r->threads > 1 && r->st->ops->concurrent_reads)
+    if (r->st->ops->concurrent_reads)
         return ckpt_plan_run_parallel(r, p, r->threads, err);
     for (int i = 0; i < p->npieces; i++) {
         const struct ckpt_piece *x = &p->pieces[i];

@@ -109,6 +109,12 @@ int storage_get_range(struct storage *s, const char *key, uint64_t off, size_t l
     return rc;
 }
 
+void storage_prefetch(struct storage *s, const char *key, uint64_t off, uint64_t len)
+{
+    if (s->ops->prefetch)
+        s->ops->prefetch(s, key, off, len);
+}
+
 int storage_get_all(struct storage *s, const char *key, size_t max, void **buf, size_t *len,
                     char *err)
 {

@@ -53,6 +53,10 @@ struct storage_ops {
     int (*get_range)(struct storage *s, const char *key, uint64_t off, size_t len, void *buf,
                      char *err);
     int (*stat)(struct storage *s, const char *key, uint64_t *size, char *err);
+    /* optional: a hint that [off, off + len) of key will be read soon (starts
+     * reading it into a cache without waiting); may be called from several
+     * threads when concurrent_reads is set */
+    void (*prefetch)(struct storage *s, const char *key, uint64_t off, uint64_t len);
     /* calls fn for every key that starts with prefix, in no particular order;
      * a non-zero return from fn stops the listing and is returned */
     int (*list)(struct storage *s, const char *prefix,
@@ -86,6 +90,9 @@ void storage_writer_abort(struct storage_writer *w);
 int storage_put(struct storage *s, const char *key, const void *buf, size_t n, char *err);
 int storage_get_range(struct storage *s, const char *key, uint64_t off, size_t len, void *buf,
                       char *err);
+/* A hint that those bytes will be read soon; does nothing where the backend
+ * has no use for it. */
+void storage_prefetch(struct storage *s, const char *key, uint64_t off, uint64_t len);
 /* Reads a whole object of at most max bytes into a fresh allocation. */
 int storage_get_all(struct storage *s, const char *key, size_t max, void **buf, size_t *len,
                     char *err);

@@ -288,11 +288,10 @@ static unsigned char *zero_index(const struct ckpt_manifest *m, size_t *len)
 }
 
 /* The shard objects a plan reads, as sparse files ending in their index. */
-static void make_shards(const struct ckpt_manifest *m, const struct ckpt_plan *p, const char *dir)
+static void make_shards(const struct ckpt_manifest *m, const struct ckpt_plan *p,
+                        const unsigned char *index, size_t len, const char *dir)
 {
     char path[1024];
-    size_t len;
-    unsigned char *index = zero_index(m, &len);
     snprintf(path, sizeof path, "%s/step-00000001", dir);
     mkdir(dir, 0755);
     mkdir(path, 0755);
@@ -306,7 +305,6 @@ static void make_shards(const struct ckpt_manifest *m, const struct ckpt_plan *p
             pwrite(fd, index, len, (off_t)m->shards[s].index_off) != (ssize_t)len || close(fd))
             fail(path, "cannot write");
     }
-    free(index);
 }
 
 static void load_phase(const struct model_layout *ml, int world, int version, uint64_t cb,
@@ -316,12 +314,12 @@ static void load_phase(const struct model_layout *ml, int world, int version, ui
     struct ckpt_manifest built;
     struct ckpt_chunk *shared;
     build(ml, world, version, cb, &built, &shared);
+    unsigned char *index = NULL;
+    size_t index_len = 0;
     if (version >= 2) {
         unsigned char sha[32];
-        size_t len;
-        unsigned char *index = zero_index(&built, &len);
-        ckpt_sha256(index, len, sha);
-        free(index);
+        index = zero_index(&built, &index_len);
+        ckpt_sha256(index, index_len, sha);
         for (int r = 0; r < world; r++)
             memcpy(built.shards[r].digest, sha, 32);
     }
@@ -372,7 +370,7 @@ static void load_phase(const struct model_layout *ml, int world, int version, ui
             fail("plan", err);
         double t2 = now(), t3 = t2, t4 = t2;
         if (version >= 2) {
-            make_shards(&m, &p, dir); /* not timed: the objects exist before a load */
+            make_shards(&m, &p, index, index_len, dir); /* not timed: the objects exist before a load */
             t3 = now();
             if (ckpt_plan_indexes(&r, &p, err))
                 fail("indexes", err);
@@ -394,6 +392,7 @@ static void load_phase(const struct model_layout *ml, int world, int version, ui
     }
     printf("]}\n");
     storage_close(st);
+    free(index);
     free(doc);
 }
 
