@@ -18,6 +18,11 @@
  * its bucket or prefix. XML request bodies (DeleteObjects,
  * CompleteMultipartUpload) are built with s3_buf's appends only, keys
  * through the one escaping append.
+ *
+ * GetObject and HeadObject may run on several threads at once (a load's
+ * threads): each request takes an idle curl handle from the client (or a
+ * new one) and gives it back, so each thread keeps its own connection.
+ * Writes, listings and deletes are one thread's at a time.
  */
 #include "s3_internal.h"
 
@@ -722,6 +727,7 @@ static const struct storage_ops s3_ops = {
     .del_many = s3_del_many,
     .put_if_absent = s3_put_if_absent,
     .close = s3_close,
+    .concurrent_reads = 1, /* each request takes its own curl handle (s3_perform) */
 };
 
 static int alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }

@@ -282,9 +282,11 @@ int s3_client_init(struct s3_client *c, char *err)
         return STORAGE_ERROR;
     }
     global = 1;
-    c->easy = curl_easy_init();
+    pthread_mutex_init(&c->mu, NULL);
+    c->idle[0] = curl_easy_init();
+    c->nidle = c->idle[0] != NULL;
     c->multi = curl_multi_init();
-    if (!c->easy || !c->multi) {
+    if (!c->nidle || !c->multi) {
         s3_client_free(c);
         snprintf(err, STORAGE_ERR_LEN, "s3: cannot initialise libcurl");
         return STORAGE_ERROR;
@@ -295,13 +297,38 @@ int s3_client_init(struct s3_client *c, char *err)
 
 void s3_client_free(struct s3_client *c)
 {
-    if (c->easy)
-        curl_easy_cleanup(c->easy);
+    for (int i = 0; i < c->nidle; i++)
+        curl_easy_cleanup(c->idle[i]);
     if (c->multi)
         curl_multi_cleanup(c->multi);
+    if (c->nidle || c->multi)
+        pthread_mutex_destroy(&c->mu);
     memset(&c->cfg, 0, sizeof c->cfg); /* the secret goes with it */
-    c->easy = NULL;
+    c->nidle = 0;
     c->multi = NULL;
+}
+
+/* An idle handle (its connection kept alive), or a new one. */
+static CURL *take_handle(struct s3_client *c)
+{
+    CURL *h = NULL;
+    pthread_mutex_lock(&c->mu);
+    if (c->nidle > 0)
+        h = c->idle[--c->nidle];
+    pthread_mutex_unlock(&c->mu);
+    return h ? h : curl_easy_init();
+}
+
+static void give_handle(struct s3_client *c, CURL *h)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->nidle < S3_IDLE_HANDLES) {
+        c->idle[c->nidle++] = h;
+        h = NULL;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (h)
+        curl_easy_cleanup(h);
 }
 
 int s3_buf_append(struct s3_buf *b, const void *data, size_t n)
@@ -622,7 +649,7 @@ void s3_backoff(struct s3_client *c, int attempt)
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) && errno == EINTR)
         ;
-    c->retries++;
+    __atomic_fetch_add(&c->retries, 1, __ATOMIC_RELAXED);
 }
 
 static const char *what(const struct s3_request *r, char *buf, size_t n)
@@ -634,22 +661,33 @@ static const char *what(const struct s3_request *r, char *buf, size_t n)
 int s3_perform(struct s3_client *c, struct s3_request *r, const char *op, char *err)
 {
     char why[256] = "", obj[1200];
+    CURL *h = take_handle(c);
+    if (!h) {
+        snprintf(err, STORAGE_ERR_LEN, "s3 %s %s: out of memory for a curl handle", op,
+                 what(r, obj, sizeof obj));
+        return STORAGE_ERROR;
+    }
     for (int attempt = 0; attempt < c->cfg.max_attempts; attempt++) {
         if (attempt)
             s3_backoff(c, attempt);
         r->attempts = attempt + 1;
         struct curl_slist *hdrs = NULL;
-        if (s3_prepare(c, c->easy, r, &hdrs, err))
+        if (s3_prepare(c, h, r, &hdrs, err)) {
+            give_handle(c, h);
             return STORAGE_ERROR;
-        CURLcode cc = curl_easy_perform(c->easy);
+        }
+        CURLcode cc = curl_easy_perform(h);
         int retry;
-        int rc = s3_finish(c, c->easy, r, cc, &retry, why, sizeof why);
+        int rc = s3_finish(c, h, r, cc, &retry, why, sizeof why);
         curl_slist_free_all(hdrs);
-        if (rc == 0)
+        if (rc == 0) {
+            give_handle(c, h);
             return 0;
+        }
         if (!retry)
             break;
     }
+    give_handle(c, h);
     snprintf(err, STORAGE_ERR_LEN, "s3 %s %s: %s (after %d attempt%s)", op,
              what(r, obj, sizeof obj), why, r->attempts, r->attempts > 1 ? "s" : "");
     return STORAGE_ERROR;

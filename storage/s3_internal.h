@@ -8,6 +8,7 @@
 #include "storage.h"
 
 #include <curl/curl.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,6 +36,7 @@ int s3_config_load(struct s3_config *c, char *err);
 /* A growing buffer (answers, request bodies), always NUL-terminated;
  * limit: most bytes it may hold (0: S3_BUF_LIMIT). */
 #define S3_BUF_LIMIT ((size_t)64 << 20)
+#define S3_IDLE_HANDLES 16 /* easy handles kept for reuse; more threads get fresh ones */
 struct s3_buf {
     char *p;
     size_t len, cap, limit;
@@ -79,11 +81,17 @@ struct s3_request {
     CURL *h;
 };
 
+/* Requests may run on several threads at once (s3_perform); everything
+ * else here (the multi handle: multipart uploads) is one thread's. */
 struct s3_client {
     struct s3_config cfg;
-    CURL *easy;  /* one handle: its connection is reused request to request */
+    /* idle easy handles: a request takes one and gives it back, so its
+     * connection is reused by the next request (one per thread in flight) */
+    pthread_mutex_t mu;
+    CURL *idle[S3_IDLE_HANDLES];
+    int nidle;
     CURLM *multi;
-    uint64_t retries;
+    uint64_t retries; /* atomic */
 };
 
 int s3_client_init(struct s3_client *c, char *err);

@@ -58,7 +58,8 @@ if [ $# -eq 0 ]; then
         cli token-files checkpoint reshard no-loss bad-inputs bad-files s3-signing-and-storage \
         knobs
     # ThreadSanitizer: our threads (async checkpoint writers, the O_DIRECT
-    # I/O thread, the parallel chunk readers, the heartbeat thread) with Open MPI's own reports
+    # I/O thread, the parallel chunk readers and verifiers, S3 requests from
+    # several threads, the heartbeat thread) with Open MPI's own reports
     # suppressed (tests/sanitizers/tsan.supp) and one OpenMP thread per rank
     # (GCC's libgomp is not instrumented, so its barriers look like races).
     configure build-tsan -Db_sanitize=thread -Dbuildtype=debugoptimized -Dcuda=disabled ||
@@ -66,7 +67,7 @@ if [ $# -eq 0 ]; then
     OMP_NUM_THREADS=1 \
     TSAN_OPTIONS="halt_on_error=1:exitcode=66:suppressions=$PWD/tests/sanitizers/tsan.supp" \
         meson test -C build-tsan --print-errorlogs --logbase tsan \
-        storage ckpt super-parsers tsan-async-checkpoint tsan-heartbeat
+        storage ckpt s3-requests super-parsers tsan-async-checkpoint tsan-heartbeat
     # libFuzzer: every target over its seeds (the regression inputs among
     # them), then 20000 executions each (tests/fuzz/README.md)
     (export CC=clang && configure build-fuzz -Dfuzz=true -Db_sanitize=address,undefined \

@@ -424,6 +424,10 @@ def training_and_every_tool_work_on_s3(tmp):
     run([CKPT, "cp", f"{tmp}/back@6", f"{b}/again"])
     assert run([CKPT, "diff", f"{b}/again", f"{tmp}/back@6"]).returncode == 0
     assert run([CKPT, "diff", f"{b}/again", run_s3], check=False).returncode == 1
+    # one rank loading on 2 threads, a connection each, proved by the digest
+    p = run([TRAIN, "--ckpt", f"{b}/again", "--threads", "2", "--verify-load", "on"] + common)
+    assert "resumed from checkpoint step 6" in p.stderr, p.stderr
+    assert "digest equal to the checkpoint's" in p.stderr, p.stderr
     run([CKPT, "prune", run_s3, "--keep", "1"])
     assert committed_steps(run_s3) == [9]
     objects = aws("s3", "ls", "--recursive", "s3://training/run/").stdout

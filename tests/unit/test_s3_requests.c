@@ -9,7 +9,9 @@
  * allocators are replaced here by ones that fail on demand), every call
  * either fails with a message or does exactly what it does without
  * failures: no request goes out unsigned or with half its headers, no
- * signature is computed from garbage. Run under ASan/UBSan too: a
+ * signature is computed from garbage; requests from four threads at once
+ * each get their own answer (loads read S3 from several threads). Run
+ * under ASan/UBSan and TSan too: a
  * miscounted body overflows there, a mishandled failure leaks or crashes.
  */
 #include "check.h"
@@ -111,7 +113,7 @@ static void serve_one(int c)
 static void *server_main(void *arg)
 {
     (void)arg;
-    while (!srv.stop) {
+    while (!__atomic_load_n(&srv.stop, __ATOMIC_ACQUIRE)) {
         int c = accept(srv.listen_fd, NULL, NULL);
         if (c < 0)
             continue;
@@ -490,6 +492,47 @@ static void curl_allocation_failures_are_errors_never_half_signed_requests(void)
     s3_client_free(&c);
 }
 
+struct burst {
+    struct s3_client *c;
+    int ok;
+};
+
+static void *get_many(void *arg)
+{
+    struct burst *b = arg;
+    char err[STORAGE_ERR_LEN];
+    for (int i = 0; i < 25; i++) {
+        struct s3_request r = {.method = "GET", .bucket = "bucket", .key = "step-1/x",
+                               .query = ""};
+        b->ok += s3_perform(b->c, &r, "GetObject", err) == 0 && r.status == 200;
+        s3_buf_free(&r.resp);
+    }
+    return NULL;
+}
+
+/* Loads read a store from several threads (storage_ops.concurrent_reads):
+ * each request takes a curl handle of its own and gives it back. */
+static void requests_from_four_threads_at_once_each_get_their_answer(void)
+{
+    char err[STORAGE_ERR_LEN];
+    struct s3_client c;
+    REQUIRE(s3_client_init(&c, err) == 0, "%s", err);
+    int before = requests();
+    struct burst b[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        b[i] = (struct burst){&c, 0};
+        REQUIRE(pthread_create(&th[i], NULL, get_many, &b[i]) == 0, "pthread_create");
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(b[i].ok == 25, "thread %d: %d of 25 requests answered", i, b[i].ok);
+    }
+    CHECK(requests() - before == 100, "the server saw %d requests, not 100", requests() - before);
+    CHECK(c.nidle >= 1 && c.nidle <= 4, "%d idle handles kept after 4 threads", c.nidle);
+    s3_client_free(&c);
+}
+
 static void appends_refuse_to_pass_the_limit(void)
 {
     struct s3_buf b = {.limit = 16};
@@ -503,7 +546,7 @@ static void appends_refuse_to_pass_the_limit(void)
 
 static void teardown(void)
 {
-    srv.stop = 1;
+    __atomic_store_n(&srv.stop, 1, __ATOMIC_RELEASE);
     int c = socket(AF_INET, SOCK_STREAM, 0); /* wake accept() */
     struct sockaddr_in a = {.sin_family = AF_INET,
                             .sin_port = htons((uint16_t)srv.port),
@@ -526,5 +569,6 @@ CHECK_MAIN(TEST(setup), TEST(delete_objects_bodies_carry_keys_full_of_xml_specia
            TEST(paths_are_sent_exactly_as_signed),
            TEST(openssl_allocation_failures_never_give_a_wrong_signature),
            TEST(curl_allocation_failures_are_errors_never_half_signed_requests),
+           TEST(requests_from_four_threads_at_once_each_get_their_answer),
            TEST(appends_refuse_to_pass_the_limit),
            TEST(teardown))
