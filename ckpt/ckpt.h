@@ -305,6 +305,11 @@ int ckpt_plan_indexes(struct ckpt_reader *r, const struct ckpt_plan *p, char *er
 int ckpt_plan_run(struct ckpt_reader *r, const struct ckpt_plan *p, char *err);
 int ckpt_plan_run_parallel(struct ckpt_reader *r, const struct ckpt_plan *p, int threads,
                            char *err);
+/* Fetches, verifies and decodes every chunk of a format-2 shard on threads
+ * threads; bad() is called for each failed chunk, in chunk order; returns
+ * the number of problems. */
+int ckpt_verify_chunks_parallel(struct ckpt_reader *r, int shard, int threads,
+                                void (*bad)(void *arg, const char *msg), void *arg);
 void ckpt_plan_free(struct ckpt_plan *p);
 
 /* A shard's chunk table: the manifest's (format 1), or its index fetched,
@@ -317,8 +322,8 @@ int ckpt_fetch_index(struct ckpt_reader *r, int shard, unsigned char **buf, char
 
 /* Re-hashes (and decodes) one chunk. */
 int ckpt_verify_chunk(struct ckpt_reader *r, int shard, int chunk, char *err);
-/* Checks a whole shard: its stored size, its index, every chunk, the shard
- * digest.
+/* Checks a whole shard: its stored size, its index, every chunk (format 2,
+ * on r->threads threads where the store allows), the shard digest.
  * bad(arg, message) is called once per problem; returns the number of
  * problems (0: the shard verifies). */
 int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, const char *msg),

@@ -43,6 +43,7 @@ struct pool {
     const struct task *t;
     const struct seg *s;
     int nt, ahead;
+    char **msgs;            /* a verify: each failed task's message (else NULL: stop) */
     int next, failed;       /* atomics */
     uint64_t bytes, chunks; /* atomics: what was fetched */
     pthread_mutex_t mu;
@@ -63,7 +64,7 @@ static int run_task(struct pool *p, struct ckpt_codec *k, const struct task *t, 
     struct ckpt_reader *r = p->r;
     const struct ckpt_shard *sh = &r->m->shards[t->shard];
     const struct ckpt_chunk *c = &r->tables[t->shard][t->chunk];
-    const struct seg *s = &p->s[t->seg0];
+    const struct seg *s = t->nseg ? &p->s[t->seg0] : NULL;
     int whole = t->nseg == 1 && s->in == 0 && s->len == c->raw_len;
     char key[128];
     snprintf(key, sizeof key, "%s/%s", r->dir, sh->file);
@@ -104,8 +105,7 @@ static int run_task(struct pool *p, struct ckpt_codec *k, const struct task *t, 
     return 0;
 }
 
-/* Takes tasks until none is left or one failed. The caller's thread (main)
- * also reports progress (the reader's on_chunk: heartbeats). */
+/* Hints task i's stored bytes to the store (reads issued ahead). */
 static void prefetch(struct pool *p, int i)
 {
     if (i >= p->nt)
@@ -118,6 +118,9 @@ static void prefetch(struct pool *p, int i)
     storage_prefetch(r->st, key, c->stored_off, c->stored_len);
 }
 
+/* Takes tasks until none is left or one failed (a verify, which keeps a
+ * message per failed task, goes on to the end). The caller's thread (main)
+ * also reports progress (the reader's on_chunk: heartbeats). */
 static void drain(struct pool *p, struct ckpt_codec *k, int main)
 {
     char err[CKPT_ERR_LEN];
@@ -132,8 +135,13 @@ static void drain(struct pool *p, struct ckpt_codec *k, int main)
             prefetch(p, i + p->ahead);
         }
         if (run_task(p, k, &p->t[i], err)) {
-            fail(p, err);
-            return;
+            if (!p->msgs) {
+                fail(p, err);
+                return;
+            }
+            p->msgs[i] = strdup(err);
+            if (!p->msgs[i])
+                fail(p, "out of memory for a verify message");
         }
         if (main && p->r->on_chunk)
             p->r->on_chunk();
@@ -222,6 +230,39 @@ static int tasks_of(struct ckpt_reader *r, const struct ckpt_plan *p, struct tas
     return 0;
 }
 
+/* Runs the pool's tasks on this thread and up to threads - 1 more. */
+static void run_pool(struct pool *pool, int threads)
+{
+    struct ckpt_reader *r = pool->r;
+    pthread_mutex_init(&pool->mu, NULL);
+    pool->ahead = 2 * (threads > 1 ? threads : 1);
+    /* each extra thread holds about three chunks of buffers (the chunk size
+     * comes from the manifest, up to 256 MiB): at most 1 GiB of them */
+    long budget = (long)((1ull << 30) / (3 * (unsigned long long)r->codec->chunk_bytes));
+    threads = threads < budget + 1 ? threads : (int)budget + 1;
+    threads = threads < pool->nt ? threads : pool->nt;
+    struct worker *w = calloc((size_t)(threads > 1 ? threads : 1), sizeof *w);
+    int started = 0;
+    for (int i = 1; w && i < threads; i++) { /* thread 0 is this one, with r->codec */
+        w[i].p = pool;
+        w[i].k = ckpt_codec_new(r->codec->chunk_bytes);
+        if (!w[i].k || pthread_create(&w[i].th, NULL, work, &w[i])) {
+            ckpt_codec_free(w[i].k);
+            break; /* fewer threads: the work still gets done */
+        }
+        started = i;
+    }
+    drain(pool, r->codec, 1);
+    for (int i = 1; w && i <= started; i++) {
+        pthread_join(w[i].th, NULL);
+        ckpt_codec_free(w[i].k);
+    }
+    free(w);
+    r->bytes_fetched += pool->bytes;
+    r->chunks_fetched += pool->chunks;
+    pthread_mutex_destroy(&pool->mu);
+}
+
 int ckpt_plan_run_parallel(struct ckpt_reader *r, const struct ckpt_plan *p, int threads, char *err)
 {
     for (int i = 0; i < p->npieces; i++) /* padding */
@@ -234,38 +275,48 @@ int ckpt_plan_run_parallel(struct ckpt_reader *r, const struct ckpt_plan *p, int
         return -1;
     pool.t = t;
     pool.s = s;
-    pool.ahead = 2 * (threads > 1 ? threads : 1);
-    pthread_mutex_init(&pool.mu, NULL);
-    /* each extra thread holds about three chunks of buffers (the chunk size
-     * comes from the manifest, up to 256 MiB): at most 1 GiB of them */
-    long budget = (long)((1ull << 30) / (3 * (unsigned long long)r->codec->chunk_bytes));
-    threads = threads < budget + 1 ? threads : (int)budget + 1;
-    threads = threads < pool.nt ? threads : pool.nt;
-    struct worker *w = calloc((size_t)(threads > 1 ? threads : 1), sizeof *w);
-    int started = 0, rc = 0;
-    for (int i = 1; w && i < threads; i++) { /* thread 0 is this one, with r->codec */
-        w[i].p = &pool;
-        w[i].k = ckpt_codec_new(r->codec->chunk_bytes);
-        if (!w[i].k || pthread_create(&w[i].th, NULL, work, &w[i])) {
-            ckpt_codec_free(w[i].k);
-            break; /* fewer threads: the work still gets done */
-        }
-        started = i;
-    }
-    drain(&pool, r->codec, 1);
-    for (int i = 1; w && i <= started; i++) {
-        pthread_join(w[i].th, NULL);
-        ckpt_codec_free(w[i].k);
-    }
-    r->bytes_fetched += pool.bytes;
-    r->chunks_fetched += pool.chunks;
+    run_pool(&pool, threads);
+    int rc = 0;
     if (pool.failed) {
         snprintf(err, CKPT_ERR_LEN, "%s", pool.err);
         rc = -1;
     }
-    pthread_mutex_destroy(&pool.mu);
-    free(w);
     free(t);
     free(s);
     return rc;
+}
+
+int ckpt_verify_chunks_parallel(struct ckpt_reader *r, int shard, int threads,
+                                void (*bad)(void *arg, const char *msg), void *arg)
+{
+    int n = r->m->shards[shard].nchunks;
+    struct pool pool = {.r = r};
+    struct task *t = calloc((size_t)n + 1, sizeof *t);
+    char **msgs = calloc((size_t)n + 1, sizeof *msgs);
+    if (!t || !msgs) {
+        free(t);
+        free(msgs);
+        bad(arg, "verify: out of memory for the chunk tasks");
+        return 1;
+    }
+    for (int c = 0; c < n; c++)
+        t[c] = (struct task){shard, c, 0, 0}; /* no segments: fetch, verify, decode */
+    pool.t = t;
+    pool.nt = n;
+    pool.msgs = msgs;
+    run_pool(&pool, threads);
+    int problems = 0;
+    for (int c = 0; c < n; c++)
+        if (msgs[c]) {
+            bad(arg, msgs[c]);
+            problems++;
+            free(msgs[c]);
+        }
+    if (pool.failed) {
+        bad(arg, pool.err);
+        problems++;
+    }
+    free(msgs);
+    free(t);
+    return problems;
 }

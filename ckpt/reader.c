@@ -230,7 +230,10 @@ int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, c
     }
     if (md)
         EVP_DigestInit_ex(md, EVP_sha256(), NULL);
-    for (int c = 0; c < s->nchunks; c++) {
+    int pooled = !md && r->threads > 1 && r->st->ops->concurrent_reads;
+    if (pooled)
+        problems += ckpt_verify_chunks_parallel(r, shard, r->threads, bad, arg);
+    for (int c = 0; !pooled && c < s->nchunks; c++) {
         if (fetch_verified(r, shard, c, err) ||
             decode_into(r, shard, c, r->codec->raw, err)) {
             bad(arg, err);

@@ -4,7 +4,8 @@
  *   fsdp-ckpt ls URI                     every step: committed or incomplete,
  *                                        world size, bytes stored, ratio
  *   fsdp-ckpt inspect URI[@STEP] [--json]
- *   fsdp-ckpt verify URI[@STEP]          re-hash every chunk of every shard
+ *   fsdp-ckpt verify URI[@STEP] [--threads N]  re-hash every chunk of every shard
+ *                                        (N threads, default: the CPUs, up to 16)
  *   fsdp-ckpt digest URI[@STEP]          NAME KIND SHA256 per tensor and kind,
  *                                        over the logical unsharded bytes
  *   fsdp-ckpt reshard SRC[@STEP] DST --world-size M [--compress C] [--chunk-kib N]
@@ -31,12 +32,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: fsdp-ckpt ls URI\n"
                "       fsdp-ckpt inspect URI[@STEP] [--json]\n"
-               "       fsdp-ckpt verify URI[@STEP]\n"
+               "       fsdp-ckpt verify URI[@STEP] [--threads N]\n"
                "       fsdp-ckpt digest URI[@STEP]\n"
                "       fsdp-ckpt reshard SRC[@STEP] DST --world-size M [--compress C] "
                "[--chunk-kib N] [--hash H]\n"
@@ -226,7 +228,7 @@ static void report_bad(void *arg, const char *msg)
     printf("BAD %s\n", msg);
 }
 
-static int cmd_verify(const char *arg)
+static int cmd_verify(const char *arg, int threads)
 {
     char err[CKPT_ERR_LEN], dir[32];
     struct storage *st;
@@ -239,6 +241,7 @@ static int cmd_verify(const char *arg)
         storage_close(st);
         return die(err);
     }
+    r.threads = threads;
     int bad = 0, chunks = 0;
     for (int s = 0; s < m.nshards; s++) {
         ckpt_verify_shard(&r, s, report_bad, &bad);
@@ -572,8 +575,19 @@ int main(int argc, char **argv)
         return cmd_ls(argv[2]);
     if ((argc == 3 || json) && strcmp(cmd, "inspect") == 0)
         return cmd_inspect(argv[2], json);
-    if (argc == 3 && strcmp(cmd, "verify") == 0)
-        return cmd_verify(argv[2]);
+    if ((argc == 3 || (argc == 5 && strcmp(argv[3], "--threads") == 0)) &&
+        strcmp(cmd, "verify") == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        long long threads = n < 1 ? 1 : n > 16 ? 16 : n;
+        if (argc == 5) {
+            char *end;
+            errno = 0;
+            threads = strtoll(argv[4], &end, 10);
+            if (!*argv[4] || *end || errno || threads < 1 || threads > 256)
+                return bad_usage("verify --threads needs an integer from 1 to 256");
+        }
+        return cmd_verify(argv[2], (int)threads);
+    }
     if (argc == 3 && strcmp(cmd, "digest") == 0)
         return cmd_digest(argv[2]);
     if (strcmp(cmd, "reshard") == 0 || strcmp(cmd, "export") == 0 ||

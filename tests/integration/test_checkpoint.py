@@ -169,6 +169,30 @@ def xxh3_chunk_digests_load_verify_and_catch_damage(tmp):
         p.stderr
 
 
+def verify_on_several_threads_reports_what_one_thread_reports(tmp):
+    """fsdp-ckpt verify --threads N: the chunks of a shard checked by N
+    threads, every damaged one reported, in chunk order, as on one thread."""
+    train, _ = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    run(train_args(train, ck, steps=3, extra=["--ckpt-chunk-kib", "64"]))
+    shard, = glob.glob(f"{ck}/step-00000003/shard-00000-of-00001.*")
+    size = os.path.getsize(shard)
+    for at in (size // 5, size // 2, size * 4 // 5):
+        flip_byte(shard, at)
+    outs = []
+    for threads in ("1", "2", "5"):
+        p = run([CKPT, "verify", ck, "--threads", threads], check=False)
+        bad = [l for l in p.stdout.splitlines() if l.startswith("BAD")]
+        assert p.returncode == 1 and len(bad) == 3, (threads, p.stdout)
+        assert "3 problems" in p.stderr, p.stderr
+        outs.append(bad)
+    chunks = [int(l.split(": chunk ")[1].split()[0]) for l in outs[0]]
+    assert chunks == sorted(chunks) and len(set(chunks)) == 3, outs[0]
+    assert outs[0] == outs[1] == outs[2], outs
+    p = run([CKPT, "verify", ck, "--threads", "0"], check=False)
+    assert p.returncode == 2 and "--threads" in p.stderr, p.stderr
+
+
 def damaged_manifest_is_not_committed_and_falls_back(tmp):
     train, _ = prepare_corpus(tmp)
     ck = f"{tmp}/ck"
@@ -318,6 +342,7 @@ if __name__ == "__main__":
           format1_checkpoint_loads_verifies_and_converts,
           manifest_does_not_grow_with_the_number_of_chunks,
           xxh3_chunk_digests_load_verify_and_catch_damage,
+          verify_on_several_threads_reports_what_one_thread_reports,
           damaged_manifest_is_not_committed_and_falls_back,
           other_model_is_refused,
           resume_none_refuses_a_store_with_checkpoints,

@@ -118,15 +118,22 @@ static void setup(void)
 }
 
 /* Reads every unit and kind back as if on `world` ranks, each rank's wants
- * as one plan run by `threads` threads (1: the reader's cache). */
+ * as one plan run by `threads` threads (parallel.c), or with threads 0 by
+ * the reader on its own, through its cache (what a store that takes no
+ * concurrent reads gets: its ops copied here with concurrent_reads off). */
 static int read_back_with(struct storage *st, uint64_t step, int world, int threads, char *err)
 {
+    const struct storage_ops *ops = st->ops;
+    struct storage_ops serial = *ops;
+    serial.concurrent_reads = 0;
     struct ckpt_manifest m;
     if (ckpt_load_manifest(st, step, &m, err))
         return 0;
     struct ckpt_reader r;
     ckpt_reader_init(&r, st, &m, err);
-    r.threads = threads;
+    r.threads = threads > 0 ? threads : 1;
+    if (threads == 0)
+        st->ops = &serial;
     int ok = 1;
     float *buf[NUNITS];
     uint64_t per[NUNITS];
@@ -163,6 +170,7 @@ static int read_back_with(struct storage *st, uint64_t step, int world, int thre
         free(buf[u]);
     ckpt_reader_free(&r);
     ckpt_manifest_free(&m);
+    st->ops = ops;
     return ok;
 }
 
@@ -183,7 +191,7 @@ static void round_trip_every_codec_chunk_size_and_world(void)
         for (int si = 0; si < 3; si++, step++) {
             REQUIRE(write_step(st, step, codecs[ci], chunks[si], err) == 0, "%s", err);
             for (int world = 1; world <= 5; world++)
-                for (int threads = 1; threads <= 3; threads += 2)
+                for (int threads = 0; threads <= 3; threads += threads ? 2 : 1)
                     CHECK(read_back_with(st, step, world, threads, err),
                           "codec %d chunk %zu world %d, %d threads: %s", codecs[ci], chunks[si],
                           world, threads, err);
@@ -198,7 +206,7 @@ static void round_trip_every_codec_chunk_size_and_world(void)
         REQUIRE(write_step_hashed(st, step, codecs[ci], 1000, CKPT_HASH_XXH3, err) == 0, "%s",
                 err);
         for (int world = 1; world <= 4; world += 3)
-            for (int threads = 1; threads <= 3; threads += 2)
+            for (int threads = 0; threads <= 3; threads += threads ? 2 : 1)
                 CHECK(read_back_with(st, step, world, threads, err),
                       "xxh3, codec %d world %d, %d threads: %s", codecs[ci], world, threads, err);
         struct ckpt_manifest m;
@@ -239,6 +247,9 @@ static void flipped_byte_is_named(int hash)
     CHECK(!read_back_matches(st, 100, 2, err) && strstr(err, "shard-00001-of-00003: chunk") &&
               strstr(err, mismatch),
           "error: %s", err);
+    CHECK(!read_back_with(st, 100, 2, 0, err) && strstr(err, "shard-00001-of-00003: chunk") &&
+              strstr(err, mismatch),
+          "the reader on its own: error: %s", err);
     CHECK(!read_back_with(st, 100, 2, 3, err) && strstr(err, "shard-00001-of-00003: chunk") &&
               strstr(err, mismatch),
           "3 threads: error: %s", err);
@@ -246,12 +257,15 @@ static void flipped_byte_is_named(int hash)
     REQUIRE(ckpt_load_manifest(st, 100, &m, err) == 0, "%s", err);
     struct ckpt_reader r;
     ckpt_reader_init(&r, st, &m, err);
-    int problems = 0;
-    for (int s = 0; s < m.nshards; s++) {
-        int bad = 0;
-        problems += ckpt_verify_shard(&r, s, count_bad, &bad) > 0;
+    for (int threads = 1; threads <= 3; threads += 2) { /* 3: the chunks on 3 threads */
+        r.threads = threads;
+        int problems = 0, reported = 0;
+        for (int s = 0; s < m.nshards; s++)
+            problems += ckpt_verify_shard(&r, s, count_bad, &reported) > 0;
+        CHECK(problems == 1 && reported == 1,
+              "%d threads: %d shards reported bad with %d problems, expected exactly one",
+              threads, problems, reported);
     }
-    CHECK(problems == 1, "%d shards reported bad, expected exactly one", problems);
     ckpt_reader_free(&r);
     ckpt_manifest_free(&m);
     remove_step(st, 100);
