@@ -997,9 +997,21 @@ static int end_launch(struct super *s, struct outcome *out, int preempt_from_sig
     uint64_t reached = reached_step(&s->job);
     teardown(s, out->cause);
     if (out->done && !out->preempting) {
-        int all_done = 1;
-        for (int r = 0; r < s->job.np; r++)
+        int all_done = 1, all_stopped = s->job.np > 0;
+        for (int r = 0; r < s->job.np; r++) {
             all_done &= s->job.ranks[r].phase == HB_DONE;
+            all_stopped &= s->job.ranks[r].phase == HB_STOPPED;
+        }
+        if (all_stopped) { /* a time limit or --stop-at-step: resumable, nothing to relaunch */
+            s->final_step = reached;
+            chaos_launch_ended(&s->chaos, "stopped", &s->job);
+            say("the ranks stopped at step %llu before --steps (a time limit or "
+                "--stop-at-step), after checkpoint step %llu; the same command continues",
+                (unsigned long long)reached, (unsigned long long)s->last_committed);
+            ev_emit("stopped", "{s:I}", "step", (json_int_t)reached);
+            summary(s, "stopped");
+            return STOP_OK;
+        }
         if (all_done || s->job.np == 0) {
             s->final_step = reached;
             chaos_launch_ended(&s->chaos, "finished", &s->job);

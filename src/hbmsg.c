@@ -20,8 +20,8 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-static const char *phase_names[HB_NPHASES] = {"start", "train",     "save", "load",
-                                              "done",  "preempted", "hold"};
+static const char *phase_names[HB_NPHASES] = {"start",     "train", "save",   "load", "done",
+                                              "preempted", "hold",  "stopped"};
 
 static const char *ctl_names[HBCTL_N] = {"ack", "preempt", "stop", "kill"};
 

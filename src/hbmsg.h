@@ -46,7 +46,19 @@
 
 /* HB_HOLD: stopped at a step by the test hook (testhook.h), alive and
  * beating, waiting for the fault the supervisor is about to inject. */
-enum hb_phase { HB_START, HB_TRAIN, HB_SAVE, HB_LOAD, HB_DONE, HB_PREEMPTED, HB_HOLD, HB_NPHASES };
+/* HB_STOPPED: stopped before --steps with a checkpoint (a time limit,
+ * --stop-at-step); resumable, like HB_PREEMPTED, but nothing to relaunch */
+enum hb_phase {
+    HB_START,
+    HB_TRAIN,
+    HB_SAVE,
+    HB_LOAD,
+    HB_DONE,
+    HB_PREEMPTED,
+    HB_HOLD,
+    HB_STOPPED,
+    HB_NPHASES
+};
 
 enum hbmsg_kind { HBMSG_BEAT, HBMSG_EVENT, HBMSG_CTL };
 

@@ -43,6 +43,11 @@ struct trainer {
     uint64_t sample_rng;  /* state of the sampling generator */
     int agreed_error;     /* every rank knows: rank 0 reports, nobody aborts */
     int preempted;        /* an emergency checkpoint was written; exit 0 */
+    const char *stopped;  /* why the run stopped before --steps (NULL: it did not) */
+    long long stopped_at; /* and after which step */
+    double start;         /* when main began (--time-limit counts from here) */
+    double step_max;      /* the longest step and checkpoint save of this process: */
+    double save_max;      /* the margin kept before a time limit */
     int async_pending;    /* an async checkpoint is being written (same on every rank) */
     double async_t0;
     double train_t0;      /* when the training loop began (the log's elapsed_s) */
@@ -351,6 +356,8 @@ static int save(struct trainer *t, long long step, char *err)
         return fsdp_err(err, "checkpoint of step %lld failed: %s", step, msg);
     }
     t->ckpt_s += fsdp_now() - t0;
+    if (fsdp_now() - t0 > t->save_max)
+        t->save_max = fsdp_now() - t0;
     if (t->comm.rank == 0 && !t->ck.skipped)
         fprintf(stderr, "fsdp-train: checkpoint step %lld committed in %.2f s\n", step,
                 fsdp_now() - t0);
@@ -376,6 +383,8 @@ static int finish_async(struct trainer *t, const char *why, char *err)
                         (unsigned long long)t->ck.newest_committed);
     }
     t->ckpt_s += fsdp_now() - t0;
+    if (fsdp_now() - t->async_t0 > t->save_max) /* a whole save, had it been waited for */
+        t->save_max = fsdp_now() - t->async_t0;
     if (t->comm.rank == 0 && !t->ck.skipped) {
         if (why)
             fprintf(stderr, "fsdp-train: %s: waited %.2f s for checkpoint step %llu\n", why,
@@ -407,11 +416,64 @@ static int save_async(struct trainer *t, long long step, char *err)
     return 0;
 }
 
+/* What every rank learns at each step from one allreduce (sums over ranks),
+ * riding on the loss's reduction: no extra collective anywhere else. */
+struct step_vote {
+    double loss;
+    double preempted;    /* ranks asked to stop (a preemption notice) */
+    double writes_ended; /* ranks whose background checkpoint write has ended */
+    double writes_failed;
+    double out_of_time;  /* rank 0 judged that a time limit is near */
+};
+_Static_assert(sizeof(struct step_vote) == 5 * sizeof(double), "a vote is doubles only");
+
+/* The time limit as a monotonic time (0: none): --time-limit after the
+ * start, or SLURM_JOB_END_TIME, whichever comes first. */
+static double deadline(const struct trainer *t, const char **which)
+{
+    double d = 0;
+    *which = NULL;
+    if (t->o.time_limit > 0) {
+        d = t->start + t->o.time_limit;
+        *which = "--time-limit";
+    }
+    if (t->o.slurm_end > 0) {
+        double s = fsdp_now() + t->o.slurm_end - fsdp_unix_now();
+        if (d == 0 || s < d) {
+            d = s;
+            *which = "SLURM_JOB_END_TIME";
+        }
+    }
+    return d;
+}
+
+/* Collective: a checkpoint of step (when --ckpt is set), then the loop ends
+ * (a preemption notice, a time limit, --stop-at-step). */
+static int stop_early(struct trainer *t, long long step, const char *why, int phase, char *err)
+{
+    if (t->comm.rank == 0)
+        fprintf(stderr, "fsdp-train: %s: %s at step %lld\n", why,
+                t->have_ckpt ? "checkpoint" : "stopping without a checkpoint (no --ckpt)", step);
+    if (t->async_pending && finish_async(t, why, err))
+        return -1;
+    if (t->have_ckpt && save(t, step, err))
+        return -1;
+    if (t->comm.rank == 0 && phase == HB_PREEMPTED)
+        hb_event("emergency_checkpoint step=%lld", step);
+    t->stopped = why;
+    t->stopped_at = step;
+    hb_set((uint64_t)step, phase);
+    return 0;
+}
+
 static int train(struct trainer *t, char *err)
 {
     const int T = t->model.cfg.seq;
     const double tokens = (double)t->o.global_batch * T;
     const struct train_opts *o = &t->o;
+    const char *limit_from;
+    const double limit = deadline(t, &limit_from);
+    static char limit_why[96];
     t->train_t0 = fsdp_now();
     for (long long step = t->start_step; step < o->steps; step++) {
         double t0 = fsdp_now(), loss = 0;
@@ -426,18 +488,21 @@ static int train(struct trainer *t, char *err)
             loss += l;
         }
         double norm;
-        /* the preemption flag rides on the loss reduction: every rank learns
-         * at the same step that some rank was asked to stop */
+        /* every rank learns at the same step that some rank was asked to
+         * stop, that every rank's background write has ended (the step
+         * commits it), and rank 0's judgement of the time limit: after this
+         * step there must be time for one more and a checkpoint, with a
+         * step to spare (the longest of each seen so far) */
         int in_flight = 0, failed = 0, ended = 0;
         if (t->async_pending)
             ended = ckptr_async_state(&t->ck, &in_flight, &failed);
-        /* so does "my background write has ended": the step in which every
-         * rank's has ended commits it, no extra barrier anywhere else */
-        double red[4] = {loss, hb_preempted() ? 1.0 : 0.0, ended, failed};
+        struct step_vote vote = {loss, hb_preempted(), ended, failed, 0};
+        if (limit > 0 && t->comm.rank == 0 && step + 1 < o->steps)
+            vote.out_of_time = fsdp_now() + 2 * t->step_max + t->save_max >= limit;
         if (fsdp_reduce_grads(&t->eng, err) || fsdp_grad_norm(&t->eng, &norm, err) ||
-            t->comm.allreduce_sum_f64(&t->comm, red, 4, err))
+            t->comm.allreduce_sum_f64(&t->comm, &vote.loss, sizeof vote / sizeof(double), err))
             return -1;
-        loss = red[0] / tokens;
+        loss = vote.loss / tokens;
         float gscale = 1.0f;
         if (o->grad_clip > 0 && norm > o->grad_clip)
             gscale = (float)(o->grad_clip / (norm + 1e-6));
@@ -452,6 +517,7 @@ static int train(struct trainer *t, char *err)
         fsdp_adamw_step(&t->eng, &opt, (int)step + 1, gscale);
         t->cursor += (uint64_t)o->global_batch;
         double dt = fsdp_now() - t0;
+        t->step_max = dt > t->step_max ? dt : t->step_max;
         double val = NAN;
         int last = step + 1 == o->steps;
         if (o->val_data && ((o->val_every && (step + 1) % o->val_every == 0) || last) &&
@@ -467,22 +533,20 @@ static int train(struct trainer *t, char *err)
         hb_set((uint64_t)step + 1, HB_TRAIN);
         testhook_hold((uint64_t)step + 1);
         int due = (o->ckpt.every && (step + 1) % o->ckpt.every == 0) || last;
-        if (t->async_pending && red[2] == t->comm.world && finish_async(t, NULL, err))
+        if (t->async_pending && vote.writes_ended == t->comm.world &&
+            finish_async(t, NULL, err))
             return -1;
-        if (red[1] > 0) { /* preemption: an emergency checkpoint, then stop */
-            if (t->comm.rank == 0)
-                fprintf(stderr, "fsdp-train: preemption notice: emergency checkpoint at step "
-                        "%lld\n", step + 1);
-            if (t->async_pending && finish_async(t, "preemption", err))
-                return -1;
-            if (t->have_ckpt && save(t, step + 1, err))
-                return -1;
-            if (t->comm.rank == 0)
-                hb_event("emergency_checkpoint step=%lld", step + 1);
+        if (vote.preempted > 0) { /* an emergency checkpoint, then stop */
             t->preempted = 1;
-            hb_set((uint64_t)step + 1, HB_PREEMPTED);
-            return 0;
+            return stop_early(t, step + 1, "preemption notice", HB_PREEMPTED, err);
         }
+        if (vote.out_of_time > 0) {
+            snprintf(limit_why, sizeof limit_why, "time limit (%s) in %.0f s", limit_from,
+                     limit - fsdp_now());
+            return stop_early(t, step + 1, limit_why, HB_STOPPED, err);
+        }
+        if (step + 1 == o->stop_at_step && !last)
+            return stop_early(t, step + 1, "--stop-at-step", HB_STOPPED, err);
         if (t->have_ckpt && due && (o->ckpt.async ? save_async(t, step + 1, err)
                                                   : save(t, step + 1, err)))
             return -1;
@@ -696,6 +760,7 @@ static int start_cuda(struct trainer *t, char *err)
 int main(int argc, char **argv)
 {
     static struct trainer t;
+    t.start = fsdp_now();
     char err[ERR_LEN] = "";
     /* Keep freed memory in the process. Open MPI's reduce-scatter allocates
      * a temporary of the unit's size on every call; with glibc's defaults
@@ -765,7 +830,7 @@ int main(int argc, char **argv)
         rc = setup_checkpoints(&t, err);
     if (!rc)
         rc = train(&t, err);
-    if (!rc && t.o.sample_len > 0 && !t.preempted)
+    if (!rc && t.o.sample_len > 0 && !t.stopped)
         rc = generate(&t, err);
     if (rc) {
         if (t.agreed_error) { /* every rank knows; rank 0 speaks for all */
@@ -784,6 +849,10 @@ int main(int argc, char **argv)
     report_peak_memory(&t);
     if (t.comm.rank == 0 && t.preempted)
         fprintf(stderr, "fsdp-train: preempted: stopped after an emergency checkpoint\n");
+    else if (t.comm.rank == 0 && t.stopped)
+        fprintf(stderr, "fsdp-train: stopped at step %lld of %lld (%s)%s\n", t.stopped_at,
+                t.o.steps, t.stopped,
+                t.have_ckpt ? "; the same command continues from its checkpoint" : "");
     else if (t.comm.rank == 0)
         fprintf(stderr, "fsdp-train: done: %lld steps in %.1f s (%.1f s in collectives on rank 0)\n",
                 t.o.steps, fsdp_now() - t0, t.eng.comm_seconds);

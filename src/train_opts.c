@@ -26,7 +26,12 @@ void train_opts_usage(void)
            "training:\n"
            "  --global-batch G       sequences per step over all ranks (default 8)\n"
            "  --micro-batch B        sequences per rank per forward (default G/ranks)\n"
-           "  --steps N              optimizer steps (default 200)\n"
+           "  --steps N              optimizer steps (default 200); the learning-rate\n"
+           "                         schedule spans them however the run is cut\n"
+           "  --stop-at-step N       stop after step N with a checkpoint (rerun to go on)\n"
+           "  --time-limit D         stop with a checkpoint before D has passed since the\n"
+           "                         start (90s, 45m, 1.5h, 2d), or before Slurm's\n"
+           "                         SLURM_JOB_END_TIME, whichever comes first\n"
            "  --lr X                 peak learning rate (default 3e-3)\n"
            "  --min-lr-frac F        cosine floor as a fraction of --lr (default 0.1)\n"
            "  --warmup N             linear warmup steps (default steps/20)\n"
@@ -205,6 +210,13 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
             rc = need_int(f, v, 1, 1 << 20, &o->micro_batch, err);
         else if (strcmp(f, "--steps") == 0)
             rc = need_int(f, v, 1, 1LL << 40, &o->steps, err);
+        else if (strcmp(f, "--stop-at-step") == 0)
+            rc = need_int(f, v, 1, 1LL << 40, &o->stop_at_step, err);
+        else if (strcmp(f, "--time-limit") == 0) {
+            if (fsdp_parse_duration(v, &o->time_limit))
+                rc = fsdp_err(err, "--time-limit '%s' is not a duration (90, 90s, 45m, 1.5h, "
+                                   "2d)", v);
+        }
         else if (strcmp(f, "--warmup") == 0)
             rc = need_int(f, v, 0, 1LL << 40, &o->warmup, err);
         else if (strcmp(f, "--val-every") == 0)
@@ -283,6 +295,13 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
     }
     if (!o->data)
         return fsdp_err(err, "--data FILE is required");
+    const char *end = getenv("SLURM_JOB_END_TIME"); /* Slurm's: when the job is killed */
+    long long end_s;
+    if (end && *end) {
+        if (fsdp_parse_i64(end, 1, INT64_MAX / 2, &end_s))
+            return fsdp_err(err, "SLURM_JOB_END_TIME '%.40s' is not a Unix time in seconds", end);
+        o->slurm_end = (double)end_s;
+    }
     if (model_preset(o->model_name, &o->cfg))
         return fsdp_err(err, "--model '%s' is not one of tiny, small, gpt2-124m", o->model_name);
     if (layers)

@@ -20,6 +20,10 @@ struct train_opts {
     long long global_batch, micro_batch; /* micro_batch 0: global / world */
     int log_samples;
     long long steps, warmup, val_every, val_samples, log_every, sample_len, threads;
+    /* stopping early with a checkpoint; the schedule still follows --steps */
+    long long stop_at_step; /* --stop-at-step: 0 none */
+    double time_limit;      /* --time-limit, seconds from the start: 0 none */
+    double slurm_end;       /* SLURM_JOB_END_TIME, Unix seconds: 0 none */
     double temperature, lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip;
     uint64_t seed;
     enum fsdp_shard shard;

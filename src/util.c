@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 int fsdp_err(char *err, const char *fmt, ...)
@@ -52,6 +53,13 @@ double fsdp_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+double fsdp_unix_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 int fsdp_parse_i64(const char *s, long long lo, long long hi, long long *out)
 {
     if (!s || !*s)
@@ -62,6 +70,24 @@ int fsdp_parse_i64(const char *s, long long lo, long long hi, long long *out)
     if (errno || *end || v < lo || v > hi)
         return -1;
     *out = v;
+    return 0;
+}
+
+int fsdp_parse_duration(const char *s, double *secs)
+{
+    if (!s || !*s)
+        return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    double unit = !*end ? 1 : strcmp(end, "s") == 0 ? 1 : strcmp(end, "m") == 0 ? 60
+                         : strcmp(end, "h") == 0 ? 3600 : strcmp(end, "d") == 0 ? 86400 : 0;
+    if (errno || unit == 0 || !isfinite(v) || !(v > 0) || end == s)
+        return -1;
+    v *= unit;
+    if (v > 3650.0 * 86400)
+        return -1;
+    *secs = v;
     return 0;
 }
 

@@ -56,10 +56,14 @@ float fsdp_normal_at(uint64_t key, uint64_t index);
 
 /* Monotonic seconds. */
 double fsdp_now(void);
+/* Seconds since the Unix epoch (the wall clock: it may jump). */
+double fsdp_unix_now(void);
 
 /* Parses a whole decimal string into a number in [lo, hi]; -1 if it is not one. */
 int fsdp_parse_i64(const char *s, long long lo, long long hi, long long *out);
 int fsdp_parse_f64(const char *s, double *out);
+/* "90", "90s", "45m", "1.5h", "2d": seconds in (0, 10 years]; -1 if not one. */
+int fsdp_parse_duration(const char *s, double *secs);
 
 /* bf16 is the upper half of a float: widening is exact; rounding is to
  * nearest even, and a NaN stays a NaN (the kernels' to_bf16, one value). */

@@ -496,6 +496,20 @@ def a_malformed_generation_stops_the_trainer_at_start(tmp):
     print(f"  12 malformed generations refused; 2^63-1 accepted")
 
 
+def a_run_stopped_by_its_time_limit_ends_the_supervisor_without_a_relaunch(tmp):
+    """SLURM_JOB_END_TIME already past: the ranks stop after their first
+    step with a checkpoint; fsdp-super ends with 0 and relaunches nothing;
+    run again without the limit it finishes from that checkpoint."""
+    data, _ = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    gone = {"SLURM_JOB_END_TIME": str(int(time.time()) - 1)}
+    rc, err, _ = run_super(["--np", "2"], trainer(data, ck, 12), env=gone)
+    assert rc == 0 and "summary (stopped)" in err and "stopped at step 1" in err, err
+    assert "launch 2" not in err and committed_steps(ck) == [1], err
+    rc, err, _ = run_super(["--np", "2"], trainer(data, ck, 12))
+    assert rc == 0 and "training finished at step 12" in err, err
+
+
 def open_mpi_explains_a_failed_launch_without_an_event_log(tmp):
     rc, err, _ = run_super(["--np", "1", "--max-restarts", "0"],
                            [f"{tmp}/no-such-trainer", "--steps", "5"])
@@ -874,6 +888,7 @@ if __name__ == "__main__":
           no_capacity_ends_after_the_capacity_timeout,
           a_store_without_a_claimable_generation_is_not_launched_on,
           a_malformed_generation_stops_the_trainer_at_start,
+          a_run_stopped_by_its_time_limit_ends_the_supervisor_without_a_relaunch,
           open_mpi_explains_a_failed_launch_without_an_event_log,
           a_users_open_mpi_env_list_does_not_break_the_launch,
           the_work_directory_is_private_and_removed,

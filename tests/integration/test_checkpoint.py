@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 
 from harness import (CKPT, TRAIN, committed_steps, digest, kill_job, launch, main, mpirun,
                      prepare_corpus, run, wait_stopped_or_exit)
@@ -193,6 +194,39 @@ def verify_on_several_threads_reports_what_one_thread_reports(tmp):
     assert p.returncode == 2 and "--threads" in p.stderr, p.stderr
 
 
+def early_stops_checkpoint_and_the_same_command_continues(tmp):
+    """--stop-at-step and a time limit (SLURM_JOB_END_TIME already past: the
+    run stops after its first step) end with a checkpoint and exit 0; the
+    same command then runs on to --steps with the uninterrupted run's digest,
+    so the learning-rate schedule followed --steps throughout."""
+    train, _ = prepare_corpus(tmp)
+    ref, ck, past = f"{tmp}/ref", f"{tmp}/ck", f"{tmp}/past"
+    mpirun(2, train_args(train, ref, steps=9))
+    cmd = train_args(train, ck, steps=9, extra=["--stop-at-step", "5", "--log", f"{tmp}/a.jsonl"])
+    p = mpirun(2, cmd)
+    assert "stopped at step 5 of 9 (--stop-at-step)" in p.stderr, p.stderr
+    assert committed_steps(ck) == [3, 5]
+    assert [json.loads(l)["step"] for l in open(f"{tmp}/a.jsonl")][-1] == 5
+    p = mpirun(2, cmd)  # resumed at 5, so --stop-at-step 5 is behind it
+    assert "resumed from checkpoint step 5" in p.stderr and "done: 9 steps" in p.stderr, p.stderr
+    assert digest(ck) == digest(ref), "stopping and continuing changed the run"
+    gone = {"SLURM_JOB_END_TIME": str(int(time.time()) - 1)}
+    p = mpirun(2, train_args(train, past, steps=9), env=gone)
+    assert "time limit (SLURM_JOB_END_TIME)" in p.stderr and "checkpoint at step 1" in p.stderr, \
+        p.stderr
+    assert "stopped at step 1 of 9" in p.stderr and committed_steps(past) == [1], p.stderr
+    p = mpirun(2, train_args(train, past, steps=9, extra=["--time-limit", "1h"]))
+    assert "resumed from checkpoint step 1" in p.stderr and "done: 9 steps" in p.stderr, p.stderr
+    assert digest(past) == digest(ref)
+    for bad_env, bad_arg, want in (({"SLURM_JOB_END_TIME": "soon"}, [], "SLURM_JOB_END_TIME"),
+                                   ({}, ["--time-limit", "10 min"], "--time-limit"),
+                                   ({}, ["--time-limit", "-5m"], "--time-limit")):
+        p = run(train_args(train, f"{tmp}/bad", steps=9, extra=bad_arg), check=False,
+                env=bad_env)
+        assert p.returncode == 2 and want in p.stderr, p.stderr
+    assert not os.path.exists(f"{tmp}/bad"), "a refused run wrote a checkpoint"
+
+
 def damaged_manifest_is_not_committed_and_falls_back(tmp):
     train, _ = prepare_corpus(tmp)
     ck = f"{tmp}/ck"
@@ -343,6 +377,7 @@ if __name__ == "__main__":
           manifest_does_not_grow_with_the_number_of_chunks,
           xxh3_chunk_digests_load_verify_and_catch_damage,
           verify_on_several_threads_reports_what_one_thread_reports,
+          early_stops_checkpoint_and_the_same_command_continues,
           damaged_manifest_is_not_committed_and_falls_back,
           other_model_is_refused,
           resume_none_refuses_a_store_with_checkpoints,
