@@ -1,21 +1,8 @@
 /*
  * fsdp_ckpt.c - fsdp-ckpt: look at and check checkpoints without MPI.
  *
- *   fsdp-ckpt ls URI                     every step: committed or incomplete,
- *                                        world size, bytes stored, ratio
- *   fsdp-ckpt inspect URI[@STEP] [--json]
- *   fsdp-ckpt verify URI[@STEP] [--threads N]  re-hash every chunk of every shard
- *                                        (N threads, default: the CPUs, up to 16)
- *   fsdp-ckpt digest URI[@STEP]          NAME KIND SHA256 per tensor and kind,
- *                                        over the logical unsharded bytes
- *   fsdp-ckpt reshard SRC[@STEP] DST --world-size M [--compress C] [--chunk-kib N]
- *                                        rewrite for M ranks, streaming
- *   fsdp-ckpt export SRC[@STEP] OUT.safetensors [--all]
- *   fsdp-ckpt import IN.safetensors DST --model PRESET --world-size M
- *   fsdp-ckpt cp SRC[@STEP] DST          committed steps (or one), fs <-> s3;
- *                                        format 1 is rewritten as format 2
- *   fsdp-ckpt diff A[@STEP] B[@STEP]     tensors whose digests differ
- *   fsdp-ckpt prune URI --keep K         keep the newest K committed steps
+ * The commands, their arguments and what each does: the table `commands`
+ * below, which `fsdp-ckpt --help` and `fsdp-ckpt COMMAND --help` print.
  *
  * URI is a path, file://PATH or s3://BUCKET/PREFIX; without @STEP the
  * newest committed step (cp: every committed step).
@@ -34,28 +21,62 @@
 #include <string.h>
 #include <unistd.h>
 
-static void usage(FILE *f)
+/* Every command: its synopsis and what it does (fsdp-ckpt CMD --help). */
+static const struct command {
+    const char *name, *synopsis, *what;
+} commands[] = {
+    {"ls", "URI", "every step: committed or incomplete, world size, bytes stored, ratio"},
+    {"inspect", "URI[@STEP] [--json]", "a step's manifest: model, units, shards, trainer state"},
+    {"verify", "URI[@STEP] [--threads N]",
+     "re-hash (and decode) every chunk of every shard on N threads (default: the CPUs, up\n"
+     "to 16); each problem is one line starting BAD, exit 1 if any"},
+    {"digest", "URI[@STEP]", "NAME KIND SHA256 per tensor and kind, of the logical bytes"},
+    {"reshard", "SRC[@STEP] DST --world-size M [--compress C] [--chunk-kib N] [--hash H]",
+     "write the step again for M ranks, streaming (a few chunks of memory)"},
+    {"export", "SRC[@STEP] OUT.safetensors [--all]",
+     "the parameters (--all: and both AdamW moments) as one safetensors file"},
+    {"import", "IN.safetensors DST --model PRESET --world-size M [--compress C] [--hash H]",
+     "a safetensors file as a committed step for M ranks (every name and shape checked)"},
+    {"cp", "SRC[@STEP] DST [--compress C] [--chunk-kib N] [--hash H]",
+     "committed steps (or one) to another store, fs <-> s3, stored bytes as they are; a\n"
+     "format-1 step is rewritten as format 2 (with --compress, --chunk-kib and --hash)"},
+    {"convert", "SRC[@STEP] DST [the options of the verb it picks]",
+     "the one verb for format changes: IN.safetensors -> checkpoint is import,\n"
+     "checkpoint -> OUT.safetensors is export, checkpoint -> checkpoint is reshard with\n"
+     "--world-size, else cp"},
+    {"diff", "A[@STEP] B[@STEP]", "the tensors whose digests differ; exit 1 if any"},
+    {"prune", "URI --keep K", "delete all but the newest K committed steps (K >= 1)"},
+};
+
+static const char *const usage_notes =
+    "URI: a path, file://PATH or s3://BUCKET/PREFIX (S3 settings: AWS_ENDPOINT_URL,\n"
+    "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION,\n"
+    "AWS_PROFILE, AWS_CA_BUNDLE); @STEP picks a step (default: newest committed)\n"
+    "H: xxh3 | sha256 (default xxh3: XXH3-128, ten times faster to verify;\n"
+    "sha256 when the chunks' digests must be cryptographic)\n"
+    "C: none | zstd[:LEVEL] | zstd+shuffle[:LEVEL] (default zstd+shuffle:1)\n"
+    "Exit status: 0 ok, 1 a check failed or a store could not be read, 2 bad usage\n";
+
+static const struct command *command_named(const char *name)
 {
-    fprintf(f, "usage: fsdp-ckpt ls URI\n"
-               "       fsdp-ckpt inspect URI[@STEP] [--json]\n"
-               "       fsdp-ckpt verify URI[@STEP] [--threads N]\n"
-               "       fsdp-ckpt digest URI[@STEP]\n"
-               "       fsdp-ckpt reshard SRC[@STEP] DST --world-size M [--compress C] "
-               "[--chunk-kib N] [--hash H]\n"
-               "       fsdp-ckpt export SRC[@STEP] OUT.safetensors [--all]\n"
-               "       fsdp-ckpt import IN.safetensors DST --model PRESET --world-size M "
-               "[--compress C] [--hash H]\n"
-               "       fsdp-ckpt cp SRC[@STEP] DST [--compress C] [--chunk-kib N] [--hash H]\n"
-               "       fsdp-ckpt diff A[@STEP] B[@STEP]\n"
-               "       fsdp-ckpt prune URI --keep K\n"
-               "URI: a path, file://PATH or s3://BUCKET/PREFIX (S3 settings: AWS_ENDPOINT_URL,\n"
-               "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION,\n"
-               "AWS_PROFILE, AWS_CA_BUNDLE); @STEP picks a step (default: newest committed)\n"
-               "cp copies stored bytes as they are; a format-1 step is rewritten as format 2\n"
-               "(with --compress, --chunk-kib and --hash).\n"
-               "H: xxh3 | sha256 (default xxh3: XXH3-128, ten times faster to verify;\n"
-               "sha256 when the chunks' digests must be cryptographic)\n"
-               "C: none | zstd[:LEVEL] | zstd+shuffle[:LEVEL] (default zstd+shuffle:1)\n");
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        if (strcmp(commands[i].name, name) == 0)
+            return &commands[i];
+    return NULL;
+}
+
+/* cmd NULL: every command's synopsis; else that command's with what it does. */
+static void usage(FILE *f, const struct command *cmd)
+{
+    if (cmd) {
+        fprintf(f, "usage: fsdp-ckpt %s %s\n%s\n\n%s", cmd->name, cmd->synopsis, cmd->what,
+                usage_notes);
+        return;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        fprintf(f, "%s fsdp-ckpt %s %s\n", i ? "      " : "usage:", commands[i].name,
+                commands[i].synopsis);
+    fprintf(f, "fsdp-ckpt COMMAND --help: what COMMAND does\n%s", usage_notes);
 }
 
 static int die(const char *msg)
@@ -563,12 +584,52 @@ static int cmd_convert(int argc, char **argv)
     return cmd_import(pos[0], pos[1], model, (int)world, &o);
 }
 
+static int is_help(const char *a) { return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0; }
+
+static int ends_with(const char *s, const char *tail)
+{
+    size_t n = strlen(s), k = strlen(tail);
+    return n >= k && strcmp(s + n - k, tail) == 0;
+}
+
+/* convert SRC DST ...: the verb its two paths (and --world-size) call for. */
+static const char *convert_verb(int argc, char **argv)
+{
+    const char *pos[2] = {NULL, NULL};
+    int npos = 0, world = 0;
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--world-size") == 0)
+            world = 1;
+        if (strcmp(argv[i], "--world-size") == 0 || strcmp(argv[i], "--compress") == 0 ||
+            strcmp(argv[i], "--hash") == 0 || strcmp(argv[i], "--chunk-kib") == 0 ||
+            strcmp(argv[i], "--model") == 0)
+            i++; /* its value */
+        else if (strncmp(argv[i], "--", 2) != 0 && npos < 2)
+            pos[npos++] = argv[i];
+    }
+    if (npos < 2)
+        return "cp"; /* which then names what is missing */
+    if (ends_with(pos[0], ".safetensors"))
+        return "import";
+    if (ends_with(pos[1], ".safetensors"))
+        return "export";
+    return world ? "reshard" : "cp";
+}
+
 int main(int argc, char **argv)
 {
-    if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
-        usage(stdout);
+    if (argc >= 2 && is_help(argv[1])) {
+        usage(stdout, NULL);
         return 0;
     }
+    const struct command *known = argc >= 2 ? command_named(argv[1]) : NULL;
+    for (int i = 2; known && i < argc; i++)
+        if (is_help(argv[i])) {
+            usage(stdout, known);
+            return 0;
+        }
+    if (argc >= 2 && strcmp(argv[1], "convert") == 0)
+        argv[1] = (char *)convert_verb(argc, argv);
     const char *cmd = argc >= 2 ? argv[1] : "";
     int json = argc == 4 && strcmp(argv[3], "--json") == 0;
     if (argc == 3 && strcmp(cmd, "ls") == 0)

@@ -1,13 +1,47 @@
 """Every program: --help exits 0; a bad flag or value gives exactly one line
 on stderr that names it and points at --help, and a non-zero exit."""
 
-from harness import CKPT, DATA, TRAIN, main, prepare_corpus, run, mpirun
+import re
+
+from harness import CKPT, DATA, TRAIN, digest, main, prepare_corpus, run, mpirun
 
 
 def help_exits_zero(tmp):
     for prog in (TRAIN, DATA, CKPT):
         p = run([prog, "--help"])
         assert "usage:" in p.stdout, p.stdout
+    # every fsdp-ckpt command has its own, wherever --help stands
+    cmds = [m.group(1) for m in (re.match(r"(?:usage:)? *fsdp-ckpt ([a-z]+) ", l)
+                                 for l in run([CKPT, "--help"]).stdout.splitlines()) if m]
+    assert len(cmds) == 11 and "convert" in cmds, cmds
+    for cmd in cmds:
+        for argv in ([cmd, "--help"], [cmd, "x", "y", "-h"]):
+            p = run([CKPT] + argv)
+            assert p.stdout.startswith(f"usage: fsdp-ckpt {cmd} "), (argv, p.stdout)
+            assert p.stdout.splitlines()[1].strip(), (argv, p.stdout)  # what it does
+
+
+def convert_picks_the_verb_its_paths_call_for(tmp):
+    """fsdp-ckpt convert: import, export, reshard or cp by its paths, with the
+    same result as the verb itself."""
+    train, _ = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    run([TRAIN, "--data", train, "--model", "tiny", "--global-batch", "8", "--steps", "2",
+         "--ckpt", ck, "--log-every", "100"])
+    run([CKPT, "export", ck, f"{tmp}/a.safetensors"])
+    run([CKPT, "convert", ck, f"{tmp}/b.safetensors"])
+    assert open(f"{tmp}/a.safetensors", "rb").read() == open(f"{tmp}/b.safetensors", "rb").read()
+    run([CKPT, "convert", f"{tmp}/b.safetensors", f"{tmp}/imp", "--model", "tiny",
+         "--world-size", "2"])
+    run([CKPT, "convert", ck, f"{tmp}/re", "--world-size", "3"])
+    run([CKPT, "convert", ck, f"{tmp}/copy"])
+    want = digest(ck)
+    assert digest(f"{tmp}/re") == want and digest(f"{tmp}/copy") == want
+    imported = digest(f"{tmp}/imp")
+    assert all(imported[k] == want[k] for k in want if k[1] == "param")
+    assert "world size 3" in run([CKPT, "inspect", f"{tmp}/re"]).stdout
+    p = run([CKPT, "convert", f"{tmp}/b.safetensors", f"{tmp}/imp2"], check=False)
+    assert p.returncode == 2 and "--world-size" in p.stderr, p.stderr
 
 
 def bad_flags_give_one_line_and_the_usage_hint(tmp):
@@ -95,7 +129,8 @@ def device_cuda_without_a_gpu_is_refused_once(tmp):
 
 
 if __name__ == "__main__":
-    main([help_exits_zero, bad_flags_give_one_line_and_the_usage_hint,
+    main([help_exits_zero, convert_picks_the_verb_its_paths_call_for,
+          bad_flags_give_one_line_and_the_usage_hint,
           ckpt_tool_errors_are_one_line,
           batch_that_does_not_divide_is_refused_once,
           device_cuda_without_a_gpu_is_refused_once])
