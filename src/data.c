@@ -115,22 +115,6 @@ void token_file_close(struct token_file *f)
     memset(f, 0, sizeof *f);
 }
 
-static int write_all(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 int token_file_check_output(const char *path, char *err)
 {
     struct stat st;
@@ -175,7 +159,7 @@ int token_file_write(const char *path, const uint16_t *tokens, size_t n, char *e
     int32_t header[DATA_HEADER_INTS] = {DATA_MAGIC, DATA_VERSION, (int32_t)n};
     /* The format is little-endian; so is every machine this builds for. */
     _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "little-endian host");
-    if (write_all(fd, header, sizeof header) || write_all(fd, tokens, n * sizeof *tokens) ||
+    if (fsdp_write_all(fd, header, sizeof header) || fsdp_write_all(fd, tokens, n * sizeof *tokens) ||
         fsync(fd)) {
         int e = errno;
         close(fd);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 int fsdp_err(char *err, const char *fmt, ...)
 {
@@ -51,6 +52,25 @@ double fsdp_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int fsdp_write_all(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -1;
+        if (w == 0) {
+            errno = EIO;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
 }
 
 double fsdp_unix_now(void)

@@ -54,6 +54,9 @@ uint64_t fsdp_rng_below(struct fsdp_rng *r, uint64_t n);
  * produce element i of a tensor without producing elements 0..i-1. */
 float fsdp_normal_at(uint64_t key, uint64_t index);
 
+/* Writes all n bytes (retrying short writes and EINTR); -1 with errno set. */
+int fsdp_write_all(int fd, const void *buf, size_t n);
+
 /* Monotonic seconds. */
 double fsdp_now(void);
 /* Seconds since the Unix epoch (the wall clock: it may jump). */

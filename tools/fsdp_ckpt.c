@@ -10,6 +10,7 @@
  * 2 bad usage.
  */
 #include "ckpt.h"
+#include "hf.h"
 #include "model.h"
 #include "safetensors.h"
 #include "storage.h"
@@ -33,8 +34,12 @@ static const struct command {
     {"digest", "URI[@STEP]", "NAME KIND SHA256 per tensor and kind, of the logical bytes"},
     {"reshard", "SRC[@STEP] DST --world-size M [--compress C] [--chunk-kib N] [--hash H]",
      "write the step again for M ranks, streaming (a few chunks of memory)"},
-    {"export", "SRC[@STEP] OUT.safetensors [--all]",
-     "the parameters (--all: and both AdamW moments) as one safetensors file"},
+    {"export", "SRC[@STEP] OUT [--all | --layout hf [--dtype D] [--max-shard-size S]]",
+     "the parameters (--all: and both AdamW moments) as one safetensors file OUT; with\n"
+     "--layout hf, the directory OUT that GPT2LMHeadModel.from_pretrained(OUT) loads:\n"
+     "config.json and model.safetensors (transformer. names, Conv1D weights stored\n"
+     "(in, out), the real vocabulary's rows), in shards of at most S (default 5GB)\n"
+     "listed by model.safetensors.index.json; D: f32 (default), bf16 or f16"},
     {"import", "IN.safetensors DST --model PRESET --world-size M [--compress C] [--hash H]",
      "a safetensors file as a committed step for M ranks (every name and shape checked)"},
     {"cp", "SRC[@STEP] DST [--compress C] [--chunk-kib N] [--hash H]",
@@ -42,8 +47,8 @@ static const struct command {
      "format-1 step is rewritten as format 2 (with --compress, --chunk-kib and --hash)"},
     {"convert", "SRC[@STEP] DST [the options of the verb it picks]",
      "the one verb for format changes: IN.safetensors -> checkpoint is import,\n"
-     "checkpoint -> OUT.safetensors is export, checkpoint -> checkpoint is reshard with\n"
-     "--world-size, else cp"},
+     "checkpoint -> OUT.safetensors (or --layout hf) is export, checkpoint -> checkpoint\n"
+     "is reshard with --world-size, else cp"},
     {"diff", "A[@STEP] B[@STEP]", "the tensors whose digests differ; exit 1 if any"},
     {"prune", "URI --keep K", "delete all but the newest K committed steps (K >= 1)"},
 };
@@ -327,7 +332,12 @@ static int cmd_reshard(const char *src_arg, const char *dst_uri, int world,
     return rc ? die(err) : 0;
 }
 
-static int cmd_export(const char *src_arg, const char *out, int all)
+struct export_opts {
+    int all, hf, dtype;
+    uint64_t max_shard;
+};
+
+static int cmd_export(const char *src_arg, const char *out, const struct export_opts *x)
 {
     char err[CKPT_ERR_LEN];
     struct storage *st;
@@ -337,7 +347,8 @@ static int cmd_export(const char *src_arg, const char *out, int all)
     struct ckpt_reader r;
     int rc = ckpt_reader_init(&r, st, &m, err);
     if (!rc) {
-        rc = st_export(&r, out, all, err);
+        rc = x->hf ? hf_export(&r, out, x->dtype, x->max_shard, err)
+                   : st_export(&r, out, x->all, err);
         ckpt_reader_free(&r);
     }
     ckpt_manifest_free(&m);
@@ -520,12 +531,33 @@ static int bad_usage(const char *what)
     return 2;
 }
 
+/* "5GB" (10^9, Hugging Face's convention), "500MiB" (2^20), "1000000": bytes. */
+static int parse_size(const char *s, uint64_t *out)
+{
+    static const struct {
+        const char *unit;
+        double scale;
+    } units[] = {{"", 1},      {"B", 1},         {"KB", 1e3},        {"MB", 1e6},
+                 {"GB", 1e9},  {"KiB", 1024.0},  {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    for (size_t i = 0; !errno && end != s && v > 0 && i < sizeof units / sizeof *units; i++)
+        if (strcmp(end, units[i].unit) == 0 && v * units[i].scale >= 1 &&
+            v * units[i].scale <= 1e15) {
+            *out = (uint64_t)(v * units[i].scale);
+            return 0;
+        }
+    return -1;
+}
+
 /* reshard / export / import / cp: positional arguments and flags */
 static int cmd_convert(int argc, char **argv)
 {
     const char *cmd = argv[1], *pos[2] = {NULL, NULL}, *model = NULL;
     long long world = 0, chunk_kib = 4096;
-    int npos = 0, all = 0, rewrite_opts = 0;
+    int npos = 0, all = 0, rewrite_opts = 0, dtype_given = 0, shard_given = 0;
+    struct export_opts x = {0, 0, HF_F32, 5000000000ull};
     struct ckpt_write_opts o = CKPT_WRITE_DEFAULTS;
     char err[CKPT_ERR_LEN], msg[CKPT_ERR_LEN + 64];
     for (int i = 2; i < argc; i++) {
@@ -533,6 +565,19 @@ static int cmd_convert(int argc, char **argv)
         int has_value = i + 1 < argc;
         if (strcmp(a, "--all") == 0 && strcmp(cmd, "export") == 0) {
             all = 1;
+        } else if (strcmp(a, "--layout") == 0 && strcmp(cmd, "export") == 0) {
+            if (!has_value || (strcmp(argv[++i], "hf") != 0 && strcmp(argv[i], "native") != 0))
+                return bad_usage("--layout needs native or hf");
+            x.hf = strcmp(argv[i], "hf") == 0;
+        } else if (strcmp(a, "--dtype") == 0 && strcmp(cmd, "export") == 0) {
+            if (!has_value || hf_parse_dtype(argv[++i], &x.dtype))
+                return bad_usage("--dtype needs f32, bf16 or f16");
+            dtype_given = 1;
+        } else if (strcmp(a, "--max-shard-size") == 0 && strcmp(cmd, "export") == 0) {
+            if (!has_value || parse_size(argv[++i], &x.max_shard))
+                return bad_usage("--max-shard-size needs a size such as 5GB, 500MiB or a byte "
+                                 "count");
+            shard_given = 1;
         } else if (strcmp(a, "--world-size") == 0 && strcmp(cmd, "export") != 0 &&
                    strcmp(cmd, "cp") != 0) {
             char *end = NULL;
@@ -571,8 +616,14 @@ static int cmd_convert(int argc, char **argv)
         snprintf(msg, sizeof msg, "%s needs two paths", cmd);
         return bad_usage(msg);
     }
-    if (strcmp(cmd, "export") == 0)
-        return cmd_export(pos[0], pos[1], all);
+    if (strcmp(cmd, "export") == 0) {
+        if ((dtype_given || shard_given) && !x.hf)
+            return bad_usage("--dtype and --max-shard-size go with --layout hf");
+        if (all && x.hf)
+            return bad_usage("--all: the hf layout holds the model's parameters only");
+        x.all = all;
+        return cmd_export(pos[0], pos[1], &x);
+    }
     if (strcmp(cmd, "cp") == 0)
         return cmd_cp(pos[0], pos[1], &o, rewrite_opts);
     if (!world)
@@ -596,13 +647,16 @@ static int ends_with(const char *s, const char *tail)
 static const char *convert_verb(int argc, char **argv)
 {
     const char *pos[2] = {NULL, NULL};
-    int npos = 0, world = 0;
+    int npos = 0, world = 0, layout = 0;
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--world-size") == 0)
             world = 1;
+        if (strcmp(argv[i], "--layout") == 0)
+            layout = 1;
         if (strcmp(argv[i], "--world-size") == 0 || strcmp(argv[i], "--compress") == 0 ||
             strcmp(argv[i], "--hash") == 0 || strcmp(argv[i], "--chunk-kib") == 0 ||
-            strcmp(argv[i], "--model") == 0)
+            strcmp(argv[i], "--model") == 0 || strcmp(argv[i], "--layout") == 0 ||
+            strcmp(argv[i], "--dtype") == 0 || strcmp(argv[i], "--max-shard-size") == 0)
             i++; /* its value */
         else if (strncmp(argv[i], "--", 2) != 0 && npos < 2)
             pos[npos++] = argv[i];
@@ -611,7 +665,7 @@ static const char *convert_verb(int argc, char **argv)
         return "cp"; /* which then names what is missing */
     if (ends_with(pos[0], ".safetensors"))
         return "import";
-    if (ends_with(pos[1], ".safetensors"))
+    if (ends_with(pos[1], ".safetensors") || layout)
         return "export";
     return world ? "reshard" : "cp";
 }

@@ -11,6 +11,7 @@
 #include "safetensors.h"
 
 #include "model_ckpt.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,21 +25,6 @@
 #define PIECE (1u << 16)
 
 static const char *prefix[CKPT_NKINDS] = {"", "optim.exp_avg.", "optim.exp_avg_sq."};
-
-static int write_all(int fd, const void *p, size_t n)
-{
-    const char *c = p;
-    while (n) {
-        ssize_t w = write(fd, c, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        c += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
 
 int st_export(struct ckpt_reader *r, const char *path, int all, char *err)
 {
@@ -79,9 +65,9 @@ int st_export(struct ckpt_reader *r, const char *path, int all, char *err)
     unsigned char len[8];
     for (int i = 0; i < 8; i++)
         len[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-    int rc = write_all(fd, len, 8) || write_all(fd, doc, n);
+    int rc = fsdp_write_all(fd, len, 8) || fsdp_write_all(fd, doc, n);
     for (size_t i = n; !rc && i < padded; i++)
-        rc = write_all(fd, " ", 1);
+        rc = fsdp_write_all(fd, " ", 1);
     free(doc);
     float *buf = malloc(PIECE * sizeof *buf);
     if (!buf)
@@ -94,7 +80,7 @@ int st_export(struct ckpt_reader *r, const char *path, int all, char *err)
                 for (uint64_t x = 0; !rc && x < T->numel; x += PIECE) {
                     uint64_t c = T->numel - x < PIECE ? T->numel - x : PIECE;
                     rc = ckpt_read_unit(r, u, k, T->offset + x, c, buf, sub) ||
-                         write_all(fd, buf, (size_t)c * 4);
+                         fsdp_write_all(fd, buf, (size_t)c * 4);
                 }
             }
     free(buf);

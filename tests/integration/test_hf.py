@@ -1,0 +1,153 @@
+"""fsdp-ckpt export --layout hf, read back by a GPT-2 forward written here in
+numpy from Hugging Face's conventions alone (the "transformer." names,
+Conv1D weights stored (in, out), gelu_new, a head tied to wte, the epsilon
+and sizes from config.json): it must give the trainer's validation loss
+(f32 within 1e-5 relative, bf16 within 1e-2, f16 within 1e-3), a sharded
+export's index must list every tensor once, and bad requests are refused
+without writing."""
+
+import json
+import os
+import struct
+
+import numpy as np
+
+from harness import CKPT, TRAIN, main, prepare_corpus, read_log, run
+
+# a padded vocabulary (300 -> 320 rows in the trainer), so the export's cut shows
+MODEL = ["--layers", "2", "--dim", "64", "--heads", "2", "--seq", "64", "--vocab", "300"]
+
+
+def read_safetensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    out, end = {}, 0
+    for name, e in head.items():
+        if name == "__metadata__":
+            continue
+        b, en = e["data_offsets"]
+        buf = raw[8 + n + b:8 + n + en]
+        if e["dtype"] == "F32":
+            a = np.frombuffer(buf, "<f4")
+        elif e["dtype"] == "BF16":
+            a = (np.frombuffer(buf, "<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            assert e["dtype"] == "F16", e
+            a = np.frombuffer(buf, "<f2")
+        out[name] = a.astype(np.float64).reshape(e["shape"])
+        end = max(end, en)
+    assert 8 + n + end == len(raw), f"{path}: bytes after the last tensor"
+    return out
+
+
+def load_hf(d):
+    cfg = json.load(open(f"{d}/config.json"))
+    if os.path.exists(f"{d}/model.safetensors"):
+        files = ["model.safetensors"]
+    else:
+        index = json.load(open(f"{d}/model.safetensors.index.json"))
+        files = sorted(set(index["weight_map"].values()))
+    w = {}
+    for f in files:
+        part = read_safetensors(f"{d}/{f}")
+        assert not set(part) & set(w), f"{f}: a tensor in two files"
+        w.update(part)
+    return cfg, w
+
+
+def layer_norm(x, g, b, eps):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * g + b
+
+
+def gelu_new(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def hf_loss(cfg, w, tokens):
+    """Mean cross-entropy of GPT2LMHeadModel over tokens (B, T+1), float64."""
+    assert cfg["model_type"] == "gpt2" and cfg["activation_function"] == "gelu_new"
+    assert cfg["tie_word_embeddings"]
+    p, nh, eps = "transformer.", cfg["n_head"], cfg["layer_norm_epsilon"]
+    ids, y = tokens[:, :-1], tokens[:, 1:]
+    B, T = ids.shape
+    x = w[p + "wte.weight"][ids] + w[p + "wpe.weight"][:T]
+    C = x.shape[-1]
+    hd = C // nh
+    future = np.triu(np.ones((T, T), bool), 1)
+    for l in range(cfg["n_layer"]):
+        q = f"{p}h.{l}."
+        h = layer_norm(x, w[q + "ln_1.weight"], w[q + "ln_1.bias"], eps)
+        qkv = h @ w[q + "attn.c_attn.weight"] + w[q + "attn.c_attn.bias"]  # Conv1D: x @ W
+        a, k, v = (t.reshape(B, T, nh, hd).transpose(0, 2, 1, 3) for t in np.split(qkv, 3, -1))
+        att = np.where(future, -np.inf, a @ k.transpose(0, 1, 3, 2) / np.sqrt(hd))
+        att = np.exp(att - att.max(-1, keepdims=True))
+        att /= att.sum(-1, keepdims=True)
+        o = (att @ v).transpose(0, 2, 1, 3).reshape(B, T, C)
+        x = x + o @ w[q + "attn.c_proj.weight"] + w[q + "attn.c_proj.bias"]
+        h = layer_norm(x, w[q + "ln_2.weight"], w[q + "ln_2.bias"], eps)
+        h = gelu_new(h @ w[q + "mlp.c_fc.weight"] + w[q + "mlp.c_fc.bias"])
+        x = x + h @ w[q + "mlp.c_proj.weight"] + w[q + "mlp.c_proj.bias"]
+    x = layer_norm(x, w[p + "ln_f.weight"], w[p + "ln_f.bias"], eps)
+    logits = x @ w[p + "wte.weight"].T
+    logits -= logits.max(-1, keepdims=True)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    return float(-np.take_along_axis(logp, y[..., None], -1).mean())
+
+
+def windows(path, T, n):
+    """The trainer's validation sequences on one rank: windows 0..n-1."""
+    raw = open(path, "rb").read()
+    count = struct.unpack("<256i", raw[:1024])[2]
+    toks = np.frombuffer(raw[1024:1024 + 2 * count], "<u2").astype(np.int64)
+    return np.stack([toks[i * T:i * T + T + 1] for i in range(n)])
+
+
+def hf_export_gives_the_trainers_validation_loss(tmp):
+    train, val = prepare_corpus(tmp)
+    ck, log = f"{tmp}/ck", f"{tmp}/log.jsonl"
+    run([TRAIN, "--data", train, "--val-data", val, "--val-samples", "8", "--global-batch", "8",
+         "--steps", "20", "--ckpt", ck, "--log", log, "--log-every", "100"] + MODEL)
+    want = [e["val_loss"] for e in read_log(log) if "val_loss" in e][-1]
+    tokens = windows(val, 64, 8)
+    losses = {}
+    for dtype, tol in (("f32", 1e-5), ("bf16", 1e-2), ("f16", 1e-3)):
+        out = f"{tmp}/hf-{dtype}"
+        run([CKPT, "export", ck, out, "--layout", "hf", "--dtype", dtype])
+        cfg, w = load_hf(out)
+        assert cfg["vocab_size"] == 300 and cfg["n_positions"] == 64, cfg
+        assert w["transformer.wte.weight"].shape == (300, 64)  # the real vocabulary's rows
+        assert w["transformer.h.1.mlp.c_fc.weight"].shape == (64, 256)  # Conv1D: (in, out)
+        assert "lm_head.weight" not in w and len(w) == 2 + 12 * 2 + 2
+        losses[dtype] = hf_loss(cfg, w, tokens)
+        rel = abs(losses[dtype] - want) / want
+        print(f"  {dtype}: loss {losses[dtype]:.7f} against the trainer's {want:.7f} "
+              f"(relative {rel:.1e}, bound {tol:g})")
+        assert rel <= tol, (dtype, losses[dtype], want)
+    # in shards of at most 40 kB: an index listing every tensor once, the same loss
+    out = f"{tmp}/hf-sharded"
+    run([CKPT, "export", ck, out, "--layout", "hf", "--max-shard-size", "40KB"])
+    index = json.load(open(f"{out}/model.safetensors.index.json"))
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 3 and not os.path.exists(f"{out}/model.safetensors"), files
+    assert files[0] == f"model-00001-of-{len(files):05d}.safetensors", files
+    named = [n for f in files for n in read_safetensors(f"{out}/{f}")]
+    assert sorted(named) == sorted(index["weight_map"]) and len(set(named)) == len(named)
+    assert all(read_safetensors(f"{out}/{index['weight_map'][n]}").get(n) is not None
+               for n in named[:3])
+    assert index["metadata"]["total_size"] == sum(4 * a.size for a in load_hf(out)[1].values())
+    cfg, w = load_hf(out)
+    assert hf_loss(cfg, w, tokens) == losses["f32"], "sharding changed a value"
+    # refused, nothing written: a directory that holds something, options of the other layout
+    p = run([CKPT, "export", ck, f"{tmp}/hf-f32", "--layout", "hf"], check=False)
+    assert p.returncode == 1 and "not empty" in p.stderr, p.stderr
+    for bad in (["--dtype", "bf16"], ["--layout", "hf", "--all"], ["--layout", "hf", "--dtype",
+                                                                    "f8"]):
+        p = run([CKPT, "export", ck, f"{tmp}/never"] + bad, check=False)
+        assert p.returncode == 2 and not os.path.exists(f"{tmp}/never"), (bad, p.stderr)
+
+
+if __name__ == "__main__":
+    main([hf_export_gives_the_trainers_validation_loss])
