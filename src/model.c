@@ -29,6 +29,8 @@ int model_preset(const char *name, struct model_config *cfg)
     return -1;
 }
 
+int model_vocab_pad(int vocab) { return vocab <= 256 ? vocab : (vocab + 63) / 64 * 64; }
+
 int model_config_check(const struct model_config *c, char *err)
 {
     if (c->layers < 1 || c->layers > 256)

@@ -29,6 +29,8 @@ int model_preset(const char *name, struct model_config *cfg);
 
 /* Checks a configuration (heads divide dim, sizes positive and bounded). */
 int model_config_check(const struct model_config *cfg, char *err);
+/* wte's rows for a vocabulary: V itself up to 256, else V rounded up to 64. */
+int model_vocab_pad(int vocab);
 
 /* The tensors of one block, in unit order. */
 enum block_tensor {

@@ -314,7 +314,7 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
         o->cfg.seq = (int)seq;
     if (vocab) {
         o->cfg.vocab = (int)vocab;
-        o->cfg.vocab_pad = vocab <= 256 ? (int)vocab : (int)((vocab + 63) / 64 * 64);
+        o->cfg.vocab_pad = model_vocab_pad((int)vocab);
     }
     snprintf(o->model_label, sizeof o->model_label, "%s",
              layers || dim || heads || seq || vocab ? "custom" : o->model_name);

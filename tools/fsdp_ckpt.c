@@ -40,15 +40,18 @@ static const struct command {
      "config.json and model.safetensors (transformer. names, Conv1D weights stored\n"
      "(in, out), the real vocabulary's rows), in shards of at most S (default 5GB)\n"
      "listed by model.safetensors.index.json; D: f32 (default), bf16 or f16"},
-    {"import", "IN.safetensors DST --model PRESET --world-size M [--compress C] [--hash H]",
-     "a safetensors file as a committed step for M ranks (every name and shape checked)"},
+    {"import", "IN DST (--model PRESET | --layout hf) --world-size M [--compress C] [--hash H]",
+     "a safetensors file IN as a committed step for M ranks (every name and shape checked);\n"
+     "with --layout hf, the Hugging Face GPT-2 directory IN (what export --layout hf\n"
+     "writes, or GPT2LMHeadModel.save_pretrained): its config.json gives the model,\n"
+     "F32, BF16 and F16 tensors are widened, Conv1D weights transposed by name"},
     {"cp", "SRC[@STEP] DST [--compress C] [--chunk-kib N] [--hash H]",
      "committed steps (or one) to another store, fs <-> s3, stored bytes as they are; a\n"
      "format-1 step is rewritten as format 2 (with --compress, --chunk-kib and --hash)"},
     {"convert", "SRC[@STEP] DST [the options of the verb it picks]",
-     "the one verb for format changes: IN.safetensors -> checkpoint is import,\n"
-     "checkpoint -> OUT.safetensors (or --layout hf) is export, checkpoint -> checkpoint\n"
-     "is reshard with --world-size, else cp"},
+     "the one verb for format changes: IN.safetensors (or an hf directory with --layout\n"
+     "hf) -> checkpoint is import, checkpoint -> OUT.safetensors (or --layout hf) is\n"
+     "export, checkpoint -> checkpoint is reshard with --world-size, else cp"},
     {"diff", "A[@STEP] B[@STEP]", "the tensors whose digests differ; exit 1 if any"},
     {"prune", "URI --keep K", "delete all but the newest K committed steps (K >= 1)"},
 };
@@ -356,28 +359,49 @@ static int cmd_export(const char *src_arg, const char *out, const struct export_
     return rc ? die(err) : 0;
 }
 
+/* preset NULL: the model of IN/config.json (--layout hf) */
 static int cmd_import(const char *in, const char *dst_uri, const char *preset, int world,
                       const struct ckpt_write_opts *o)
 {
-    char err[CKPT_ERR_LEN];
+    char err[CKPT_ERR_LEN], tmp[4096] = "";
     struct model_config cfg;
     struct model_layout m;
-    if (model_preset(preset, &cfg)) {
+    if (!preset && hf_read_config(in, &cfg, err))
+        return die(err);
+    if (preset && model_preset(preset, &cfg)) {
         fprintf(stderr, "fsdp-ckpt: --model '%s' is not one of tiny, small, gpt2-124m "
                         "(see fsdp-ckpt --help)\n", preset);
         return 2;
     }
     if (model_layout_init(&m, &cfg, err))
         return die(err);
+    const char *name = preset ? preset : "config.json", *path = in;
+    int rc = 0;
+    if (!preset) { /* the directory as a safetensors file in our layout, then as always */
+        const char *t = getenv("TMPDIR");
+        snprintf(tmp, sizeof tmp, "%s/fsdp-ckpt-import-XXXXXX", t && *t ? t : "/tmp");
+        int fd = mkstemp(tmp);
+        if (fd < 0)
+            rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: cannot create: %s", tmp, strerror(errno));
+        else if ((rc = hf_to_native(in, &m, fd, err)) == 0 && fsync(fd))
+            rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: %s", tmp, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        path = tmp;
+    }
     struct storage *dst;
-    int rc = open_store(dst_uri, &dst, err);
+    if (!rc)
+        rc = open_store(dst_uri, &dst, err);
     if (!rc) {
-        rc = st_import(in, &m, preset, dst, world, o, err);
+        rc = st_import(path, in, &m, name, dst, world, o, err);
         if (!rc)
-            printf("%s -> %s: step 0 for %d ranks, model %s, fresh optimizer state\n", in,
-                   dst->uri, world, preset);
+            printf("%s -> %s: step 0 for %d ranks, model %s (%d layers, dim %d, %d heads, seq "
+                   "%d, vocab %d), fresh optimizer state\n", in, dst->uri, world, name,
+                   cfg.layers, cfg.dim, cfg.heads, cfg.seq, cfg.vocab);
         storage_close(dst);
     }
+    if (*tmp)
+        unlink(tmp);
     model_layout_free(&m);
     return rc ? die(err) : 0;
 }
@@ -565,7 +589,8 @@ static int cmd_convert(int argc, char **argv)
         int has_value = i + 1 < argc;
         if (strcmp(a, "--all") == 0 && strcmp(cmd, "export") == 0) {
             all = 1;
-        } else if (strcmp(a, "--layout") == 0 && strcmp(cmd, "export") == 0) {
+        } else if (strcmp(a, "--layout") == 0 &&
+                   (strcmp(cmd, "export") == 0 || strcmp(cmd, "import") == 0)) {
             if (!has_value || (strcmp(argv[++i], "hf") != 0 && strcmp(argv[i], "native") != 0))
                 return bad_usage("--layout needs native or hf");
             x.hf = strcmp(argv[i], "hf") == 0;
@@ -630,9 +655,12 @@ static int cmd_convert(int argc, char **argv)
         return bad_usage("--world-size M is required");
     if (strcmp(cmd, "reshard") == 0)
         return cmd_reshard(pos[0], pos[1], (int)world, &o);
-    if (!model)
-        return bad_usage("--model PRESET is required");
-    return cmd_import(pos[0], pos[1], model, (int)world, &o);
+    if (!model && !x.hf)
+        return bad_usage("--model PRESET is required (or --layout hf: the model of "
+                         "IN/config.json)");
+    if (model && x.hf)
+        return bad_usage("--model: with --layout hf the model is IN/config.json's");
+    return cmd_import(pos[0], pos[1], x.hf ? NULL : model, (int)world, &o);
 }
 
 static int is_help(const char *a) { return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0; }
@@ -663,7 +691,9 @@ static const char *convert_verb(int argc, char **argv)
     }
     if (npos < 2)
         return "cp"; /* which then names what is missing */
-    if (ends_with(pos[0], ".safetensors"))
+    char cfg[4200];
+    snprintf(cfg, sizeof cfg, "%s/config.json", pos[0]);
+    if (ends_with(pos[0], ".safetensors") || (layout && access(cfg, F_OK) == 0))
         return "import";
     if (ends_with(pos[1], ".safetensors") || layout)
         return "export";

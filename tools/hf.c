@@ -9,6 +9,7 @@
  */
 #include "hf.h"
 
+#include "safetensors.h"
 #include "util.h"
 
 #include <dirent.h>
@@ -329,5 +330,337 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
     free(tr);
     free(bytes);
     free(ts);
+    return rc;
+}
+
+/* ---- import ---------------------------------------------------------------- */
+
+/* dir/name as a regular file (no symlink, FIFO or device), read-only. */
+static int open_in(int dfd, const char *dir, const char *name, uint64_t *size, char *err)
+{
+    int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
+        snprintf(err, CKPT_ERR_LEN, "%s/%s: %s", dir, name,
+                 fd < 0 ? strerror(errno) : "not a regular file");
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    *size = (uint64_t)sb.st_size;
+    return fd;
+}
+
+static json_t *read_json(int dfd, const char *dir, const char *name, char *err)
+{
+    uint64_t size;
+    int fd = open_in(dfd, dir, name, &size, err);
+    if (fd < 0)
+        return NULL;
+    char *text = size <= (64u << 20) ? malloc((size_t)size + 1) : NULL;
+    json_t *doc = NULL;
+    if (!text)
+        snprintf(err, CKPT_ERR_LEN, "%s/%s: %llu bytes, more than the 64 MiB allowed", dir, name,
+                 (unsigned long long)size);
+    else if (pread(fd, text, (size_t)size, 0) != (ssize_t)size)
+        snprintf(err, CKPT_ERR_LEN, "%s/%s: cannot read", dir, name);
+    else {
+        json_error_t je;
+        doc = json_loadb(text, (size_t)size, JSON_REJECT_DUPLICATES, &je);
+        if (!json_is_object(doc)) {
+            snprintf(err, CKPT_ERR_LEN, "%s/%s: not a JSON object: %s", dir, name, je.text);
+            json_decref(doc);
+            doc = NULL;
+        }
+    }
+    free(text);
+    close(fd);
+    return doc;
+}
+
+int hf_read_config(const char *dir, struct model_config *cfg, char *err)
+{
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        snprintf(err, CKPT_ERR_LEN, "%s: not a directory: %s", dir, strerror(errno));
+        return -1;
+    }
+    json_t *c = read_json(dfd, dir, "config.json", err);
+    close(dfd);
+    if (!c)
+        return -1;
+    static const char *keys[] = {"n_layer", "n_embd", "n_head", "n_positions", "vocab_size"};
+    static const long long hi[] = {256, 16384, 1024, 65536, 65536};
+    long long v[5];
+    int rc = 0;
+    for (int i = 0; !rc && i < 5; i++) {
+        json_t *x = json_object_get(c, keys[i]);
+        v[i] = json_is_integer(x) ? (long long)json_integer_value(x) : -1;
+        if (v[i] < 1 || v[i] > hi[i])
+            rc = -1, snprintf(err, CKPT_ERR_LEN, "%s/config.json: %s must be an integer in 1..%lld",
+                              dir, keys[i], hi[i]);
+    }
+    const char *type = json_string_value(json_object_get(c, "model_type"));
+    const char *act = json_string_value(json_object_get(c, "activation_function"));
+    json_t *eps = json_object_get(c, "layer_norm_epsilon"), *tie = json_object_get(c, "tie_word_embeddings");
+    if (!rc && type && strcmp(type, "gpt2") != 0)
+        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s/config.json: model_type '%.40s', not gpt2", dir, type);
+    if (!rc && act && strcmp(act, "gelu_new") != 0) /* absent: GPT2Config's gelu_new */
+        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s/config.json: activation_function '%.40s'; this "
+                                             "trainer's GELU is gelu_new (tanh)", dir, act);
+    if (!rc && eps && (!json_is_number(eps) || fabs(json_number_value(eps) - 1e-5) > 1e-12))
+        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s/config.json: layer_norm_epsilon must be 1e-5 "
+                                             "(this trainer's LayerNorm)", dir);
+    if (!rc && tie && !json_is_true(tie))
+        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s/config.json: tie_word_embeddings false; this "
+                                             "trainer's head is tied to wte", dir);
+    json_decref(c);
+    if (rc)
+        return -1;
+    *cfg = (struct model_config){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4],
+                                 model_vocab_pad((int)v[4])};
+    return model_config_check(cfg, err);
+}
+
+/* Names Hugging Face stores that are not parameters of this layout: the
+ * causal-mask buffers of older checkpoints and the head tied to wte. */
+static int ignorable(const char *name)
+{
+    return strcmp(name, "lm_head.weight") == 0 || ends_with(name, ".attn.bias") ||
+           ends_with(name, ".attn.masked_bias");
+}
+
+static int plain_file_name(const char *s)
+{
+    if (!*s || *s == '.' || strlen(s) > 200)
+        return 0;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '.' || *s == '-' || *s == '_'))
+            return 0;
+    return 1;
+}
+
+struct hf_file {
+    char name[208];
+    int fd;
+    struct st_header h;
+};
+
+/* The files to read: model.safetensors, or those model.safetensors.index.json
+ * lists (plain names in dir, each once). */
+static int list_files(int dfd, const char *dir, struct hf_file **out, int *n, json_t **index,
+                      char *err)
+{
+    *index = NULL;
+    *n = 0;
+    struct stat sb;
+    int single = fstatat(dfd, "model.safetensors", &sb, AT_SYMLINK_NOFOLLOW) == 0;
+    json_t *map = NULL;
+    if (!single) {
+        if (!(*index = read_json(dfd, dir, "model.safetensors.index.json", err)))
+            return -1;
+        map = json_object_get(*index, "weight_map");
+        if (!json_is_object(map) || json_object_size(map) == 0) {
+            snprintf(err, CKPT_ERR_LEN, "%s/model.safetensors.index.json: no weight_map", dir);
+            return -1;
+        }
+    }
+    size_t cap = single ? 1 : json_object_size(map);
+    struct hf_file *f = calloc(cap, sizeof *f);
+    if (!f) {
+        snprintf(err, CKPT_ERR_LEN, "%s: out of memory", dir);
+        return -1;
+    }
+    const char *key;
+    json_t *v;
+    if (single)
+        snprintf(f[(*n)++].name, sizeof f->name, "model.safetensors");
+    else
+        json_object_foreach(map, key, v)
+        {
+            const char *file = json_string_value(v);
+            if (!file || !plain_file_name(file)) {
+                snprintf(err, CKPT_ERR_LEN, "%s/model.safetensors.index.json: %.80s: file "
+                                            "'%.80s' is not a plain file name in the directory",
+                         dir, key, file ? file : "(not a string)");
+                free(f);
+                return -1;
+            }
+            int seen = 0;
+            for (int i = 0; !seen && i < *n; i++)
+                seen = strcmp(f[i].name, file) == 0;
+            if (!seen)
+                snprintf(f[(*n)++].name, sizeof f->name, "%s", file);
+        }
+    *out = f;
+    return 0;
+}
+
+static float widen(const unsigned char *p, int size, int f16)
+{
+    if (size == 4) {
+        float x;
+        memcpy(&x, p, 4);
+        return x;
+    }
+    uint16_t h = (uint16_t)(p[0] | p[1] << 8);
+    if (!f16)
+        return fsdp_bf16_widen(h);
+    int e = (h >> 10) & 31, m = h & 1023;
+    float x = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY)
+                                                      : ldexpf((float)(m | 1024), e - 25);
+    return h & 0x8000 ? -x : x;
+}
+
+int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char *err)
+{
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        snprintf(err, CKPT_ERR_LEN, "%s: not a directory: %s", dir, strerror(errno));
+        return -1;
+    }
+    struct hf_file *f = NULL;
+    int nf = 0, problems = 0, rc = 0;
+    json_t *index = NULL;
+    rc = list_files(dfd, dir, &f, &nf, &index, err);
+    char path[4096];
+    for (int i = 0; !rc && i < nf; i++) {
+        uint64_t size;
+        snprintf(path, sizeof path, "%s/%s", dir, f[i].name);
+        f[i].fd = open_in(dfd, dir, f[i].name, &size, err);
+        if (f[i].fd < 0 || st_header_parse(path, f[i].fd, size, &f[i].h, &problems, err))
+            rc = -1, nf = f[i].fd < 0 ? i : i + 1;
+    }
+    /* where each of the model's tensors is, checked against the layout */
+    int nt = m->ntensors;
+    const struct st_entry **at = calloc((size_t)nt + 1, sizeof *at);
+    int *in = calloc((size_t)nt + 1, sizeof *in);
+    if (!rc && (!at || !in))
+        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: out of memory", dir);
+    for (int i = 0; !rc && i < nf; i++)
+        for (int j = 0; j < f[i].h.n; j++) {
+            const struct st_entry *e = &f[i].h.e[j];
+            snprintf(path, sizeof path, "%s/%s", dir, f[i].name);
+            int ti = -1;
+            for (int t = 0; ti < 0 && t < nt; t++)
+                if (strncmp(e->name, "transformer.", 12) == 0 &&
+                    strcmp(e->name + 12, m->tensors[t].name) == 0)
+                    ti = t;
+            const char *listed = index ? json_string_value(json_object_get(
+                                             json_object_get(index, "weight_map"), e->name))
+                                       : NULL;
+            if (index && (!listed || strcmp(listed, f[i].name) != 0)) {
+                fprintf(stderr, "fsdp-ckpt: %s: %s: the index puts it in %s\n", path, e->name,
+                        listed ? listed : "no file");
+                problems++;
+            }
+            if (ti < 0) {
+                if (!ignorable(e->name)) {
+                    fprintf(stderr, "fsdp-ckpt: %s: %s: not a tensor of the GPT-2 layout\n", path,
+                            e->name);
+                    problems++;
+                }
+                continue;
+            }
+            if (at[ti]) {
+                fprintf(stderr, "fsdp-ckpt: %s: %s: a second copy\n", path, e->name);
+                problems++;
+                continue;
+            }
+            const struct model_tensor *t = &m->tensors[ti];
+            uint64_t shape[2] = {t->shape[0], t->ndim > 1 ? t->shape[1] : 0};
+            if (strcmp(t->name, "wte.weight") == 0)
+                shape[0] = (uint64_t)m->cfg.vocab; /* the real vocabulary's rows */
+            if (t->ndim == 2 && is_conv1d(t->name)) { /* Conv1D: (in, out) */
+                uint64_t x = shape[0];
+                shape[0] = shape[1];
+                shape[1] = x;
+            }
+            problems += st_check_entry(path, e, e->name, t->ndim, shape,
+                                       ST_F32 | ST_BF16 | ST_F16, "config.json");
+            at[ti] = e;
+            in[ti] = i;
+        }
+    for (int t = 0; !rc && t < nt; t++)
+        if (!at[t]) {
+            fprintf(stderr, "fsdp-ckpt: %s: transformer.%s: missing (config.json's model has "
+                            "it)\n", dir, m->tensors[t].name);
+            problems++;
+        }
+    if (!rc && problems)
+        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: %d problem%s; nothing imported", dir, problems,
+                          problems > 1 ? "s" : "");
+    /* the native file: our names, F32, (out, in), the padded rows zero */
+    json_t *h = json_object();
+    uint64_t off = 0, largest = 0;
+    json_object_set_new(h, "__metadata__", json_pack("{s:s}", "format", "pt"));
+    for (int t = 0; !rc && t < nt; t++) {
+        const struct model_tensor *T = &m->tensors[t];
+        json_object_set_new(h, T->name,
+                            json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape",
+                                      T->ndim == 2 ? json_pack("[I, I]", (json_int_t)T->shape[0],
+                                                               (json_int_t)T->shape[1])
+                                                   : json_pack("[I]", (json_int_t)T->shape[0]),
+                                      "data_offsets", (json_int_t)off,
+                                      (json_int_t)(off + T->numel * 4)));
+        off += T->numel * 4;
+        largest = T->numel > largest ? T->numel : largest;
+    }
+    char *doc = rc ? NULL : json_dumps(h, JSON_COMPACT);
+    json_decref(h);
+    float *dst = malloc((size_t)largest * 4 + 4), *tmp = malloc((size_t)largest * 4 + 4);
+    unsigned char *raw = malloc((size_t)largest * 4 + 4);
+    if (!rc && (!doc || !dst || !tmp || !raw))
+        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: out of memory", dir);
+    if (!rc) {
+        size_t n = strlen(doc), padded = (n + 7) / 8 * 8;
+        unsigned char len[8];
+        for (int i = 0; i < 8; i++)
+            len[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+        if (fsdp_write_all(out_fd, len, 8) || fsdp_write_all(out_fd, doc, n) ||
+            fsdp_write_all(out_fd, "        ", padded - n))
+            rc = -1, snprintf(err, CKPT_ERR_LEN, "import: cannot write a temporary file: %s",
+                              strerror(errno));
+    }
+    for (int t = 0; !rc && t < nt; t++) {
+        const struct model_tensor *T = &m->tensors[t];
+        const struct st_entry *e = at[t];
+        size_t bytes = (size_t)(e->end - e->begin);
+        int size = strcmp(e->dtype, "F32") == 0 ? 4 : 2, f16 = strcmp(e->dtype, "F16") == 0;
+        if (pread(f[in[t]].fd, raw, bytes, (off_t)e->begin) != (ssize_t)bytes) {
+            rc = -1, snprintf(err, CKPT_ERR_LEN, "%s/%s: %s: cannot read", dir, f[in[t]].name,
+                              e->name);
+            break;
+        }
+        uint64_t n = bytes / (size_t)size;
+        for (uint64_t i = 0; i < n; i++)
+            tmp[i] = widen(raw + i * (uint64_t)size, size, f16);
+        memset(dst, 0, (size_t)T->numel * 4); /* wte's padded rows */
+        if (T->ndim == 2 && is_conv1d(T->name)) {
+            uint64_t rows = T->shape[0], cols = T->shape[1]; /* ours (out, in); stored (in, out) */
+            for (uint64_t i = 0; i < rows; i++)
+                for (uint64_t j = 0; j < cols; j++)
+                    dst[i * cols + j] = tmp[j * rows + i];
+        } else {
+            memcpy(dst, tmp, (size_t)n * 4);
+        }
+        if (fsdp_write_all(out_fd, dst, (size_t)T->numel * 4))
+            rc = -1, snprintf(err, CKPT_ERR_LEN, "import: cannot write a temporary file: %s",
+                              strerror(errno));
+    }
+    free(doc);
+    free(dst);
+    free(tmp);
+    free(raw);
+    free(at);
+    free(in);
+    for (int i = 0; i < nf; i++) {
+        st_header_free(&f[i].h);
+        close(f[i].fd);
+    }
+    free(f);
+    json_decref(index);
+    close(dfd);
     return rc;
 }

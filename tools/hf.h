@@ -17,6 +17,7 @@
 #define FSDP_HF_H
 
 #include "ckpt.h"
+#include "model.h"
 
 enum hf_dtype { HF_F32, HF_BF16, HF_F16 };
 
@@ -27,5 +28,17 @@ int hf_parse_dtype(const char *s, int *dtype);
  * every file written to a temporary name, fsynced, renamed), in shards of
  * at most max_shard bytes (a larger tensor gets a shard of its own). */
 int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_shard, char *err);
+
+/* The model of dir/config.json (n_layer, n_embd, n_head, n_positions,
+ * vocab_size; gelu_new, epsilon 1e-5 and tied embeddings or refused). */
+int hf_read_config(const char *dir, struct model_config *cfg, char *err);
+
+/* Writes dir's parameters to out_fd as a safetensors file in this trainer's
+ * layout (import's input): F32, (out, in), wte's padded rows zero. Reads
+ * model.safetensors or every file model.safetensors.index.json lists; F32,
+ * BF16 and F16 are widened; Conv1D weights are transposed by name. Every
+ * problem (a missing, unknown, misplaced or misshapen tensor) is printed to
+ * stderr as its own line before failing; nothing is written then. */
+int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char *err);
 
 #endif

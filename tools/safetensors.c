@@ -99,37 +99,25 @@ int st_export(struct ckpt_reader *r, const char *path, int all, char *err)
     return 0;
 }
 
-/* ---- import -------------------------------------------------------------- */
-
-struct entry {
-    const char *name;
-    uint64_t begin, end;
-};
+/* ---- reading ------------------------------------------------------------- */
 
 static int by_begin(const void *a, const void *b)
 {
-    const struct entry *x = a, *y = b;
+    const struct st_entry *x = a, *y = b;
     return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
-static void shape_str(json_t *shape, char *out, size_t n)
+void st_header_free(struct st_header *h)
 {
-    size_t i;
-    json_t *d;
-    snprintf(out, n, "[");
-    json_array_foreach(shape, i, d)
-    {
-        snprintf(out + strlen(out), n - strlen(out), "%s%lld", i ? ", " : "",
-                 (long long)json_integer_value(d));
-    }
-    snprintf(out + strlen(out), n - strlen(out), "]");
+    free(h->e);
+    json_decref(h->doc);
+    memset(h, 0, sizeof *h);
 }
 
-/* Parses and checks the header; fills offsets[ti] (absolute file offsets)
- * for every tensor of the model. Prints one line per problem. */
-static int read_header(const char *path, int fd, uint64_t fsize, const struct model_layout *m,
-                       const char *model_name, uint64_t *offsets, char *err)
+int st_header_parse(const char *path, int fd, uint64_t fsize, struct st_header *out,
+                    int *problems, char *err)
 {
+    memset(out, 0, sizeof *out);
     unsigned char lenb[8];
     if (fsize < 8 || pread(fd, lenb, 8, 0) != 8) {
         snprintf(err, CKPT_ERR_LEN, "%s: not a safetensors file (shorter than 8 bytes)", path);
@@ -158,106 +146,171 @@ static int read_header(const char *path, int fd, uint64_t fsize, const struct mo
         return -1;
     }
     const uint64_t data = 8 + n, dsize = fsize - data;
-    size_t cap = json_object_size(h), ne = 0;
-    struct entry *e = calloc(cap ? cap : 1, sizeof *e);
+    size_t cap = json_object_size(h);
+    struct st_entry *e = calloc(cap ? cap : 1, sizeof *e);
     if (!e) {
         json_decref(h);
         snprintf(err, CKPT_ERR_LEN, "%s: out of memory for %zu header entries", path, cap);
         return -1;
     }
-    int problems = 0, ignored = 0;
+    int ne = 0;
     const char *key;
     json_t *v;
     json_object_foreach(h, key, v)
     {
         if (strcmp(key, "__metadata__") == 0)
             continue;
-        json_t *off = json_object_get(v, "data_offsets");
+        json_t *off = json_object_get(v, "data_offsets"), *shape = json_object_get(v, "shape");
         json_t *b = json_array_get(off, 0), *en = json_array_get(off, 1);
         const char *dtype = json_string_value(json_object_get(v, "dtype"));
-        if (!json_is_object(v) || json_array_size(off) != 2 || !json_is_integer(b) ||
-            !json_is_integer(en) || json_integer_value(b) < 0 ||
-            json_integer_value(en) < json_integer_value(b) ||
-            (uint64_t)json_integer_value(en) > dsize || !dtype ||
-            !json_is_array(json_object_get(v, "shape"))) {
+        int ok = json_is_object(v) && json_array_size(off) == 2 && json_is_integer(b) &&
+                 json_is_integer(en) && json_integer_value(b) >= 0 &&
+                 json_integer_value(en) >= json_integer_value(b) &&
+                 (uint64_t)json_integer_value(en) <= dsize && dtype && json_is_array(shape) &&
+                 json_array_size(shape) <= 4;
+        struct st_entry *x = &e[ne];
+        for (size_t d = 0; ok && d < json_array_size(shape); d++) {
+            json_t *dim = json_array_get(shape, d);
+            ok = json_is_integer(dim) && json_integer_value(dim) >= 0 &&
+                 json_integer_value(dim) <= (json_int_t)1 << 40;
+            x->shape[d] = ok ? (uint64_t)json_integer_value(dim) : 0;
+        }
+        if (!ok) {
             fprintf(stderr, "fsdp-ckpt: %s: %s: malformed entry (dtype, shape, data_offsets)\n",
                     path, key);
-            problems++;
+            ++*problems;
             continue;
         }
-        e[ne++] = (struct entry){key, (uint64_t)json_integer_value(b),
-                                 (uint64_t)json_integer_value(en)};
-        if (strncmp(key, "optim.", 6) == 0) {
+        x->name = key;
+        x->dtype = dtype;
+        x->ndim = (int)json_array_size(shape);
+        x->begin = data + (uint64_t)json_integer_value(b);
+        x->end = data + (uint64_t)json_integer_value(en);
+        ne++;
+    }
+    /* the data must be exactly the tensors, back to back */
+    struct st_entry *sorted = malloc(sizeof *e * (size_t)(ne ? ne : 1));
+    if (!sorted) {
+        free(e);
+        json_decref(h);
+        snprintf(err, CKPT_ERR_LEN, "%s: out of memory", path);
+        return -1;
+    }
+    memcpy(sorted, e, sizeof *e * (size_t)ne);
+    qsort(sorted, (size_t)ne, sizeof *sorted, by_begin);
+    uint64_t at = data;
+    for (int i = 0; i < ne; i++) {
+        if (sorted[i].begin != at) {
+            fprintf(stderr, "fsdp-ckpt: %s: %s: data_offsets leave a gap or overlap at byte %llu\n",
+                    path, sorted[i].name, (unsigned long long)(at - data));
+            ++*problems;
+        }
+        at = sorted[i].end > at ? sorted[i].end : at;
+    }
+    free(sorted);
+    if (!*problems && at != fsize) {
+        fprintf(stderr, "fsdp-ckpt: %s: %llu bytes of data after the last tensor\n", path,
+                (unsigned long long)(fsize - at));
+        ++*problems;
+    }
+    out->doc = h;
+    out->e = e;
+    out->n = ne;
+    return 0;
+}
+
+static void shape_str(const uint64_t *shape, int ndim, char *out, size_t n)
+{
+    snprintf(out, n, "[");
+    for (int i = 0; i < ndim; i++)
+        snprintf(out + strlen(out), n - strlen(out), "%s%llu", i ? ", " : "",
+                 (unsigned long long)shape[i]);
+    snprintf(out + strlen(out), n - strlen(out), "]");
+}
+
+int st_check_entry(const char *path, const struct st_entry *e, const char *want_name, int ndim,
+                   const uint64_t *shape, int dtypes, const char *model_name)
+{
+    char got[96], want[96];
+    int problems = 0, same = e->ndim == ndim, size = 0;
+    for (int d = 0; same && d < ndim; d++)
+        same = e->shape[d] == shape[d];
+    if (!same) {
+        shape_str(e->shape, e->ndim, got, sizeof got);
+        shape_str(shape, ndim, want, sizeof want);
+        fprintf(stderr, "fsdp-ckpt: %s: %s: shape %s, model %s expects %s\n", path, want_name,
+                got, model_name, want);
+        problems++;
+    }
+    if (strcmp(e->dtype, "F32") == 0 && (dtypes & ST_F32))
+        size = 4;
+    else if ((strcmp(e->dtype, "BF16") == 0 && (dtypes & ST_BF16)) ||
+             (strcmp(e->dtype, "F16") == 0 && (dtypes & ST_F16)))
+        size = 2;
+    if (!size) {
+        fprintf(stderr, "fsdp-ckpt: %s: %s: dtype %s, model %s expects %s\n", path, want_name,
+                e->dtype, model_name, dtypes == ST_F32 ? "F32" : "F32, BF16 or F16");
+        problems++;
+    }
+    uint64_t numel = 1;
+    for (int d = 0; d < ndim; d++)
+        numel *= shape[d];
+    if (same && size && e->end - e->begin != numel * (uint64_t)size) {
+        fprintf(stderr, "fsdp-ckpt: %s: %s: data_offsets span %llu bytes, shape needs %llu\n",
+                path, want_name, (unsigned long long)(e->end - e->begin),
+                (unsigned long long)(numel * (uint64_t)size));
+        problems++;
+    }
+    return problems;
+}
+
+/* Checks the header against the model; fills offsets[ti] (absolute file
+ * offsets) for every tensor of the model. Prints one line per problem. */
+static int read_header(const char *path, int fd, uint64_t fsize, const struct model_layout *m,
+                       const char *model_name, uint64_t *offsets, char *err)
+{
+    struct st_header h;
+    int problems = 0, ignored = 0;
+    if (st_header_parse(path, fd, fsize, &h, &problems, err))
+        return -1;
+    char *found = calloc((size_t)m->ntensors + 1, 1);
+    if (!found) {
+        st_header_free(&h);
+        snprintf(err, CKPT_ERR_LEN, "%s: out of memory", path);
+        return -1;
+    }
+    for (int i = 0; i < h.n; i++) {
+        const struct st_entry *e = &h.e[i];
+        if (strncmp(e->name, "optim.", 6) == 0) {
             ignored++;
             continue;
         }
         int ti;
-        for (ti = 0; ti < m->ntensors && strcmp(m->tensors[ti].name, key) != 0; ti++)
+        for (ti = 0; ti < m->ntensors && strcmp(m->tensors[ti].name, e->name) != 0; ti++)
             ;
         if (ti == m->ntensors) {
-            fprintf(stderr, "fsdp-ckpt: %s: %s: not a tensor of model %s\n", path, key,
+            fprintf(stderr, "fsdp-ckpt: %s: %s: not a tensor of model %s\n", path, e->name,
                     model_name);
             problems++;
             continue;
         }
         const struct model_tensor *t = &m->tensors[ti];
-        json_t *shape = json_object_get(v, "shape");
-        int same = (int)json_array_size(shape) == t->ndim;
-        for (int d = 0; same && d < t->ndim; d++)
-            same = json_integer_value(json_array_get(shape, (size_t)d)) == (json_int_t)t->shape[d];
-        char got[96], want[96];
-        if (!same) {
-            json_t *ws = json_array();
-            for (int d = 0; d < t->ndim; d++)
-                json_array_append_new(ws, json_integer((json_int_t)t->shape[d]));
-            shape_str(shape, got, sizeof got);
-            shape_str(ws, want, sizeof want);
-            json_decref(ws);
-            fprintf(stderr, "fsdp-ckpt: %s: %s: shape %s, model %s expects %s\n", path, key, got,
-                    model_name, want);
-            problems++;
-        }
-        if (strcmp(dtype, "F32") != 0) {
-            fprintf(stderr, "fsdp-ckpt: %s: %s: dtype %s, model %s expects F32\n", path, key,
-                    dtype, model_name);
-            problems++;
-        }
-        if (same && e[ne - 1].end - e[ne - 1].begin != t->numel * 4) {
-            fprintf(stderr, "fsdp-ckpt: %s: %s: data_offsets span %llu bytes, shape needs %llu\n",
-                    path, key, (unsigned long long)(e[ne - 1].end - e[ne - 1].begin),
-                    (unsigned long long)(t->numel * 4));
-            problems++;
-        }
-        offsets[ti] = data + e[ne - 1].begin;
+        uint64_t shape[2] = {t->shape[0], t->ndim > 1 ? t->shape[1] : 0};
+        problems += st_check_entry(path, e, e->name, t->ndim, shape, ST_F32, model_name);
+        found[ti] = 1;
+        offsets[ti] = e->begin;
     }
-    for (int ti = 0; ti < m->ntensors; ti++) {
-        if (!json_object_get(h, m->tensors[ti].name)) {
+    for (int ti = 0; ti < m->ntensors; ti++)
+        if (!found[ti] && !json_object_get(h.doc, m->tensors[ti].name)) {
             fprintf(stderr, "fsdp-ckpt: %s: %s: missing (model %s has it)\n", path,
                     m->tensors[ti].name, model_name);
             problems++;
         }
-    }
-    /* the data must be exactly the tensors, back to back */
-    qsort(e, ne, sizeof *e, by_begin);
-    uint64_t at = 0;
-    for (size_t i = 0; i < ne; i++) {
-        if (e[i].begin != at) {
-            fprintf(stderr, "fsdp-ckpt: %s: %s: data_offsets leave a gap or overlap at byte %llu\n",
-                    path, e[i].name, (unsigned long long)at);
-            problems++;
-        }
-        at = e[i].end > at ? e[i].end : at;
-    }
-    if (!problems && at != dsize) {
-        fprintf(stderr, "fsdp-ckpt: %s: %llu bytes of data after the last tensor\n", path,
-                (unsigned long long)(dsize - at));
-        problems++;
-    }
     if (ignored)
         fprintf(stderr, "fsdp-ckpt: %s: ignoring %d optimizer tensors (import starts fresh "
                 "optimizer state)\n", path, ignored);
-    free(e);
-    json_decref(h);
+    free(found);
+    st_header_free(&h);
     if (problems) {
         snprintf(err, CKPT_ERR_LEN, "%s: %d problem%s; nothing imported", path, problems,
                  problems > 1 ? "s" : "");
@@ -294,7 +347,8 @@ static int read_params(int fd, const struct model_layout *m, const uint64_t *off
     return 0;
 }
 
-int st_import(const char *path, const struct model_layout *m, const char *model_name,
+int st_import(const char *path, const char *source, const struct model_layout *m,
+              const char *model_name,
               struct storage *dst, int world, const struct ckpt_write_opts *o, char *err)
 {
     char tag[CKPT_TAG_LEN];
@@ -326,7 +380,7 @@ int st_import(const char *path, const struct model_layout *m, const char *model_
     out.model = model_ckpt_config(&m->cfg);
     out.trainer = json_pack("{s:i, s:i, s:i, s:s, s:s}", "step", 0, "tokens_seen", 0,
                             "data_cursor", 0, "rng_state", "0000000000000000", "imported_from",
-                            path);
+                            source);
     out.shards = calloc((size_t)world, sizeof *out.shards);
     struct ckpt_section *secs = calloc((size_t)m->nunits * CKPT_NKINDS, sizeof *secs);
     struct ckpt_codec *codec = ckpt_codec_new(o->chunk_bytes);

@@ -20,9 +20,39 @@ int st_export(struct ckpt_reader *r, const char *path, int all, char *err);
 
 /* A new committed checkpoint (step 0, fresh optimizer state) for world
  * ranks from a safetensors file whose tensors must match the layout; every
- * mismatch is printed to stderr as its own line before failing. */
-int st_import(const char *path, const struct model_layout *m, const char *model_name,
+ * mismatch is printed to stderr as its own line before failing. source is
+ * what the manifest records as imported_from (path, or what path was made
+ * from). */
+int st_import(const char *path, const char *source, const struct model_layout *m,
+              const char *model_name,
               struct storage *dst, int world, const struct ckpt_write_opts *o, char *err);
+
+/* A header, parsed and checked for structure only: every entry well formed
+ * (dtype, shape of at most 4 dimensions, data_offsets inside the data), the
+ * data exactly the entries back to back. */
+struct st_entry {
+    const char *name, *dtype; /* point into doc */
+    int ndim;
+    uint64_t shape[4];
+    uint64_t begin, end; /* absolute file offsets */
+};
+struct st_header {
+    json_t *doc;
+    struct st_entry *e; /* the well-formed entries, in header order */
+    int n;
+};
+/* -1 with err when the file cannot be a safetensors file at all; else 0,
+ * with each malformed entry, gap, overlap or trailing byte printed to
+ * stderr as its own line and counted in *problems. */
+int st_header_parse(const char *path, int fd, uint64_t fsize, struct st_header *h,
+                    int *problems, char *err);
+void st_header_free(struct st_header *h);
+
+enum { ST_F32 = 1, ST_BF16 = 2, ST_F16 = 4 };
+/* Checks an entry against what a model wants (name for messages, shape,
+ * the dtypes allowed); prints a line per problem and returns their number. */
+int st_check_entry(const char *path, const struct st_entry *e, const char *want_name, int ndim,
+                   const uint64_t *shape, int dtypes, const char *model_name);
 
 /* import's header check on its own (tests, tests/fuzz): fd holds a
  * safetensors file of fsize bytes (path names it in messages); fills

@@ -8,11 +8,12 @@ without writing."""
 
 import json
 import os
+import shutil
 import struct
 
 import numpy as np
 
-from harness import CKPT, TRAIN, main, prepare_corpus, read_log, run
+from harness import CKPT, TRAIN, main, mpirun, prepare_corpus, read_log, run
 
 # a padded vocabulary (300 -> 320 rows in the trainer), so the export's cut shows
 MODEL = ["--layers", "2", "--dim", "64", "--heads", "2", "--seq", "64", "--vocab", "300"]
@@ -149,5 +150,72 @@ def hf_export_gives_the_trainers_validation_loss(tmp):
         assert p.returncode == 2 and not os.path.exists(f"{tmp}/never"), (bad, p.stderr)
 
 
+def files_of(d):
+    return {f: open(f"{d}/{f}", "rb").read() for f in sorted(os.listdir(d))}
+
+
+def hf_import_and_export_again_reproduce_the_directory(tmp):
+    """import --layout hf (the model from config.json) then export --layout hf
+    give the same bytes, for f32 and bf16 and for a sharded directory; the
+    imported step trains on; hostile directories are refused, naming the
+    problem, with nothing committed."""
+    train, val = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    run([TRAIN, "--data", train, "--global-batch", "8", "--steps", "4", "--ckpt", ck,
+         "--log-every", "100"] + MODEL)
+    for dtype, extra in (("f32", []), ("bf16", []), ("f32", ["--max-shard-size", "40KB"])):
+        src, again, imp = f"{tmp}/src-{dtype}{len(extra)}", f"{tmp}/again-{dtype}{len(extra)}", \
+            f"{tmp}/imp-{dtype}{len(extra)}"
+        run([CKPT, "export", ck, src, "--layout", "hf", "--dtype", dtype] + extra)
+        p = run([CKPT, "convert", src, imp, "--layout", "hf", "--world-size", "2"])
+        assert "2 layers, dim 64, 2 heads, seq 64, vocab 300" in p.stdout, p.stdout
+        run([CKPT, "export", imp, again, "--layout", "hf", "--dtype", dtype] + extra)
+        assert files_of(src) == files_of(again), f"{dtype} {extra}: the re-export differs"
+    # the imported model trains on (2 ranks, the padded vocabulary rows zero)
+    p = mpirun(2, [TRAIN, "--data", train, "--global-batch", "8", "--steps", "6", "--ckpt",
+                   f"{tmp}/imp-f320", "--log-every", "100"] + MODEL)
+    assert "resumed from checkpoint step 0" in p.stderr and "done: 6 steps" in p.stderr, p.stderr
+    # hostile directories: each refused with its own line, nothing committed
+    good = f"{tmp}/src-f322"
+    cases = []
+
+    def case(name, edit, want):
+        d = f"{tmp}/bad-{name}"
+        shutil.copytree(good, d, symlinks=True)
+        edit(d)
+        cases.append((name, d, want))
+
+    def index_edit(fn):
+        def edit(d):
+            path = f"{d}/model.safetensors.index.json"
+            index = json.load(open(path))
+            fn(index)
+            json.dump(index, open(path, "w"))
+        return edit
+
+    first = sorted(json.load(open(f"{good}/model.safetensors.index.json"))["weight_map"])[0]
+    case("escaping-index", index_edit(lambda i: i["weight_map"].update({first: "../x"})),
+         "not a plain file name")
+    case("misplaced", index_edit(lambda i: i["weight_map"].update(
+        {first: "model-00002-of-%05d.safetensors" % len(set(i["weight_map"].values()))})),
+        "the index puts it in")
+    case("relu", lambda d: json.dump(dict(json.load(open(f"{d}/config.json")),
+                                          activation_function="relu"),
+                                     open(f"{d}/config.json", "w")), "activation_function")
+    case("symlink", lambda d: (os.rename(f"{d}/config.json", f"{d}/real.json"),
+                               os.symlink("real.json", f"{d}/config.json")), "config.json")
+    for name, d, want in cases:
+        p = run([CKPT, "import", d, f"{tmp}/dst-{name}", "--layout", "hf", "--world-size", "1"],
+                check=False)
+        assert p.returncode == 1 and want in p.stderr, (name, p.stderr)
+        assert not os.path.exists(f"{tmp}/dst-{name}/step-00000000/MANIFEST.json"), name
+    p = run([CKPT, "import", good, f"{tmp}/dst", "--layout", "hf", "--model", "tiny",
+             "--world-size", "1"], check=False)
+    assert p.returncode == 2 and "--model" in p.stderr, p.stderr
+    print(f"  re-export byte for byte: f32, bf16, 3 shards; {len(cases)} hostile directories "
+          "refused")
+
+
 if __name__ == "__main__":
-    main([hf_export_gives_the_trainers_validation_loss])
+    main([hf_export_gives_the_trainers_validation_loss,
+          hf_import_and_export_again_reproduce_the_directory])
