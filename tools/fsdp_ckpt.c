@@ -11,6 +11,7 @@
  */
 #include "ckpt.h"
 #include "hf.h"
+#include "llmc.h"
 #include "model.h"
 #include "safetensors.h"
 #include "storage.h"
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Every command: its synopsis and what it does (fsdp-ckpt CMD --help). */
@@ -34,17 +36,24 @@ static const struct command {
     {"digest", "URI[@STEP]", "NAME KIND SHA256 per tensor and kind, of the logical bytes"},
     {"reshard", "SRC[@STEP] DST --world-size M [--compress C] [--chunk-kib N] [--hash H]",
      "write the step again for M ranks, streaming (a few chunks of memory)"},
-    {"export", "SRC[@STEP] OUT [--all | --layout hf [--dtype D] [--max-shard-size S]]",
+    {"export",
+     "SRC[@STEP] OUT [--all | --layout hf [--dtype D] [--max-shard-size S] | --layout llmc "
+     "[--dtype D]]",
      "the parameters (--all: and both AdamW moments) as one safetensors file OUT; with\n"
      "--layout hf, the directory OUT that GPT2LMHeadModel.from_pretrained(OUT) loads:\n"
      "config.json and model.safetensors (transformer. names, Conv1D weights stored\n"
      "(in, out), the real vocabulary's rows), in shards of at most S (default 5GB)\n"
-     "listed by model.safetensors.index.json; D: f32 (default), bf16 or f16"},
-    {"import", "IN DST (--model PRESET | --layout hf) --world-size M [--compress C] [--hash H]",
+     "listed by model.safetensors.index.json; D: f32 (default), bf16 or f16; with\n"
+     "--layout llmc, llm.c's model file OUT (gpt2_124M.bin's format: version 3, f32, or 5,\n"
+     "bf16)"},
+    {"import",
+     "IN DST (--model PRESET | --layout hf | --layout llmc) --world-size M [--compress C] "
+     "[--hash H]",
      "a safetensors file IN as a committed step for M ranks (every name and shape checked);\n"
      "with --layout hf, the Hugging Face GPT-2 directory IN (what export --layout hf\n"
      "writes, or GPT2LMHeadModel.save_pretrained): its config.json gives the model,\n"
-     "F32, BF16 and F16 tensors are widened, Conv1D weights transposed by name"},
+     "F32, BF16 and F16 tensors are widened, Conv1D weights transposed by name; with\n"
+     "--layout llmc, llm.c's model file IN (its header gives the model)"},
     {"cp", "SRC[@STEP] DST [--compress C] [--chunk-kib N] [--hash H]",
      "committed steps (or one) to another store, fs <-> s3, stored bytes as they are; a\n"
      "format-1 step is rewritten as format 2 (with --compress, --chunk-kib and --hash)"},
@@ -335,8 +344,11 @@ static int cmd_reshard(const char *src_arg, const char *dst_uri, int world,
     return rc ? die(err) : 0;
 }
 
+enum layout { LAYOUT_NATIVE, LAYOUT_HF, LAYOUT_LLMC };
+static const char *const layouts[] = {"native", "hf", "llmc"};
+
 struct export_opts {
-    int all, hf, dtype;
+    int all, layout, dtype;
     uint64_t max_shard;
 };
 
@@ -350,8 +362,12 @@ static int cmd_export(const char *src_arg, const char *out, const struct export_
     struct ckpt_reader r;
     int rc = ckpt_reader_init(&r, st, &m, err);
     if (!rc) {
-        rc = x->hf ? hf_export(&r, out, x->dtype, x->max_shard, err)
-                   : st_export(&r, out, x->all, err);
+        if (x->layout == LAYOUT_HF)
+            rc = hf_export(&r, out, x->dtype, x->max_shard, err);
+        else if (x->layout == LAYOUT_LLMC)
+            rc = llmc_export(&r, out, x->dtype == HF_BF16, err);
+        else
+            rc = st_export(&r, out, x->all, err);
         ckpt_reader_free(&r);
     }
     ckpt_manifest_free(&m);
@@ -359,14 +375,17 @@ static int cmd_export(const char *src_arg, const char *out, const struct export_
     return rc ? die(err) : 0;
 }
 
-/* preset NULL: the model of IN/config.json (--layout hf) */
-static int cmd_import(const char *in, const char *dst_uri, const char *preset, int world,
-                      const struct ckpt_write_opts *o)
+/* layout hf or llmc: the model is IN's (preset NULL), converted to a
+ * temporary file in this trainer's layout, then imported as always */
+static int cmd_import(const char *in, const char *dst_uri, const char *preset, int layout,
+                      int world, const struct ckpt_write_opts *o)
 {
     char err[CKPT_ERR_LEN], tmp[4096] = "";
     struct model_config cfg;
     struct model_layout m;
-    if (!preset && hf_read_config(in, &cfg, err))
+    if (layout == LAYOUT_HF && hf_read_config(in, &cfg, err))
+        return die(err);
+    if (layout == LAYOUT_LLMC && llmc_read_config(in, &cfg, err))
         return die(err);
     if (preset && model_preset(preset, &cfg)) {
         fprintf(stderr, "fsdp-ckpt: --model '%s' is not one of tiny, small, gpt2-124m "
@@ -375,15 +394,18 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, i
     }
     if (model_layout_init(&m, &cfg, err))
         return die(err);
-    const char *name = preset ? preset : "config.json", *path = in;
+    const char *name = preset ? preset : layout == LAYOUT_HF ? "config.json" : "llm.c header";
+    const char *path = in;
     int rc = 0;
-    if (!preset) { /* the directory as a safetensors file in our layout, then as always */
+    if (layout != LAYOUT_NATIVE) {
         const char *t = getenv("TMPDIR");
         snprintf(tmp, sizeof tmp, "%s/fsdp-ckpt-import-XXXXXX", t && *t ? t : "/tmp");
         int fd = mkstemp(tmp);
         if (fd < 0)
             rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: cannot create: %s", tmp, strerror(errno));
-        else if ((rc = hf_to_native(in, &m, fd, err)) == 0 && fsync(fd))
+        else if ((rc = layout == LAYOUT_HF ? hf_to_native(in, &m, fd, err)
+                                           : llmc_to_native(in, &m, fd, err)) == 0 &&
+                 fsync(fd))
             rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: %s", tmp, strerror(errno));
         if (fd >= 0)
             close(fd);
@@ -581,7 +603,7 @@ static int cmd_convert(int argc, char **argv)
     const char *cmd = argv[1], *pos[2] = {NULL, NULL}, *model = NULL;
     long long world = 0, chunk_kib = 4096;
     int npos = 0, all = 0, rewrite_opts = 0, dtype_given = 0, shard_given = 0;
-    struct export_opts x = {0, 0, HF_F32, 5000000000ull};
+    struct export_opts x = {0, LAYOUT_NATIVE, HF_F32, 5000000000ull};
     struct ckpt_write_opts o = CKPT_WRITE_DEFAULTS;
     char err[CKPT_ERR_LEN], msg[CKPT_ERR_LEN + 64];
     for (int i = 2; i < argc; i++) {
@@ -591,9 +613,12 @@ static int cmd_convert(int argc, char **argv)
             all = 1;
         } else if (strcmp(a, "--layout") == 0 &&
                    (strcmp(cmd, "export") == 0 || strcmp(cmd, "import") == 0)) {
-            if (!has_value || (strcmp(argv[++i], "hf") != 0 && strcmp(argv[i], "native") != 0))
-                return bad_usage("--layout needs native or hf");
-            x.hf = strcmp(argv[i], "hf") == 0;
+            x.layout = -1;
+            for (int l = 0; has_value && l < 3; l++)
+                x.layout = strcmp(argv[i + 1], layouts[l]) == 0 ? l : x.layout;
+            if (x.layout < 0)
+                return bad_usage("--layout needs native, hf or llmc");
+            i++;
         } else if (strcmp(a, "--dtype") == 0 && strcmp(cmd, "export") == 0) {
             if (!has_value || hf_parse_dtype(argv[++i], &x.dtype))
                 return bad_usage("--dtype needs f32, bf16 or f16");
@@ -642,10 +667,14 @@ static int cmd_convert(int argc, char **argv)
         return bad_usage(msg);
     }
     if (strcmp(cmd, "export") == 0) {
-        if ((dtype_given || shard_given) && !x.hf)
-            return bad_usage("--dtype and --max-shard-size go with --layout hf");
-        if (all && x.hf)
-            return bad_usage("--all: the hf layout holds the model's parameters only");
+        if ((dtype_given && x.layout == LAYOUT_NATIVE) ||
+            (shard_given && x.layout != LAYOUT_HF))
+            return bad_usage("--dtype goes with --layout hf or llmc, --max-shard-size with "
+                             "--layout hf");
+        if (x.layout == LAYOUT_LLMC && x.dtype == HF_F16)
+            return bad_usage("--dtype: llm.c's files hold f32 (version 3) or bf16 (version 5)");
+        if (all && x.layout != LAYOUT_NATIVE)
+            return bad_usage("--all: the hf and llmc layouts hold the model's parameters only");
         x.all = all;
         return cmd_export(pos[0], pos[1], &x);
     }
@@ -655,12 +684,12 @@ static int cmd_convert(int argc, char **argv)
         return bad_usage("--world-size M is required");
     if (strcmp(cmd, "reshard") == 0)
         return cmd_reshard(pos[0], pos[1], (int)world, &o);
-    if (!model && !x.hf)
-        return bad_usage("--model PRESET is required (or --layout hf: the model of "
-                         "IN/config.json)");
-    if (model && x.hf)
-        return bad_usage("--model: with --layout hf the model is IN/config.json's");
-    return cmd_import(pos[0], pos[1], x.hf ? NULL : model, (int)world, &o);
+    if (!model && x.layout == LAYOUT_NATIVE)
+        return bad_usage("--model PRESET is required (or --layout hf or llmc: the model IN "
+                         "describes)");
+    if (model && x.layout != LAYOUT_NATIVE)
+        return bad_usage("--model: with --layout hf or llmc the model is the one IN describes");
+    return cmd_import(pos[0], pos[1], model, x.layout, (int)world, &o);
 }
 
 static int is_help(const char *a) { return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0; }
@@ -693,7 +722,10 @@ static const char *convert_verb(int argc, char **argv)
         return "cp"; /* which then names what is missing */
     char cfg[4200];
     snprintf(cfg, sizeof cfg, "%s/config.json", pos[0]);
-    if (ends_with(pos[0], ".safetensors") || (layout && access(cfg, F_OK) == 0))
+    struct stat sb;
+    int src_file = stat(pos[0], &sb) == 0 && S_ISREG(sb.st_mode); /* checkpoints are dirs */
+    if (ends_with(pos[0], ".safetensors") || (layout && access(cfg, F_OK) == 0) ||
+        (layout && src_file))
         return "import";
     if (ends_with(pos[1], ".safetensors") || layout)
         return "export";

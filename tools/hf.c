@@ -9,6 +9,7 @@
  */
 #include "hf.h"
 
+#include "outfile.h"
 #include "safetensors.h"
 #include "util.h"
 
@@ -87,60 +88,21 @@ static long long cfg_int(const struct ckpt_manifest *m, const char *key)
     return json_is_integer(v) ? (long long)json_integer_value(v) : -1;
 }
 
-/* A file in dir written under a temporary name and renamed when finished. */
-struct out {
-    char path[4096], tmp[4200];
-    int fd;
-};
-
-static int out_open(struct out *o, const char *dir, const char *name, char *err)
-{
-    snprintf(o->path, sizeof o->path, "%s/%s", dir, name);
-    snprintf(o->tmp, sizeof o->tmp, "%s.tmp.%d", o->path, (int)getpid());
-    o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (o->fd < 0) {
-        snprintf(err, CKPT_ERR_LEN, "%s: cannot create: %s", o->tmp, strerror(errno));
-        return -1;
-    }
-    return 0;
-}
-
-static int out_write(struct out *o, const void *p, size_t n, char *err)
-{
-    if (fsdp_write_all(o->fd, p, n) == 0)
-        return 0;
-    snprintf(err, CKPT_ERR_LEN, "%s: write failed: %s", o->tmp, strerror(errno));
-    return -1;
-}
-
-/* ok: fsync, close, rename into place; else remove the temporary. */
-static int out_close(struct out *o, int ok, char *err)
-{
-    if (ok && (fsync(o->fd) || close(o->fd) || rename(o->tmp, o->path))) {
-        snprintf(err, CKPT_ERR_LEN, "%s: cannot finish: %s", o->path, strerror(errno));
-        unlink(o->tmp);
-        return -1;
-    }
-    if (!ok) {
-        close(o->fd);
-        unlink(o->tmp);
-    }
-    return ok ? 0 : -1;
-}
-
 static int write_json(const char *dir, const char *name, json_t *doc, char *err)
 {
     char *text = json_dumps(doc, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9));
-    struct out o;
+    char path[4096];
+    struct outfile o;
     if (!text) {
         snprintf(err, CKPT_ERR_LEN, "%s: out of memory", name);
         return -1;
     }
-    int rc = out_open(&o, dir, name, err);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int rc = outfile_open(&o, path, err);
     if (!rc)
-        rc = out_close(&o, out_write(&o, text, strlen(text), err) == 0 &&
-                               out_write(&o, "\n", 1, err) == 0,
-                       err);
+        rc = outfile_close(&o, outfile_write(&o, text, strlen(text), err) == 0 &&
+                                   outfile_write(&o, "\n", 1, err) == 0,
+                           err);
     free(text);
     return rc;
 }
@@ -191,30 +153,28 @@ static int write_shard(struct ckpt_reader *r, const char *dir, const char *file,
                                       (json_int_t)(off + t->bytes)));
         off += t->bytes;
     }
-    char *doc = json_dumps(h, JSON_COMPACT);
+    size_t hlen;
+    char *head = st_header_bytes(h, &hlen);
     json_decref(h);
-    if (!doc) {
+    if (!head) {
         snprintf(err, CKPT_ERR_LEN, "%s: out of memory for its header", file);
         return -1;
     }
-    size_t n = strlen(doc), padded = (n + 7) / 8 * 8;
-    unsigned char len[8];
-    for (int i = 0; i < 8; i++)
-        len[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-    struct out o;
-    int rc = out_open(&o, dir, file, err);
+    char path[4096];
+    struct outfile o;
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    int rc = outfile_open(&o, path, err);
     if (rc) {
-        free(doc);
+        free(head);
         return -1;
     }
-    rc = out_write(&o, len, 8, err) || out_write(&o, doc, n, err) ||
-         out_write(&o, "        ", padded - n, err);
-    free(doc);
+    rc = outfile_write(&o, head, hlen, err);
+    free(head);
     for (int i = 0; !rc && i < nt; i++)
         if (ts[i].shard == shard)
             rc = convert(r, &ts[i], dtype, src, tr, bytes, err) ||
-                 out_write(&o, bytes, (size_t)ts[i].bytes, err);
-    return out_close(&o, !rc, err);
+                 outfile_write(&o, bytes, (size_t)ts[i].bytes, err);
+    return outfile_close(&o, !rc, err);
 }
 
 int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_shard, char *err)
@@ -592,37 +552,15 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
         rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: %d problem%s; nothing imported", dir, problems,
                           problems > 1 ? "s" : "");
     /* the native file: our names, F32, (out, in), the padded rows zero */
-    json_t *h = json_object();
-    uint64_t off = 0, largest = 0;
-    json_object_set_new(h, "__metadata__", json_pack("{s:s}", "format", "pt"));
-    for (int t = 0; !rc && t < nt; t++) {
-        const struct model_tensor *T = &m->tensors[t];
-        json_object_set_new(h, T->name,
-                            json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape",
-                                      T->ndim == 2 ? json_pack("[I, I]", (json_int_t)T->shape[0],
-                                                               (json_int_t)T->shape[1])
-                                                   : json_pack("[I]", (json_int_t)T->shape[0]),
-                                      "data_offsets", (json_int_t)off,
-                                      (json_int_t)(off + T->numel * 4)));
-        off += T->numel * 4;
-        largest = T->numel > largest ? T->numel : largest;
-    }
-    char *doc = rc ? NULL : json_dumps(h, JSON_COMPACT);
-    json_decref(h);
+    uint64_t largest = 0;
+    for (int t = 0; t < nt; t++)
+        largest = m->tensors[t].numel > largest ? m->tensors[t].numel : largest;
     float *dst = malloc((size_t)largest * 4 + 4), *tmp = malloc((size_t)largest * 4 + 4);
     unsigned char *raw = malloc((size_t)largest * 4 + 4);
-    if (!rc && (!doc || !dst || !tmp || !raw))
+    if (!rc && (!dst || !tmp || !raw))
         rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: out of memory", dir);
-    if (!rc) {
-        size_t n = strlen(doc), padded = (n + 7) / 8 * 8;
-        unsigned char len[8];
-        for (int i = 0; i < 8; i++)
-            len[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-        if (fsdp_write_all(out_fd, len, 8) || fsdp_write_all(out_fd, doc, n) ||
-            fsdp_write_all(out_fd, "        ", padded - n))
-            rc = -1, snprintf(err, CKPT_ERR_LEN, "import: cannot write a temporary file: %s",
-                              strerror(errno));
-    }
+    if (!rc)
+        rc = st_write_native_header(out_fd, m, err);
     for (int t = 0; !rc && t < nt; t++) {
         const struct model_tensor *T = &m->tensors[t];
         const struct st_entry *e = at[t];
@@ -649,7 +587,6 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
             rc = -1, snprintf(err, CKPT_ERR_LEN, "import: cannot write a temporary file: %s",
                               strerror(errno));
     }
-    free(doc);
     free(dst);
     free(tmp);
     free(raw);

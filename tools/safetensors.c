@@ -11,6 +11,7 @@
 #include "safetensors.h"
 
 #include "model_ckpt.h"
+#include "outfile.h"
 #include "util.h"
 
 #include <errno.h>
@@ -47,56 +48,83 @@ int st_export(struct ckpt_reader *r, const char *path, int all, char *err)
                                               (json_int_t)(off + T->numel * 4)));
                 off += T->numel * 4;
             }
-    char *doc = json_dumps(h, JSON_COMPACT);
+    size_t hlen;
+    char *head = st_header_bytes(h, &hlen);
     json_decref(h);
-    if (!doc) {
-        snprintf(err, CKPT_ERR_LEN, "export: cannot build the header");
-        return -1;
-    }
-    size_t n = strlen(doc), padded = (n + 7) / 8 * 8;
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        snprintf(err, CKPT_ERR_LEN, "%s: cannot create: %s", tmp, strerror(errno));
-        free(doc);
-        return -1;
-    }
-    unsigned char len[8];
-    for (int i = 0; i < 8; i++)
-        len[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-    int rc = fsdp_write_all(fd, len, 8) || fsdp_write_all(fd, doc, n);
-    for (size_t i = n; !rc && i < padded; i++)
-        rc = fsdp_write_all(fd, " ", 1);
-    free(doc);
     float *buf = malloc(PIECE * sizeof *buf);
-    if (!buf)
-        rc = -1;
-    char sub[CKPT_ERR_LEN] = "write failed";
+    struct outfile o;
+    if (!head || !buf) {
+        free(head);
+        free(buf);
+        snprintf(err, CKPT_ERR_LEN, "export: out of memory");
+        return -1;
+    }
+    int rc = outfile_open(&o, path, err) ? -1 : outfile_write(&o, head, hlen, err);
+    free(head);
     for (int k = 0; !rc && k < (all ? CKPT_NKINDS : 1); k++)
         for (int u = 0; !rc && u < m->nunits; u++)
             for (int t = 0; !rc && t < m->units[u].ntensors; t++) {
                 const struct ckpt_tensor *T = &m->units[u].tensors[t];
                 for (uint64_t x = 0; !rc && x < T->numel; x += PIECE) {
                     uint64_t c = T->numel - x < PIECE ? T->numel - x : PIECE;
-                    rc = ckpt_read_unit(r, u, k, T->offset + x, c, buf, sub) ||
-                         fsdp_write_all(fd, buf, (size_t)c * 4);
+                    rc = ckpt_read_unit(r, u, k, T->offset + x, c, buf, err) ||
+                         outfile_write(&o, buf, (size_t)c * 4, err);
                 }
             }
     free(buf);
-    if (!rc && fsync(fd))
-        rc = -1;
-    if (close(fd) && !rc)
-        rc = -1;
-    if (!rc && rename(tmp, path))
+    if (o.fd >= 0 && outfile_close(&o, !rc, err) && !rc)
         rc = -1;
     if (rc) {
-        snprintf(err, CKPT_ERR_LEN, "export to %s: %s", path,
-                 strcmp(sub, "write failed") ? sub : strerror(errno));
-        unlink(tmp);
-        return -1;
+        char sub[CKPT_ERR_LEN];
+        snprintf(sub, sizeof sub, "%s", err);
+        snprintf(err, CKPT_ERR_LEN, "export to %s: %s", path, sub);
     }
-    return 0;
+    return rc ? -1 : 0;
+}
+
+int st_write_native_header(int fd, const struct model_layout *m, char *err)
+{
+    json_t *h = json_object();
+    json_object_set_new(h, "__metadata__", json_pack("{s:s}", "format", "pt"));
+    uint64_t off = 0;
+    for (int t = 0; t < m->ntensors; t++) {
+        const struct model_tensor *T = &m->tensors[t];
+        json_t *shape = T->ndim == 2 ? json_pack("[I, I]", (json_int_t)T->shape[0],
+                                                 (json_int_t)T->shape[1])
+                                     : json_pack("[I]", (json_int_t)T->shape[0]);
+        json_object_set_new(h, T->name,
+                            json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape", shape,
+                                      "data_offsets", (json_int_t)off,
+                                      (json_int_t)(off + T->numel * 4)));
+        off += T->numel * 4;
+    }
+    size_t len;
+    char *b = st_header_bytes(h, &len);
+    json_decref(h);
+    int rc = !b || fsdp_write_all(fd, b, len) ? -1 : 0;
+    if (rc)
+        snprintf(err, CKPT_ERR_LEN, "import: cannot write a temporary file: %s",
+                 b ? strerror(errno) : "out of memory");
+    free(b);
+    return rc;
+}
+
+char *st_header_bytes(json_t *h, size_t *len)
+{
+    char *doc = json_dumps(h, JSON_COMPACT);
+    if (!doc)
+        return NULL;
+    size_t n = strlen(doc), padded = (n + 7) / 8 * 8;
+    char *b = malloc(8 + padded);
+    if (b) {
+        for (int i = 0; i < 8; i++)
+            b[i] = (char)(unsigned char)((uint64_t)padded >> (8 * i));
+        memcpy(b + 8, doc, n);
+        memset(b + 8 + n, ' ', padded - n);
+        *len = 8 + padded;
+    }
+    free(doc);
+    return b;
 }
 
 /* ---- reading ------------------------------------------------------------- */

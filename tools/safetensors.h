@@ -27,6 +27,14 @@ int st_import(const char *path, const char *source, const struct model_layout *m
               const char *model_name,
               struct storage *dst, int world, const struct ckpt_write_opts *o, char *err);
 
+/* The header of a file in this trainer's layout for m (every parameter,
+ * F32, in layout order, back to back), written to fd: what import reads
+ * after another layout was converted. */
+int st_write_native_header(int fd, const struct model_layout *m, char *err);
+
+/* The 8-byte length, the JSON of h and its padding: a header to write. */
+char *st_header_bytes(json_t *h, size_t *len);
+
 /* A header, parsed and checked for structure only: every entry well formed
  * (dtype, shape of at most 4 dimensions, data_offsets inside the data), the
  * data exactly the entries back to back. */

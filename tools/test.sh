@@ -55,7 +55,7 @@ if [ $# -eq 0 ]; then
         --suite unit
     FSDP_QUICK=1 ASAN_OPTIONS=detect_leaks=0 meson test -C build-asan --print-errorlogs \
         --logbase programs \
-        cli token-files checkpoint reshard no-loss bad-inputs bad-files hf-layout s3-signing-and-storage \
+        cli token-files checkpoint reshard no-loss bad-inputs bad-files formats s3-signing-and-storage \
         knobs
     # ThreadSanitizer: our threads (async checkpoint writers, the O_DIRECT
     # I/O thread, the parallel chunk readers and verifiers, S3 requests from

@@ -1,11 +1,14 @@
-"""fsdp-ckpt export --layout hf, read back by a GPT-2 forward written here in
-numpy from Hugging Face's conventions alone (the "transformer." names,
+"""Other layouts. fsdp-ckpt export --layout hf, read back by a GPT-2 forward
+written here in numpy from Hugging Face's conventions alone (the "transformer." names,
 Conv1D weights stored (in, out), gelu_new, a head tied to wte, the epsilon
 and sizes from config.json): it must give the trainer's validation loss
 (f32 within 1e-5 relative, bf16 within 1e-2, f16 within 1e-3), a sharded
 export's index must list every tensor once, and bad requests are refused
-without writing."""
+without writing. fsdp-ckpt export --layout llmc, read back by a reader
+written here from llm.c's header and parameter-order rules: every tensor
+hashes to fsdp-ckpt digest's. Both import back to the same bytes."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -13,7 +16,7 @@ import struct
 
 import numpy as np
 
-from harness import CKPT, TRAIN, main, mpirun, prepare_corpus, read_log, run
+from harness import CKPT, TRAIN, digest, main, mpirun, prepare_corpus, read_log, run
 
 # a padded vocabulary (300 -> 320 rows in the trainer), so the export's cut shows
 MODEL = ["--layers", "2", "--dim", "64", "--heads", "2", "--seq", "64", "--vocab", "300"]
@@ -216,6 +219,76 @@ def hf_import_and_export_again_reproduce_the_directory(tmp):
           "refused")
 
 
+LLMC_ORDER = ["wte.weight", "wpe.weight", "ln_1.weight", "ln_1.bias", "attn.c_attn.weight",
+              "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",
+              "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight",
+              "mlp.c_proj.bias", "ln_f.weight", "ln_f.bias"]
+
+
+def read_llmc(path):
+    """llm.c's gpt2 model file: {name: raw bytes} in this trainer's names."""
+    raw = open(path, "rb").read()
+    h = struct.unpack("<256i", raw[:1024])
+    assert h[0] == 20240326 and h[1] in (3, 5), h[:2]
+    maxT, V, L, NH, C, Vp = h[2:8]
+    n = {"wte.weight": Vp * C, "wpe.weight": maxT * C, "ln_1.weight": C, "ln_1.bias": C,
+         "attn.c_attn.weight": 3 * C * C, "attn.c_attn.bias": 3 * C, "attn.c_proj.weight": C * C,
+         "attn.c_proj.bias": C, "ln_2.weight": C, "ln_2.bias": C, "mlp.c_fc.weight": 4 * C * C,
+         "mlp.c_fc.bias": 4 * C, "mlp.c_proj.weight": 4 * C * C, "mlp.c_proj.bias": C,
+         "ln_f.weight": C, "ln_f.bias": C}
+    es, at, out = 4 if h[1] == 3 else 2, 1024, {}
+    for name in LLMC_ORDER:
+        layers = 1 if name in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias") else L
+        for l in range(layers):
+            out[name if layers == 1 else f"h.{l}.{name}"] = raw[at:at + n[name] * es]
+            at += n[name] * es
+    assert at == len(raw), f"{path}: {len(raw) - at} bytes after the parameters"
+    return h, out
+
+
+def llmc_export_hashes_to_the_digest_and_imports_back(tmp):
+    train, _ = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    run([TRAIN, "--data", train, "--global-batch", "8", "--steps", "3", "--ckpt", ck,
+         "--log-every", "100"] + MODEL)
+    digests = {k[0]: v for k, v in digest(ck).items() if k[1] == "param"}
+    run([CKPT, "export", ck, f"{tmp}/m.bin", "--layout", "llmc"])
+    h, t = read_llmc(f"{tmp}/m.bin")
+    assert h[1:8] == (3, 64, 300, 2, 2, 64, 320), h[1:8]  # version, maxT, V, L, NH, C, Vp
+    assert sorted(t) == sorted(digests), sorted(set(t) ^ set(digests))
+    bad = [k for k in t if hashlib.sha256(t[k]).hexdigest() != digests[k]]
+    assert not bad, f"tensors whose bytes differ from the digest's: {bad}"
+    run([CKPT, "convert", ck, f"{tmp}/h.bin", "--layout", "llmc", "--dtype", "bf16"])
+    hb, tb = read_llmc(f"{tmp}/h.bin")
+    assert hb[1] == 5 and hb[2:8] == h[2:8]
+    for k in t:  # bf16: f32 rounded to nearest even
+        u = np.frombuffer(t[k], "<u4").astype(np.uint64)
+        want = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+        assert (np.frombuffer(tb[k], "<u2") == want).all(), k
+    for name in ("m.bin", "h.bin"):
+        imp, again = f"{tmp}/imp-{name}", f"{tmp}/again-{name}"
+        p = run([CKPT, "import", f"{tmp}/{name}", imp, "--layout", "llmc", "--world-size", "3"])
+        assert "2 layers, dim 64, 2 heads, seq 64, vocab 300" in p.stdout, p.stdout
+        run([CKPT, "export", imp, again, "--layout", "llmc"] +
+            (["--dtype", "bf16"] if name == "h.bin" else []))
+        assert open(f"{tmp}/{name}", "rb").read() == open(again, "rb").read(), name
+    # refused: a cut file, another magic, a header past the bounds, f16
+    raw = open(f"{tmp}/m.bin", "rb").read()
+    hdr = list(struct.unpack("<256i", raw[:1024]))
+    cases = {"cut": raw[:-4], "magic": struct.pack("<256i", *([1] + hdr[1:])) + raw[1024:],
+             "layers": struct.pack("<256i", *(hdr[:4] + [1 << 20] + hdr[5:])) + raw[1024:]}
+    for name, blob in cases.items():
+        open(f"{tmp}/{name}.bin", "wb").write(blob)
+        p = run([CKPT, "import", f"{tmp}/{name}.bin", f"{tmp}/dst-{name}", "--layout", "llmc",
+                 "--world-size", "1"], check=False)
+        assert p.returncode == 1 and f"{name}.bin" in p.stderr, (name, p.stderr)
+        assert not os.path.exists(f"{tmp}/dst-{name}"), name
+    p = run([CKPT, "export", ck, f"{tmp}/f16.bin", "--layout", "llmc", "--dtype", "f16"],
+            check=False)
+    assert p.returncode == 2 and not os.path.exists(f"{tmp}/f16.bin"), p.stderr
+
+
 if __name__ == "__main__":
     main([hf_export_gives_the_trainers_validation_loss,
-          hf_import_and_export_again_reproduce_the_directory])
+          hf_import_and_export_again_reproduce_the_directory,
+          llmc_export_hashes_to_the_digest_and_imports_back])
