@@ -444,7 +444,7 @@ void fsdp_init_params(struct fsdp_engine *e, uint64_t seed)
                 float v = t->init_value;
                 if (t->init_std > 0)
                     v += t->init_std * fsdp_normal_at(key, x - t->offset);
-                host[x - U->shard_lo] = v;
+                host[x - U->shard_lo] = x - t->offset < t->init_numel ? v : 0.0f;
             }
         }
         e->k->upload(e->params + U->shard_off, host, U->shard_n * sizeof *host);

@@ -64,6 +64,7 @@ static void add_tensor(struct model_layout *m, int unit, const char *name, size_
     t->decay = decay;
     t->init_std = std;
     t->init_value = value;
+    t->init_numel = t->numel;
     if (u->ntensors == 0)
         u->first_tensor = m->ntensors - 1;
     u->ntensors++;
@@ -91,6 +92,7 @@ int model_layout_init(struct model_layout *m, const struct model_config *cfg, ch
     const float std = 0.02f, res_std = 0.02f / sqrtf(2.0f * (float)L);
     snprintf(m->units[0].name, MODEL_MAX_NAME, "embed");
     add_tensor(m, 0, "wte.weight", (size_t)cfg->vocab_pad, C, 1, std, 0);
+    m->tensors[0].init_numel = (size_t)cfg->vocab * C; /* the padded rows: zero */
     add_tensor(m, 0, "wpe.weight", (size_t)cfg->seq, C, 1, std, 0);
     for (int l = 0; l < L; l++) {
         int u = model_unit_block(l);

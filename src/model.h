@@ -51,6 +51,8 @@ struct model_tensor {
     int decay;        /* weight decay applies (matrices and embeddings) */
     float init_std;   /* 0 with init_value for norms and biases */
     float init_value;
+    size_t init_numel; /* elements initialised so; the rest start at zero (wte's padded
+                          rows: never looked up, no gradient, so they stay zero) */
 };
 
 struct model_unit {

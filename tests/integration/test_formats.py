@@ -258,6 +258,13 @@ def llmc_export_hashes_to_the_digest_and_imports_back(tmp):
     assert sorted(t) == sorted(digests), sorted(set(t) ^ set(digests))
     bad = [k for k in t if hashlib.sha256(t[k]).hexdigest() != digests[k]]
     assert not bad, f"tensors whose bytes differ from the digest's: {bad}"
+    # the padded vocabulary rows start at zero and stay zero, moments too
+    assert t["wte.weight"][300 * 64 * 4:] == bytes(20 * 64 * 4), "padded wte rows moved"
+    run([CKPT, "export", ck, f"{tmp}/all.safetensors", "--all"])
+    every = read_safetensors(f"{tmp}/all.safetensors")
+    for name in ("wte.weight", "optim.exp_avg.wte.weight", "optim.exp_avg_sq.wte.weight"):
+        assert every[name].shape == (320, 64) and not every[name][300:].any(), name
+        assert every[name][:300].any(), name
     run([CKPT, "convert", ck, f"{tmp}/h.bin", "--layout", "llmc", "--dtype", "bf16"])
     hb, tb = read_llmc(f"{tmp}/h.bin")
     assert hb[1] == 5 and hb[2:8] == h[2:8]
