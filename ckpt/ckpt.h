@@ -301,7 +301,8 @@ int ckpt_plan_load(const struct ckpt_reader *r, const struct ckpt_want *w, int n
 int ckpt_plan_indexes(struct ckpt_reader *r, const struct ckpt_plan *p, char *err);
 /* Runs the plan: every chunk fetched, verified and decoded once, by
  * r->threads threads with reads issued ahead when the store may be read from
- * several (parallel.c), else by this one through the reader's cache. */
+ * several (parallel.c) and the plan is larger than two chunks, else by this
+ * one through the reader's cache (which the next small read may find). */
 int ckpt_plan_run(struct ckpt_reader *r, const struct ckpt_plan *p, char *err);
 int ckpt_plan_run_parallel(struct ckpt_reader *r, const struct ckpt_plan *p, int threads,
                            char *err);

@@ -386,7 +386,14 @@ int ckpt_plan_indexes(struct ckpt_reader *r, const struct ckpt_plan *p, char *er
 
 int ckpt_plan_run(struct ckpt_reader *r, const struct ckpt_plan *p, char *err)
 {
-    if (r->st->ops->concurrent_reads)
+    /* A plan of a few chunks (the tools read tensors 256 KiB at a time) goes
+     * through the reader's cache, so the next small read finds its chunk
+     * there; the pool fetches every chunk it is given, so it takes only plans
+     * larger than two chunks (a rank's load). */
+    uint64_t bytes = 0;
+    for (int i = 0; i < p->npieces; i++)
+        bytes += p->pieces[i].shard >= 0 ? p->pieces[i].len : 0;
+    if (r->st->ops->concurrent_reads && bytes > 2 * (uint64_t)r->m->chunk_bytes)
         return ckpt_plan_run_parallel(r, p, r->threads, err);
     for (int i = 0; i < p->npieces; i++) {
         const struct ckpt_piece *x = &p->pieces[i];

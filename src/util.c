@@ -73,6 +73,26 @@ int fsdp_write_all(int fd, const void *buf, size_t n)
     return 0;
 }
 
+int fsdp_pread_all(int fd, void *buf, size_t n, uint64_t off)
+{
+    char *p = buf;
+    while (n) {
+        ssize_t r = pread(fd, p, n, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -1;
+        if (r == 0) {
+            errno = EIO;
+            return -1;
+        }
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return 0;
+}
+
 double fsdp_unix_now(void)
 {
     struct timespec ts;

@@ -56,6 +56,9 @@ float fsdp_normal_at(uint64_t key, uint64_t index);
 
 /* Writes all n bytes (retrying short writes and EINTR); -1 with errno set. */
 int fsdp_write_all(int fd, const void *buf, size_t n);
+/* Reads exactly n bytes at off (any size: Linux moves at most 2 GiB a call);
+ * -1 on an error or an early end of file (errno EIO). */
+int fsdp_pread_all(int fd, void *buf, size_t n, uint64_t off);
 
 /* Monotonic seconds. */
 double fsdp_now(void);

@@ -396,19 +396,20 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, i
         return die(err);
     const char *name = preset ? preset : layout == LAYOUT_HF ? "config.json" : "llm.c header";
     const char *path = in;
-    int rc = 0;
+    int rc = 0, fd = -1;
+    err[0] = 0;
     if (layout != LAYOUT_NATIVE) {
         const char *t = getenv("TMPDIR");
         snprintf(tmp, sizeof tmp, "%s/fsdp-ckpt-import-XXXXXX", t && *t ? t : "/tmp");
-        int fd = mkstemp(tmp);
+        fd = mkstemp(tmp);
         if (fd < 0)
             rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: cannot create: %s", tmp, strerror(errno));
-        else if ((rc = layout == LAYOUT_HF ? hf_to_native(in, &m, fd, err)
-                                           : llmc_to_native(in, &m, fd, err)) == 0 &&
-                 fsync(fd))
-            rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: %s", tmp, strerror(errno));
-        if (fd >= 0)
-            close(fd);
+        else if (unlink(tmp) || /* nothing to leave behind, whatever happens next */
+                 (rc = layout == LAYOUT_HF ? hf_to_native(in, &m, fd, err)
+                                           : llmc_to_native(in, &m, fd, err)) != 0)
+            rc = -1, snprintf(err + strlen(err), CKPT_ERR_LEN - strlen(err), "%s",
+                              *err ? "" : "cannot unlink the temporary file");
+        snprintf(tmp, sizeof tmp, "/proc/self/fd/%d", fd); /* st_import opens it by path */
         path = tmp;
     }
     struct storage *dst;
@@ -422,8 +423,8 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, i
                    cfg.layers, cfg.dim, cfg.heads, cfg.seq, cfg.vocab);
         storage_close(dst);
     }
-    if (*tmp)
-        unlink(tmp);
+    if (fd >= 0)
+        close(fd);
     model_layout_free(&m);
     return rc ? die(err) : 0;
 }
@@ -611,13 +612,15 @@ static int cmd_convert(int argc, char **argv)
         int has_value = i + 1 < argc;
         if (strcmp(a, "--all") == 0 && strcmp(cmd, "export") == 0) {
             all = 1;
-        } else if (strcmp(a, "--layout") == 0 &&
-                   (strcmp(cmd, "export") == 0 || strcmp(cmd, "import") == 0)) {
+        } else if (strcmp(a, "--layout") == 0) {
             x.layout = -1;
             for (int l = 0; has_value && l < 3; l++)
                 x.layout = strcmp(argv[i + 1], layouts[l]) == 0 ? l : x.layout;
             if (x.layout < 0)
                 return bad_usage("--layout needs native, hf or llmc");
+            if (x.layout != LAYOUT_NATIVE && strcmp(cmd, "export") != 0 &&
+                strcmp(cmd, "import") != 0)
+                return bad_usage("--layout hf and llmc go with export and import");
             i++;
         } else if (strcmp(a, "--dtype") == 0 && strcmp(cmd, "export") == 0) {
             if (!has_value || hf_parse_dtype(argv[++i], &x.dtype))
@@ -708,7 +711,7 @@ static const char *convert_verb(int argc, char **argv)
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--world-size") == 0)
             world = 1;
-        if (strcmp(argv[i], "--layout") == 0)
+        if (strcmp(argv[i], "--layout") == 0 && i + 1 < argc && strcmp(argv[i + 1], "native") != 0)
             layout = 1;
         if (strcmp(argv[i], "--world-size") == 0 || strcmp(argv[i], "--compress") == 0 ||
             strcmp(argv[i], "--hash") == 0 || strcmp(argv[i], "--chunk-kib") == 0 ||

@@ -255,7 +255,7 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
         else
             snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", s + 1, nshards);
         rc = write_shard(r, dir, file, ts, nt, s, dtype, src, tr, bytes, err);
-        for (int i = 0; !rc && nshards > 1 && i < nt; i++)
+        for (int i = 0; !rc && i < nt; i++)
             if (ts[i].shard == s)
                 json_object_set_new(map, ts[i].name, json_string(file));
     }
@@ -265,7 +265,6 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
         rc = write_json(dir, "model.safetensors.index.json", index, err);
         json_decref(index);
     }
-    json_decref(map);
     if (!rc) {
         json_t *cfg = json_pack(
             "{s:[s], s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:s, s:b, s:s, s:f, s:f, s:f, "
@@ -279,6 +278,20 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
         rc = cfg ? write_json(dir, "config.json", cfg, err) : -1;
         json_decref(cfg);
     }
+    if (rc) { /* a failed export leaves the directory as it found it: empty */
+        const char *k;
+        json_t *v;
+        json_object_foreach(map, k, v)
+        {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%s", dir, json_string_value(v));
+            unlink(path);
+        }
+        char path[4096];
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        unlink(path);
+    }
+    json_decref(map);
     if (!rc) { /* the directory's entries are durable too */
         int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (dfd >= 0) {
@@ -371,6 +384,19 @@ int hf_read_config(const char *dir, struct model_config *cfg, char *err)
     if (!rc && eps && (!json_is_number(eps) || fabs(json_number_value(eps) - 1e-5) > 1e-12))
         rc = -1, snprintf(err, CKPT_ERR_LEN, "%s/config.json: layer_norm_epsilon must be 1e-5 "
                                              "(this trainer's LayerNorm)", dir);
+    static const struct {
+        const char *key;
+        int want;
+    } flags[] = {{"scale_attn_weights", 1},
+                 {"scale_attn_by_inverse_layer_idx", 0},
+                 {"reorder_and_upcast_attn", 0}};
+    for (int i = 0; !rc && i < 3; i++) {
+        json_t *x = json_object_get(c, flags[i].key);
+        if (x && (!json_is_boolean(x) || json_is_true(x) != flags[i].want))
+            rc = -1, snprintf(err, CKPT_ERR_LEN, "%s/config.json: %s must be %s (this "
+                                                 "trainer's attention)", dir, flags[i].key,
+                              flags[i].want ? "true" : "false");
+    }
     if (!rc && tie && !json_is_true(tie))
         rc = -1, snprintf(err, CKPT_ERR_LEN, "%s/config.json: tie_word_embeddings false; this "
                                              "trainer's head is tied to wte", dir);
@@ -386,7 +412,8 @@ int hf_read_config(const char *dir, struct model_config *cfg, char *err)
  * causal-mask buffers of older checkpoints and the head tied to wte. */
 static int ignorable(const char *name)
 {
-    return strcmp(name, "lm_head.weight") == 0 || ends_with(name, ".attn.bias") ||
+    return strcmp(name, "lm_head.weight") == 0 ||
+           (ends_with(name, ".attn.bias") && !ends_with(name, ".c_attn.bias")) ||
            ends_with(name, ".attn.masked_bias");
 }
 
@@ -400,6 +427,8 @@ static int plain_file_name(const char *s)
             return 0;
     return 1;
 }
+
+#define HF_MAX_FILES 10000
 
 struct hf_file {
     char name[208];
@@ -433,7 +462,7 @@ static int list_files(int dfd, const char *dir, struct hf_file **out, int *n, js
         return -1;
     }
     const char *key;
-    json_t *v;
+    json_t *v, *seen = json_object(); /* the distinct files, as a set */
     if (single)
         snprintf(f[(*n)++].name, sizeof f->name, "model.safetensors");
     else
@@ -444,15 +473,25 @@ static int list_files(int dfd, const char *dir, struct hf_file **out, int *n, js
                 snprintf(err, CKPT_ERR_LEN, "%s/model.safetensors.index.json: %.80s: file "
                                             "'%.80s' is not a plain file name in the directory",
                          dir, key, file ? file : "(not a string)");
-                free(f);
-                return -1;
+                break;
             }
-            int seen = 0;
-            for (int i = 0; !seen && i < *n; i++)
-                seen = strcmp(f[i].name, file) == 0;
-            if (!seen)
-                snprintf(f[(*n)++].name, sizeof f->name, "%s", file);
+            if (json_object_get(seen, file))
+                continue;
+            if (*n >= HF_MAX_FILES) {
+                snprintf(err, CKPT_ERR_LEN, "%s/model.safetensors.index.json: more than %d files",
+                         dir, HF_MAX_FILES);
+                break;
+            }
+            json_object_set_new(seen, file, json_true());
+            snprintf(f[(*n)++].name, sizeof f->name, "%s", file);
         }
+    int bad = !single && key != NULL; /* the loop stopped early */
+    json_decref(seen);
+    if (bad) {
+        free(f);
+        *n = 0;
+        return -1;
+    }
     *out = f;
     return 0;
 }
@@ -502,10 +541,13 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
         for (int j = 0; j < f[i].h.n; j++) {
             const struct st_entry *e = &f[i].h.e[j];
             snprintf(path, sizeof path, "%s/%s", dir, f[i].name);
+            /* "transformer." is optional: GPT2LMHeadModel writes it, GPT2Model
+             * (and the Hub's gpt2 file) does not; both spellings of one
+             * tensor are "a second copy" below */
+            const char *bare = strncmp(e->name, "transformer.", 12) == 0 ? e->name + 12 : e->name;
             int ti = -1;
             for (int t = 0; ti < 0 && t < nt; t++)
-                if (strncmp(e->name, "transformer.", 12) == 0 &&
-                    strcmp(e->name + 12, m->tensors[t].name) == 0)
+                if (strcmp(bare, m->tensors[t].name) == 0)
                     ti = t;
             const char *listed = index ? json_string_value(json_object_get(
                                              json_object_get(index, "weight_map"), e->name))
@@ -566,7 +608,7 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
         const struct st_entry *e = at[t];
         size_t bytes = (size_t)(e->end - e->begin);
         int size = strcmp(e->dtype, "F32") == 0 ? 4 : 2, f16 = strcmp(e->dtype, "F16") == 0;
-        if (pread(f[in[t]].fd, raw, bytes, (off_t)e->begin) != (ssize_t)bytes) {
+        if (fsdp_pread_all(f[in[t]].fd, raw, bytes, e->begin)) {
             rc = -1, snprintf(err, CKPT_ERR_LEN, "%s/%s: %s: cannot read", dir, f[in[t]].name,
                               e->name);
             break;

@@ -181,7 +181,7 @@ int st_header_parse(const char *path, int fd, uint64_t fsize, struct st_header *
         snprintf(err, CKPT_ERR_LEN, "%s: out of memory for %zu header entries", path, cap);
         return -1;
     }
-    int ne = 0;
+    int ne = 0, mine = 0; /* mine: this file's problems */
     const char *key;
     json_t *v;
     json_object_foreach(h, key, v)
@@ -206,7 +206,7 @@ int st_header_parse(const char *path, int fd, uint64_t fsize, struct st_header *
         if (!ok) {
             fprintf(stderr, "fsdp-ckpt: %s: %s: malformed entry (dtype, shape, data_offsets)\n",
                     path, key);
-            ++*problems;
+            mine++;
             continue;
         }
         x->name = key;
@@ -231,16 +231,17 @@ int st_header_parse(const char *path, int fd, uint64_t fsize, struct st_header *
         if (sorted[i].begin != at) {
             fprintf(stderr, "fsdp-ckpt: %s: %s: data_offsets leave a gap or overlap at byte %llu\n",
                     path, sorted[i].name, (unsigned long long)(at - data));
-            ++*problems;
+            mine++;
         }
         at = sorted[i].end > at ? sorted[i].end : at;
     }
     free(sorted);
-    if (!*problems && at != fsize) {
+    if (!mine && at != fsize) {
         fprintf(stderr, "fsdp-ckpt: %s: %llu bytes of data after the last tensor\n", path,
                 (unsigned long long)(fsize - at));
-        ++*problems;
+        mine++;
     }
+    *problems += mine;
     out->doc = h;
     out->e = e;
     out->n = ne;

@@ -35,6 +35,8 @@ def convert_picks_the_verb_its_paths_call_for(tmp):
          "--world-size", "2"])
     run([CKPT, "convert", ck, f"{tmp}/re", "--world-size", "3"])
     run([CKPT, "convert", ck, f"{tmp}/copy"])
+    run([CKPT, "convert", ck, f"{tmp}/re2", "--layout", "native", "--world-size", "2"])
+    assert "world size 2" in run([CKPT, "inspect", f"{tmp}/re2"]).stdout
     want = digest(ck)
     assert digest(f"{tmp}/re") == want and digest(f"{tmp}/copy") == want
     imported = digest(f"{tmp}/imp")

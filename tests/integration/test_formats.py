@@ -196,8 +196,9 @@ def hf_import_and_export_again_reproduce_the_directory(tmp):
             json.dump(index, open(path, "w"))
         return edit
 
-    first = sorted(json.load(open(f"{good}/model.safetensors.index.json"))["weight_map"])[0]
-    case("escaping-index", index_edit(lambda i: i["weight_map"].update({first: "../x"})),
+    names = list(json.load(open(f"{good}/model.safetensors.index.json"))["weight_map"])
+    first, last = names[0], names[-1]  # last: after other files were counted
+    case("escaping-index", index_edit(lambda i: i["weight_map"].update({last: "../x"})),
          "not a plain file name")
     case("misplaced", index_edit(lambda i: i["weight_map"].update(
         {first: "model-00002-of-%05d.safetensors" % len(set(i["weight_map"].values()))})),
@@ -207,6 +208,34 @@ def hf_import_and_export_again_reproduce_the_directory(tmp):
                                      open(f"{d}/config.json", "w")), "activation_function")
     case("symlink", lambda d: (os.rename(f"{d}/config.json", f"{d}/real.json"),
                                os.symlink("real.json", f"{d}/config.json")), "config.json")
+    def renamed(d, fn):  # every tensor name of a single-file directory through fn
+        path = f"{d}/model.safetensors"
+        raw = open(path, "rb").read()
+        n = struct.unpack("<Q", raw[:8])[0]
+        head = json.loads(raw[8:8 + n])
+        doc = json.dumps({fn(k): v for k, v in head.items()}).encode()
+        doc += b" " * (-len(doc) % 8)
+        open(path, "wb").write(struct.pack("<Q", len(doc)) + doc + raw[8 + n:])
+
+    def both(d):
+        path = f"{d}/model.safetensors"
+        raw = open(path, "rb").read()
+        n = struct.unpack("<Q", raw[:8])[0]
+        head = json.loads(raw[8:8 + n])
+        head["wpe.weight"] = head["transformer.wpe.weight"]  # the same bytes twice
+        doc = json.dumps(head).encode()
+        doc += b" " * (-len(doc) % 8)
+        open(path, "wb").write(struct.pack("<Q", len(doc)) + doc + raw[8 + n:])
+
+    single = f"{tmp}/src-f320"
+    bare = f"{tmp}/bare"  # as GPT2Model (and the Hub's gpt2) writes: no "transformer."
+    shutil.copytree(single, bare)
+    renamed(bare, lambda k: k.replace("transformer.", "", 1))
+    run([CKPT, "import", bare, f"{tmp}/imp-bare", "--layout", "hf", "--world-size", "1"])
+    run([CKPT, "export", f"{tmp}/imp-bare", f"{tmp}/again-bare", "--layout", "hf"])
+    assert files_of(single) == files_of(f"{tmp}/again-bare"), "a bare-named import differs"
+    good = single
+    case("both-spellings", both, "a second copy")
     for name, d, want in cases:
         p = run([CKPT, "import", d, f"{tmp}/dst-{name}", "--layout", "hf", "--world-size", "1"],
                 check=False)

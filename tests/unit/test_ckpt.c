@@ -456,6 +456,39 @@ static void too_many_chunks_are_refused_up_front(void)
     storage_close(st);
 }
 
+/* The tools read a tensor a few hundred KiB at a time (ckpt_read_unit):
+ * each chunk must be fetched once, from the reader's cache after that, on
+ * any thread count (a pool fetches what it is given). */
+static void small_reads_fetch_each_chunk_once(void)
+{
+    char err[CKPT_ERR_LEN];
+    struct storage *st;
+    REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
+    REQUIRE(write_step(st, 900, CKPT_CODEC_RAW, 400, err) == 0, "%s", err); /* 100 floats */
+    struct ckpt_manifest m;
+    REQUIRE(ckpt_load_manifest(st, 900, &m, err) == 0, "%s", err);
+    for (int threads = 1; threads <= 2; threads++) {
+        struct ckpt_reader r;
+        REQUIRE(ckpt_reader_init(&r, st, &m, err) == 0, "%s", err);
+        r.threads = threads;
+        float piece[10];
+        int same = 1;
+        for (uint64_t x = 0; x < numel[0]; x += 10) {
+            REQUIRE(ckpt_read_unit(&r, 0, CKPT_PARAM, x, 10, piece, err) == 0, "%s", err);
+            same &= memcmp(piece, state[0][CKPT_PARAM] + x, sizeof piece) == 0;
+        }
+        /* 4000 bytes of unit 0's parameters over 3 shards: 10 chunks and
+         * the shared ones at the shards' section edges */
+        CHECK(same, "%d threads: a piece read back differs", threads);
+        CHECK(r.chunks_fetched <= 16, "%d threads: %llu chunk fetches for 100 small reads",
+              threads, (unsigned long long)r.chunks_fetched);
+        ckpt_reader_free(&r);
+    }
+    ckpt_manifest_free(&m);
+    remove_step(st, 900);
+    storage_close(st);
+}
+
 static void teardown(void)
 {
     char cmd[300];
@@ -471,4 +504,4 @@ CHECK_MAIN(TEST(setup), TEST(round_trip_every_codec_chunk_size_and_world),
            TEST(inconsistent_manifests_are_refused),
            TEST(mutated_manifests_never_crash_the_parser), TEST(a_damaged_chunk_index_is_named),
            TEST(malformed_chunk_indexes_are_refused), TEST(too_many_chunks_are_refused_up_front),
-           TEST(teardown))
+           TEST(small_reads_fetch_each_chunk_once), TEST(teardown))
