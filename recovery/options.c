@@ -50,7 +50,9 @@ static void usage(void)
            "  --events FILE           JSON lines of every event\n"
            "  --chaos SPEC            inject faults on training steps (see recovery/chaos.c;\n"
            "                          needs the trainer's --steps)\n"
-           "  --mpirun PATH           (default mpirun)\n");
+           "  --mpirun PATH           (default mpirun)\n"
+           "  --metrics ADDR:PORT     serve Prometheus metrics at http://ADDR:PORT/metrics\n"
+           "                          (a numeric address: 127.0.0.1:9464, [::1]:9464)\n");
 }
 
 static int num(const char *flag, const char *v, double lo, double hi, double *out)
@@ -110,6 +112,7 @@ static const struct opt {
     {"--events", O_STR, 0, 0, offsetof(struct super_opts, events)},
     {"--chaos", O_STR, 0, 0, offsetof(struct super_opts, chaos)},
     {"--mpirun", O_STR, 0, 0, offsetof(struct super_opts, mpirun)},
+    {"--metrics", O_STR, 0, 0, offsetof(struct super_opts, metrics)},
 };
 
 static int set_option(struct super_opts *o, const struct opt *op, const char *v)

@@ -103,6 +103,8 @@
 
 #include "chaos.h"
 #include "ckpt.h"
+#include "metrics.h"
+#include "util.h"
 #include "storage.h"
 
 #include <curl/curl.h>
@@ -167,6 +169,12 @@ struct super {
     int notice_seen;
     char notice_time[128];
     char hosts_err[SUPER_ERR_LEN]; /* the host file's last complaint, said once */
+    /* --metrics: what the ranks' events tell, and the server */
+    struct metrics *metrics;
+    double next_metrics, loss, tokens_per_s, commit_at;
+    int have_loss;
+    struct histogram save_s, load_s;
+    uint64_t bytes_written;
     /* other hosts: the launch agent, the hosts that did not answer it, those
      * left out of the coming launch, mpirun's arguments for them */
     struct agent agent;
@@ -187,6 +195,8 @@ struct super {
     int nnoticed;
 };
 
+
+static void render_metrics(struct super *s, int now_or_later);
 
 /* How one launch ended. */
 struct outcome {
@@ -585,14 +595,34 @@ static int ev_int(const struct hbmsg *m, const char *key, int *out)
     return 0;
 }
 
+/* A number an event carries (loss=3.7, seconds=0.25); 0 if it is none. */
+static int ev_num(const struct hbmsg *m, const char *key, double *out)
+{
+    const char *v = hbmsg_event_str(m, key);
+    return v && fsdp_parse_f64(v, out) == 0 ? 0 : -1;
+}
+
 static void on_event(struct super *s, const struct hbmsg *m)
 {
-    uint64_t step;
+    uint64_t step, bytes;
     int from, to;
+    double x, y;
     const char *digest = hbmsg_event_str(m, "digest");
     if (hbmsg_event_u64(m, "step", &step))
         return;
-    if (strcmp(m->name, "checkpoint_committed") == 0) {
+    if (strcmp(m->name, "progress") == 0 && m->rank == 0 && ev_num(m, "loss", &x) == 0 &&
+        ev_num(m, "tokens_per_s", &y) == 0) {
+        s->loss = x;
+        s->tokens_per_s = y;
+        s->have_loss = 1;
+    } else if (strcmp(m->name, "loaded") == 0 && ev_num(m, "seconds", &x) == 0 && x >= 0) {
+        histogram_observe(&s->load_s, x);
+    } else if (strcmp(m->name, "checkpoint_committed") == 0) {
+        if (ev_num(m, "seconds", &x) == 0 && x >= 0)
+            histogram_observe(&s->save_s, x);
+        if (hbmsg_event_u64(m, "bytes", &bytes) == 0)
+            s->bytes_written += bytes;
+        s->commit_at = super_now();
         s->last_committed = step;
         ev_emit("checkpoint_committed", "{s:I, s:I}", "step", (json_int_t)step, "generation",
                 (json_int_t)s->job.generation);
@@ -836,6 +866,7 @@ static void watch(struct super *s, struct outcome *out, int *preempt_from_signal
         reap_children(&s->job);
         double now = super_now();
         account_progress(s, now);
+        render_metrics(s, 1);
         int from_signal = got_signal != 0;
         int action = CHAOS_NONE;
         int due = out->preempting ? 0 : preemption_due(s, now, &next_poll);
@@ -883,8 +914,81 @@ static void account_failure(struct super *s)
     s->fail_at = super_now();
 }
 
+/* ---- metrics (--metrics) ---------------------------------------------------------- */
+
+static void counter(char *b, size_t n, size_t *len, const char *name, const char *type,
+                    const char *help, double v)
+{
+    metrics_put(b, n, len, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name,
+                v);
+}
+
+/* The exposition text of what the supervisor knows now; published at most
+ * four times a second (a scrape gets the latest). */
+static void render_metrics(struct super *s, int now_or_later)
+{
+    double now = super_now();
+    if (!s->metrics || (now_or_later && now < s->next_metrics))
+        return;
+    s->next_metrics = now + 0.25;
+    static char b[32768];
+    size_t n = sizeof b, len = 0;
+    int up = 0, restarts = 0;
+    for (int r = 0; !s->job.exited && r < s->job.np; r++)
+        up += s->job.ranks[r].seen;
+    for (int c = 0; c < C_NCAUSE; c++)
+        restarts += s->by_cause[c];
+    double wall = now - s->start, step_s = s->step_count ? s->step_time_sum / s->step_count : 0;
+    double productive = step_s * (double)(s->max_step_seen > s->steps_lost
+                                              ? s->max_step_seen - s->steps_lost
+                                              : 0);
+    counter(b, n, &len, "fsdp_step", "gauge", "The newest training step a rank reported.",
+            (double)s->max_step_seen);
+    if (s->have_loss) {
+        counter(b, n, &len, "fsdp_loss", "gauge", "Rank 0's training loss at its last report.",
+                s->loss);
+        counter(b, n, &len, "fsdp_tokens_per_second", "gauge",
+                "Training throughput at rank 0's last report.", s->tokens_per_s);
+    }
+    counter(b, n, &len, "fsdp_ranks_up", "gauge", "Ranks of the running launch that reported.",
+            up);
+    counter(b, n, &len, "fsdp_ranks_wanted", "gauge", "Ranks of the running launch.",
+            s->job.exited ? 0 : s->job.np);
+    counter(b, n, &len, "fsdp_launches_total", "counter", "Launches of the job.", s->launches);
+    counter(b, n, &len, "fsdp_generation", "gauge", "The running launch's generation.",
+            (double)s->generation);
+    metrics_put(b, n, &len, "# HELP fsdp_restarts_total Relaunches after a failure or "
+                            "preemption, by cause.\n# TYPE fsdp_restarts_total counter\n");
+    for (int c = 0; c < C_NCAUSE; c++)
+        metrics_put(b, n, &len, "fsdp_restarts_total{cause=\"%s\"} %d\n", cause_names[c],
+                    s->by_cause[c]);
+    counter(b, n, &len, "fsdp_downtime_seconds_total", "counter",
+            "Failure detected to training again, summed.", s->downtime);
+    counter(b, n, &len, "fsdp_steps_lost_total", "counter",
+            "Steps computed again after restarts.", (double)s->steps_lost);
+    counter(b, n, &len, "fsdp_goodput_ratio", "gauge",
+            "Productive step time over wall time since the start.",
+            wall > 0 ? productive / wall : 0);
+    counter(b, n, &len, "fsdp_last_checkpoint_step", "gauge",
+            "The newest committed checkpoint's step.", (double)s->last_committed);
+    if (s->commit_at > 0)
+        counter(b, n, &len, "fsdp_last_checkpoint_age_seconds", "gauge",
+                "Seconds since the newest checkpoint was committed.", now - s->commit_at);
+    counter(b, n, &len, "fsdp_checkpoint_bytes_written_total", "counter",
+            "Bytes of the committed checkpoints' shards.", (double)s->bytes_written);
+    metrics_put(b, n, &len, "# HELP fsdp_checkpoint_save_seconds Save start to commit.\n"
+                            "# TYPE fsdp_checkpoint_save_seconds histogram\n");
+    histogram_render(&s->save_s, "fsdp_checkpoint_save_seconds", b, n, &len);
+    metrics_put(b, n, &len, "# HELP fsdp_checkpoint_load_seconds A resume's load.\n"
+                            "# TYPE fsdp_checkpoint_load_seconds histogram\n");
+    histogram_render(&s->load_s, "fsdp_checkpoint_load_seconds", b, n, &len);
+    (void)restarts;
+    metrics_publish(s->metrics, b, len < n ? len : n - 1);
+}
+
 static void summary(struct super *s, const char *end)
 {
+    render_metrics(s, 0);
     double wall = super_now() - s->start;
     double step_s = s->step_count ? s->step_time_sum / (double)s->step_count : 0;
     double productive = step_s * (double)s->final_step;
@@ -1192,6 +1296,14 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     curl_global_init(CURL_GLOBAL_DEFAULT);
     s.ev_on = ev_open(s.o.events);
+    if (s.o.metrics) {
+        char merr[SUPER_ERR_LEN];
+        if (!(s.metrics = metrics_start(s.o.metrics, merr, sizeof merr))) {
+            fprintf(stderr, "fsdp-super: %s\n", merr);
+            ev_close();
+            return 2;
+        }
+    }
     if ((rc = set_up(&s)) != 0)
         goto out;
     s.start = super_now();
@@ -1227,6 +1339,7 @@ int main(int argc, char **argv)
     }
 out:
     ev_close();
+    metrics_stop(s.metrics);
     chaos_free(&s.chaos);
     if (s.workdir[0] && remove_tree(s.workdir))
         say("could not remove %s: %s", s.workdir, strerror(errno));

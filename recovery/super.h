@@ -34,7 +34,7 @@
 
 struct super_opts {
     int np, min_np, max_restarts;
-    const char *hosts, *preempt_url, *events, *chaos, *mpirun, *listen;
+    const char *hosts, *preempt_url, *events, *chaos, *mpirun, *listen, *metrics;
     double hb_timeout, startup_timeout, grace, backoff, healthy_after, preempt_poll,
         preempt_deadline, capacity_timeout, rank_silence, probe_timeout;
     int targc;

@@ -316,6 +316,9 @@ static int commit(struct ckptr *c, uint64_t step, json_t *trainer, const char *a
         *attempted = 1;
         struct ckpt_commit_result res;
         rc = ckpt_commit_step(c->st, &man, c->tag, &res, err);
+        c->stored_bytes = 0;
+        for (int r = 0; !rc && r < man.nshards; r++)
+            c->stored_bytes += man.shards[r].stored_size;
         if (rc && res.outcome == CKPT_OTHER_UNREADABLE) {
             fprintf(stderr, "fsdp-train: checkpoint step %llu is already committed in %s but "
                     "does not load (kept for fsdp-ckpt verify; not overwritten): this run's copy "
@@ -418,7 +421,9 @@ static int finish_save(struct ckptr *c, uint64_t step, json_t *trainer, char *mi
         c->skipped = rc == 1;
         if (rc == 0) {
             c->newest_committed = step;
-            hb_event("checkpoint_committed step=%llu", (unsigned long long)step);
+            hb_event("checkpoint_committed step=%llu seconds=%.3f bytes=%llu",
+                     (unsigned long long)step, fsdp_now() - c->save_t0,
+                     (unsigned long long)c->stored_bytes);
             stop_here("after-commit");
             if (c->async)
                 async_retain(c, step); /* rank 0's writer thread deletes old steps */
@@ -441,6 +446,7 @@ int ckptr_save(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
     if (c->async) /* an emergency save: rank 0's writer may still apply retention */
         async_quiesce(c);
     current_save = ++c->saves;
+    c->save_t0 = fsdp_now();
     hb_set(step, HB_SAVE);
     char *mine = NULL;
     int rc = 0;
@@ -620,6 +626,7 @@ int ckptr_save_async(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
 {
     struct ckptr_async *a = c->async;
     current_save = ++c->saves;
+    c->save_t0 = fsdp_now();
     pthread_mutex_lock(&a->mu);
     a->step = step;
     json_decref(a->trainer);
@@ -1004,6 +1011,9 @@ int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *loaded, char *err)
         }
         if (agree(comm, rc, err) == 0) {
             report_reads(c, &man, bytes_read, load_s);
+            c->load_s = load_s;
+            if (comm->rank == 0)
+                hb_event("loaded step=%llu seconds=%.3f", (unsigned long long)cand[i], load_s);
             if (comm->rank == 0 && man.world != comm->world) {
                 fprintf(stderr, "fsdp-train: resharding step %llu from %d to %d ranks\n",
                         (unsigned long long)cand[i], man.world, comm->world);

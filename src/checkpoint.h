@@ -37,6 +37,9 @@ struct ckptr {
     int saves;   /* checkpoints written by this process */
     uint64_t newest_committed; /* 0 if none */
     int skipped; /* rank 0: the last save met a step already committed, kept it */
+    double save_t0;        /* when the save being committed began (its event's seconds) */
+    double load_s;         /* how long the resume's load took (0: none) */
+    uint64_t stored_bytes; /* rank 0: what the last commit's shards hold, every rank's */
     uint64_t generation;       /* of this launch: fsdp-super's, or claimed at open */
     char tag[CKPT_TAG_LEN];    /* this launch's writer tag, in every shard name */
     struct ckptr_async *async; /* --ckpt-async */

@@ -46,8 +46,9 @@ struct trainer {
     const char *stopped;  /* why the run stopped before --steps (NULL: it did not) */
     long long stopped_at; /* and after which step */
     double start;         /* when main began (--time-limit counts from here) */
-    double step_max;      /* the longest step and checkpoint save of this process: */
-    double save_max;      /* the margin kept before a time limit */
+    double step_max;      /* the longest step, validation and checkpoint save of this */
+    double val_max;       /* process: the margin kept before a time limit */
+    double save_max;
     int async_pending;    /* an async checkpoint is being written (same on every rank) */
     double async_t0;
     double train_t0;      /* when the training loop began (the log's elapsed_s) */
@@ -267,6 +268,11 @@ static void log_step(struct trainer *t, long long step, double loss, double lr, 
     double tps = (double)t->o.global_batch * t->model.cfg.seq / dt;
     if (t->comm.rank != 0)
         return;
+    static double next_progress; /* for a supervisor's metrics: at most one a second */
+    if (fsdp_now() >= next_progress) {
+        next_progress = fsdp_now() + 1.0;
+        hb_event("progress step=%lld loss=%.6f tokens_per_s=%.1f", step + 1, loss, tps);
+    }
     if ((step + 1) % t->o.log_every == 0 || step + 1 == t->o.steps || !isnan(val)) {
         fprintf(stderr, "step %6lld/%lld | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | %7.1f ms",
                 step + 1, t->o.steps, loss, lr, norm, tps, dt * 1e3);
@@ -418,14 +424,14 @@ static int save_async(struct trainer *t, long long step, char *err)
 
 /* What every rank learns at each step from one allreduce (sums over ranks),
  * riding on the loss's reduction: no extra collective anywhere else. */
-struct step_vote {
-    double loss;
-    double preempted;    /* ranks asked to stop (a preemption notice) */
-    double writes_ended; /* ranks whose background checkpoint write has ended */
-    double writes_failed;
-    double out_of_time;  /* rank 0 judged that a time limit is near */
+enum step_vote {
+    VOTE_LOSS,
+    VOTE_PREEMPTED,     /* ranks asked to stop (a preemption notice) */
+    VOTE_WRITES_ENDED,  /* ranks whose background checkpoint write has ended */
+    VOTE_WRITES_FAILED,
+    VOTE_OUT_OF_TIME,   /* rank 0 judged that a time limit is near */
+    VOTE_N
 };
-_Static_assert(sizeof(struct step_vote) == 5 * sizeof(double), "a vote is doubles only");
 
 /* The time limit as a monotonic time (0: none): --time-limit after the
  * start, or SLURM_JOB_END_TIME, whichever comes first. */
@@ -496,13 +502,18 @@ static int train(struct trainer *t, char *err)
         int in_flight = 0, failed = 0, ended = 0;
         if (t->async_pending)
             ended = ckptr_async_state(&t->ck, &in_flight, &failed);
-        struct step_vote vote = {loss, hb_preempted(), ended, failed, 0};
+        double vote[VOTE_N] = {loss, hb_preempted(), ended, failed, 0};
+        /* the margin: two steps, a validation, a save, and a background
+         * write still to wait for (the longest seen; a save is at least the
+         * resume's load) */
+        double save_s = t->save_max > t->ck.load_s ? t->save_max : t->ck.load_s;
+        double margin = 2 * t->step_max + t->val_max + save_s * (1 + t->async_pending);
         if (limit > 0 && t->comm.rank == 0 && step + 1 < o->steps)
-            vote.out_of_time = fsdp_now() + 2 * t->step_max + t->save_max >= limit;
+            vote[VOTE_OUT_OF_TIME] = fsdp_now() + margin >= limit;
         if (fsdp_reduce_grads(&t->eng, err) || fsdp_grad_norm(&t->eng, &norm, err) ||
-            t->comm.allreduce_sum_f64(&t->comm, &vote.loss, sizeof vote / sizeof(double), err))
+            t->comm.allreduce_sum_f64(&t->comm, vote, VOTE_N, err))
             return -1;
-        loss = vote.loss / tokens;
+        loss = vote[VOTE_LOSS] / tokens;
         float gscale = 1.0f;
         if (o->grad_clip > 0 && norm > o->grad_clip)
             gscale = (float)(o->grad_clip / (norm + 1e-6));
@@ -520,9 +531,12 @@ static int train(struct trainer *t, char *err)
         t->step_max = dt > t->step_max ? dt : t->step_max;
         double val = NAN;
         int last = step + 1 == o->steps;
-        if (o->val_data && ((o->val_every && (step + 1) % o->val_every == 0) || last) &&
-            validate(t, &val, err))
-            return -1;
+        if (o->val_data && ((o->val_every && (step + 1) % o->val_every == 0) || last)) {
+            double v0 = fsdp_now();
+            if (validate(t, &val, err))
+                return -1;
+            t->val_max = fsdp_now() - v0 > t->val_max ? fsdp_now() - v0 : t->val_max;
+        }
         if (!isfinite(loss))
             return fsdp_err(err, "training diverged: loss is %f at step %lld", loss, step + 1);
         json_t *samples = NULL;
@@ -533,14 +547,14 @@ static int train(struct trainer *t, char *err)
         hb_set((uint64_t)step + 1, HB_TRAIN);
         testhook_hold((uint64_t)step + 1);
         int due = (o->ckpt.every && (step + 1) % o->ckpt.every == 0) || last;
-        if (t->async_pending && vote.writes_ended == t->comm.world &&
+        if (t->async_pending && vote[VOTE_WRITES_ENDED] == t->comm.world &&
             finish_async(t, NULL, err))
             return -1;
-        if (vote.preempted > 0) { /* an emergency checkpoint, then stop */
+        if (vote[VOTE_PREEMPTED] > 0) { /* an emergency checkpoint, then stop */
             t->preempted = 1;
             return stop_early(t, step + 1, "preemption notice", HB_PREEMPTED, err);
         }
-        if (vote.out_of_time > 0) {
+        if (vote[VOTE_OUT_OF_TIME] > 0) {
             snprintf(limit_why, sizeof limit_why, "time limit (%s) in %.0f s", limit_from,
                      limit - fsdp_now());
             return stop_early(t, step + 1, limit_why, HB_STOPPED, err);

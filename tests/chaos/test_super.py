@@ -38,6 +38,9 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 from harness import (BUILD, ENV, TRAIN, committed_steps, digest, main, mpirun,  # noqa: E402
@@ -510,6 +513,83 @@ def a_run_stopped_by_its_time_limit_ends_the_supervisor_without_a_relaunch(tmp):
     assert rc == 0 and "training finished at step 12" in err, err
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prom_query(port, query):
+    """The value of a Prometheus instant query, or None while there is none."""
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            res = json.load(r)["data"]["result"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return float(res[0]["value"][1]) if res else None
+
+
+def prom_wait(port, query, pred, limit=90):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        v = prom_query(port, query)
+        if v is not None and pred(v):
+            return v
+        time.sleep(0.2)
+    raise AssertionError(f"Prometheus never answered {query} as wanted (last: "
+                         f"{prom_query(port, query)})")
+
+
+def a_real_prometheus_scrapes_restarts_and_the_last_checkpoint(tmp):
+    """fsdp-super --metrics during a supervised run with one rank killed,
+    scraped every second by Debian's Prometheus on 127.0.0.1: its HTTP API
+    returns the restart, the newest committed step, the loss and the save
+    histogram."""
+    data, _ = prepare_corpus(tmp)
+    ev, ck = f"{tmp}/ev.jsonl", f"{tmp}/ck"
+    mport, pport = free_port(), free_port()
+    open(f"{tmp}/prom.yml", "w").write(
+        "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
+        f"scrape_configs: [{{job_name: fsdp, static_configs: [{{targets: ['127.0.0.1:{mport}']}}]}}]\n")
+    prom = subprocess.Popen(["prometheus", f"--config.file={tmp}/prom.yml",
+                             f"--storage.tsdb.path={tmp}/tsdb",
+                             f"--web.listen-address=127.0.0.1:{pport}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = start_super(["--np", "2", "--metrics", f"127.0.0.1:{mport}"],
+                    trainer(data, ck, 100000), ev)
+    try:
+        first = wait_event(ev, lambda e: e["event"] == "checkpoint_committed")
+        launch = [e for e in events_of(ev) if e["event"] == "launch"][0]
+        os.kill(wait_ranks(launch["pid"], 2)[1], signal.SIGKILL)
+        second = wait_event(ev, lambda e: e["event"] == "launch" and e["launch"] == 2)
+        after = wait_event(ev, lambda e: e["event"] == "checkpoint_committed" and
+                           e["t"] > second["t"])
+        restarts = prom_wait(pport, "sum(fsdp_restarts_total)", lambda v: v >= 1)
+        step = prom_wait(pport, "fsdp_last_checkpoint_step", lambda v: v >= after["step"])
+        saves = prom_wait(pport, "fsdp_checkpoint_save_seconds_count", lambda v: v >= 2)
+        loss = prom_wait(pport, "fsdp_loss", lambda v: v > 0)
+        up = prom_wait(pport, "fsdp_ranks_up", lambda v: v == 2)
+        print(f"  Prometheus: restarts {restarts:.0f}, last checkpoint step {step:.0f} (events: "
+              f"{first['step']} then {after['step']}), {saves:.0f} saves timed, loss "
+              f"{loss:.3f}, {up:.0f} ranks up")
+        assert restarts == 1, restarts
+        # what the endpoint itself answers to anything else
+        base = f"http://127.0.0.1:{mport}"
+        for path, code in (("/", 404), ("/metrics/../x", 404)):
+            try:
+                urllib.request.urlopen(base + path, timeout=5)
+                raise AssertionError(f"{path} answered 200")
+            except urllib.error.HTTPError as e:
+                assert e.code == code, (path, e.code)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        finish(p)
+        prom.terminate()
+        prom.wait(timeout=30)
+    assert p.returncode == 0
+
+
 def open_mpi_explains_a_failed_launch_without_an_event_log(tmp):
     rc, err, _ = run_super(["--np", "1", "--max-restarts", "0"],
                            [f"{tmp}/no-such-trainer", "--steps", "5"])
@@ -889,6 +969,7 @@ if __name__ == "__main__":
           a_store_without_a_claimable_generation_is_not_launched_on,
           a_malformed_generation_stops_the_trainer_at_start,
           a_run_stopped_by_its_time_limit_ends_the_supervisor_without_a_relaunch,
+          a_real_prometheus_scrapes_restarts_and_the_last_checkpoint,
           open_mpi_explains_a_failed_launch_without_an_event_log,
           a_users_open_mpi_env_list_does_not_break_the_launch,
           the_work_directory_is_private_and_removed,
