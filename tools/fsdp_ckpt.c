@@ -15,6 +15,7 @@
 #include "model.h"
 #include "safetensors.h"
 #include "storage.h"
+#include "util.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -47,9 +48,11 @@ static const struct command {
      "--layout llmc, llm.c's model file OUT (gpt2_124M.bin's format: version 3, f32, or 5,\n"
      "bf16)"},
     {"import",
-     "IN DST (--model PRESET | --layout hf | --layout llmc) --world-size M [--compress C] "
-     "[--hash H]",
-     "a safetensors file IN as a committed step for M ranks (every name and shape checked);\n"
+     "IN DST (--model PRESET [SIZES] | SIZES | --layout hf | --layout llmc) --world-size M "
+     "[--compress C] [--hash H]",
+     "a safetensors file IN as a committed step for M ranks (every name and shape checked)\n"
+     "for the preset, changed by SIZES as fsdp-train takes them (--layers N --dim N\n"
+     "--heads N --seq N --vocab N; the preset tiny without --model);\n"
      "with --layout hf, the Hugging Face GPT-2 directory IN (what export --layout hf\n"
      "writes, or GPT2LMHeadModel.save_pretrained): its config.json gives the model,\n"
      "F32, BF16 and F16 tensors are widened, Conv1D weights transposed by name; with\n"
@@ -377,8 +380,11 @@ static int cmd_export(const char *src_arg, const char *out, const struct export_
 
 /* layout hf or llmc: the model is IN's (preset NULL), converted to a
  * temporary file in this trainer's layout, then imported as always */
-static int cmd_import(const char *in, const char *dst_uri, const char *preset, int layout,
-                      int world, const struct ckpt_write_opts *o)
+/* --layers --dim --heads --seq --vocab, as fsdp-train takes them (0: not given) */
+static const char *const dim_flags[5] = {"--layers", "--dim", "--heads", "--seq", "--vocab"};
+
+static int cmd_import(const char *in, const char *dst_uri, const char *preset, const int *dims,
+                      int layout, int world, const struct ckpt_write_opts *o)
 {
     char err[CKPT_ERR_LEN], tmp[4096] = "";
     struct model_config cfg;
@@ -387,14 +393,24 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, i
         return die(err);
     if (layout == LAYOUT_LLMC && llmc_read_config(in, &cfg, err))
         return die(err);
-    if (preset && model_preset(preset, &cfg)) {
+    int custom = dims[0] || dims[1] || dims[2] || dims[3] || dims[4];
+    if (layout == LAYOUT_NATIVE && model_preset(preset ? preset : "tiny", &cfg)) {
         fprintf(stderr, "fsdp-ckpt: --model '%s' is not one of tiny, small, gpt2-124m "
                         "(see fsdp-ckpt --help)\n", preset);
         return 2;
     }
+    if (custom) { /* fsdp-train's overrides of a preset */
+        int *field[5] = {&cfg.layers, &cfg.dim, &cfg.heads, &cfg.seq, &cfg.vocab};
+        for (int i = 0; i < 5; i++)
+            *field[i] = dims[i] ? dims[i] : *field[i];
+        cfg.vocab_pad = dims[4] ? model_vocab_pad(dims[4]) : cfg.vocab_pad;
+    }
     if (model_layout_init(&m, &cfg, err))
         return die(err);
-    const char *name = preset ? preset : layout == LAYOUT_HF ? "config.json" : "llm.c header";
+    const char *name = custom                  ? "custom"
+                       : preset                ? preset
+                       : layout == LAYOUT_HF   ? "config.json"
+                                               : "llm.c header";
     const char *path = in;
     int rc = 0, fd = -1;
     err[0] = 0;
@@ -603,7 +619,7 @@ static int cmd_convert(int argc, char **argv)
 {
     const char *cmd = argv[1], *pos[2] = {NULL, NULL}, *model = NULL;
     long long world = 0, chunk_kib = 4096;
-    int npos = 0, all = 0, rewrite_opts = 0, dtype_given = 0, shard_given = 0;
+    int npos = 0, all = 0, rewrite_opts = 0, dtype_given = 0, shard_given = 0, dims[5] = {0};
     struct export_opts x = {0, LAYOUT_NATIVE, HF_F32, 5000000000ull};
     struct ckpt_write_opts o = CKPT_WRITE_DEFAULTS;
     char err[CKPT_ERR_LEN], msg[CKPT_ERR_LEN + 64];
@@ -653,6 +669,19 @@ static int cmd_convert(int argc, char **argv)
             chunk_kib = has_value ? strtoll(argv[++i], &end, 10) : 0;
             if (!has_value || *end || chunk_kib < 1 || chunk_kib > 256 * 1024)
                 return bad_usage("--chunk-kib needs an integer in 1..262144");
+        } else if (strncmp(a, "--", 2) == 0 && strcmp(cmd, "import") == 0 &&
+                   (strcmp(a, dim_flags[0]) == 0 || strcmp(a, dim_flags[1]) == 0 ||
+                    strcmp(a, dim_flags[2]) == 0 || strcmp(a, dim_flags[3]) == 0 ||
+                    strcmp(a, dim_flags[4]) == 0)) {
+            int d = 0;
+            while (strcmp(a, dim_flags[d]) != 0)
+                d++;
+            long long v;
+            if (!has_value || fsdp_parse_i64(argv[++i], 1, 65536, &v)) {
+                snprintf(msg, sizeof msg, "%s needs an integer in 1..65536", a);
+                return bad_usage(msg);
+            }
+            dims[d] = (int)v;
         } else if (strcmp(a, "--model") == 0 && strcmp(cmd, "import") == 0) {
             if (!has_value)
                 return bad_usage("--model needs a value");
@@ -687,12 +716,14 @@ static int cmd_convert(int argc, char **argv)
         return bad_usage("--world-size M is required");
     if (strcmp(cmd, "reshard") == 0)
         return cmd_reshard(pos[0], pos[1], (int)world, &o);
-    if (!model && x.layout == LAYOUT_NATIVE)
-        return bad_usage("--model PRESET is required (or --layout hf or llmc: the model IN "
-                         "describes)");
-    if (model && x.layout != LAYOUT_NATIVE)
-        return bad_usage("--model: with --layout hf or llmc the model is the one IN describes");
-    return cmd_import(pos[0], pos[1], model, x.layout, (int)world, &o);
+    int custom = dims[0] || dims[1] || dims[2] || dims[3] || dims[4];
+    if (!model && !custom && x.layout == LAYOUT_NATIVE)
+        return bad_usage("--model PRESET (and/or --layers, --dim, --heads, --seq, --vocab) is "
+                         "required, or --layout hf or llmc: the model IN describes");
+    if ((model || custom) && x.layout != LAYOUT_NATIVE)
+        return bad_usage("--model and the model's sizes: with --layout hf or llmc the model is "
+                         "the one IN describes");
+    return cmd_import(pos[0], pos[1], model, dims, x.layout, (int)world, &o);
 }
 
 static int is_help(const char *a) { return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0; }
@@ -716,7 +747,10 @@ static const char *convert_verb(int argc, char **argv)
         if (strcmp(argv[i], "--world-size") == 0 || strcmp(argv[i], "--compress") == 0 ||
             strcmp(argv[i], "--hash") == 0 || strcmp(argv[i], "--chunk-kib") == 0 ||
             strcmp(argv[i], "--model") == 0 || strcmp(argv[i], "--layout") == 0 ||
-            strcmp(argv[i], "--dtype") == 0 || strcmp(argv[i], "--max-shard-size") == 0)
+            strcmp(argv[i], "--dtype") == 0 || strcmp(argv[i], "--max-shard-size") == 0 ||
+            strcmp(argv[i], "--layers") == 0 || strcmp(argv[i], "--dim") == 0 ||
+            strcmp(argv[i], "--heads") == 0 || strcmp(argv[i], "--seq") == 0 ||
+            strcmp(argv[i], "--vocab") == 0)
             i++; /* its value */
         else if (strncmp(argv[i], "--", 2) != 0 && npos < 2)
             pos[npos++] = argv[i];

@@ -324,7 +324,27 @@ def llmc_export_hashes_to_the_digest_and_imports_back(tmp):
     assert p.returncode == 2 and not os.path.exists(f"{tmp}/f16.bin"), p.stderr
 
 
+def native_import_takes_any_model_shape(tmp):
+    """import of this trainer's own safetensors for a model no preset has:
+    its sizes given as fsdp-train takes them; a wrong size is named."""
+    train, _ = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    run([TRAIN, "--data", train, "--global-batch", "8", "--steps", "2", "--ckpt", ck,
+         "--log-every", "100"] + MODEL)
+    run([CKPT, "export", ck, f"{tmp}/m.safetensors"])
+    p = run([CKPT, "convert", f"{tmp}/m.safetensors", f"{tmp}/imp", "--world-size", "2"] +
+            MODEL)
+    assert "model custom (2 layers, dim 64, 2 heads, seq 64, vocab 300)" in p.stdout, p.stdout
+    want, got = digest(ck), digest(f"{tmp}/imp")
+    assert all(got[k] == want[k] for k in want if k[1] == "param")
+    p = run([CKPT, "import", f"{tmp}/m.safetensors", f"{tmp}/bad", "--world-size", "1"] +
+            MODEL[:-1] + ["256"], check=False)
+    assert p.returncode == 1 and "wte.weight: shape [320, 64], model custom expects [256, 64]" \
+        in p.stderr, p.stderr
+
+
 if __name__ == "__main__":
     main([hf_export_gives_the_trainers_validation_loss,
           hf_import_and_export_again_reproduce_the_directory,
-          llmc_export_hashes_to_the_digest_and_imports_back])
+          llmc_export_hashes_to_the_digest_and_imports_back,
+          native_import_takes_any_model_shape])
