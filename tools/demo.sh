@@ -31,6 +31,8 @@ files=$(ls /usr/share/games/fortunes/* | grep -v -e '\.dat$' -e '\.u8$')
 
 ./build/tools/fsdp-ckpt ls data/demo-ckpt >&2
 ./build/tools/fsdp-ckpt verify data/demo-ckpt >&2
+/usr/bin/python3 tools/report.py data/demo-log.jsonl --events data/demo-events.jsonl \
+    --out data/demo-report.png
 /usr/bin/python3 - <<'PY'
 import json
 steps = [json.loads(l) for l in open("data/demo-log.jsonl")]

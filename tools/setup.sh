@@ -3,20 +3,19 @@
 # Idempotent: a second run only checks that the packages are there.
 # Run as root (or with sudo available) on a fresh Debian 12 machine.
 #   tools/setup.sh          what the build, the demo and the tests need
-#   tools/setup.sh --bench  also PyTorch (python3-torch), the benchmarks' baseline,
-#                           and matplotlib (python3-matplotlib), their plots
+#   tools/setup.sh --bench  also PyTorch (python3-torch), the benchmarks' baseline
 set -eu
 
 PKGS="build-essential pkg-config meson ninja-build python3 curl
       libopenmpi-dev openmpi-bin libopenblas-openmp-dev libdnnl-dev
       libzstd-dev libxxhash-dev libssl-dev libjansson-dev libcurl4-openssl-dev libexpat1-dev
-      python3-numpy libmicrohttpd-dev prometheus
+      python3-numpy python3-matplotlib libmicrohttpd-dev prometheus
       awscli ceph-mon ceph-osd radosgw ceph-common
       fortunes-min fortunes
       iproute2 procps clang libclang-rt-14-dev
       qemu-user"
 if [ "${1:-}" = "--bench" ]; then
-    PKGS="$PKGS python3-torch python3-matplotlib"
+    PKGS="$PKGS python3-torch"
 fi
 
 missing=""

@@ -590,6 +590,34 @@ def a_real_prometheus_scrapes_restarts_and_the_last_checkpoint(tmp):
     assert p.returncode == 0
 
 
+REPORT = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "report.py")
+
+
+def the_report_plots_a_supervised_run_with_its_restart(tmp):
+    """tools/report.py on a real supervised run with one rank killed: a PNG
+    and a summary that counts the launch, the restart and the commits;
+    garbage lines are skipped and counted, a missing file is one line."""
+    data, _ = prepare_corpus(tmp)
+    ev, log, png = f"{tmp}/ev.jsonl", f"{tmp}/log.jsonl", f"{tmp}/r.png"
+    rc, err, _ = run_super(["--np", "2", "--restart-backoff", "0.1", "--events", ev, "--chaos",
+                            "seed=1,kill=1"],
+                           trainer(data, f"{tmp}/ck", 60, ["--log", log]), limit=300)
+    assert rc == 0, err[-2000:]
+    with open(log, "a") as f:
+        f.write("not json\n[1, 2]\n")
+    p = run(["/usr/bin/python3", REPORT, log, "--events", ev, "--out", png])
+    print("  " + p.stdout.splitlines()[1])
+    commits = len([e for e in events_of(ev) if e["event"] == "checkpoint_committed"])
+    assert "2 launches, 1 restarts (" in p.stdout and f"{commits} checkpoint commits" in \
+        p.stdout, p.stdout
+    assert "last step 60" in p.stdout and "skipped 2 unreadable log lines" in p.stdout, p.stdout
+    head = open(png, "rb").read(8)
+    assert head == b"\x89PNG\r\n\x1a\n" and os.path.getsize(png) > 20000, head
+    p = run(["/usr/bin/python3", REPORT, f"{tmp}/nothing.jsonl"], check=False)
+    assert p.returncode != 0 and len(p.stderr.strip().splitlines()) == 1 and \
+        "nothing.jsonl" in p.stderr, p.stderr
+
+
 def open_mpi_explains_a_failed_launch_without_an_event_log(tmp):
     rc, err, _ = run_super(["--np", "1", "--max-restarts", "0"],
                            [f"{tmp}/no-such-trainer", "--steps", "5"])
@@ -970,6 +998,7 @@ if __name__ == "__main__":
           a_malformed_generation_stops_the_trainer_at_start,
           a_run_stopped_by_its_time_limit_ends_the_supervisor_without_a_relaunch,
           a_real_prometheus_scrapes_restarts_and_the_last_checkpoint,
+          the_report_plots_a_supervised_run_with_its_restart,
           open_mpi_explains_a_failed_launch_without_an_event_log,
           a_users_open_mpi_env_list_does_not_break_the_launch,
           the_work_directory_is_private_and_removed,
