@@ -13,6 +13,7 @@
 #include "hf.h"
 #include "llmc.h"
 #include "model.h"
+#include "progress.h"
 #include "safetensors.h"
 #include "storage.h"
 #include "util.h"
@@ -269,6 +270,14 @@ static void report_bad(void *arg, const char *msg)
     printf("BAD %s\n", msg);
 }
 
+static uint64_t stored_bytes(const struct ckpt_manifest *m)
+{
+    uint64_t n = 0;
+    for (int s = 0; s < m->nshards; s++)
+        n += m->shards[s].stored_size;
+    return n;
+}
+
 static int cmd_verify(const char *arg, int threads)
 {
     char err[CKPT_ERR_LEN], dir[32];
@@ -284,10 +293,13 @@ static int cmd_verify(const char *arg, int threads)
     }
     r.threads = threads;
     int bad = 0, chunks = 0;
+    struct progress p;
+    progress_start(&p, "verify", &st->bytes_read, stored_bytes(&m));
     for (int s = 0; s < m.nshards; s++) {
         ckpt_verify_shard(&r, s, report_bad, &bad);
         chunks += m.shards[s].nchunks;
     }
+    progress_stop(&p);
     ckpt_step_dir(m.step, dir, sizeof dir);
     if (bad)
         fprintf(stderr, "fsdp-ckpt: %s/%s: %d problem%s in %d shards, %d chunks\n", st->uri, dir,
@@ -336,7 +348,10 @@ static int cmd_reshard(const char *src_arg, const char *dst_uri, int world,
         return die(err);
     int rc = open_store(dst_uri, &dst, err);
     if (!rc) {
+        struct progress p;
+        progress_start(&p, "reshard", &st->bytes_read, stored_bytes(&m));
         rc = ckpt_reshard(st, &m, dst, world, o, err);
+        progress_stop(&p);
         if (!rc)
             printf("%s -> %s: step %llu resharded from %d to %d ranks\n", st->uri, dst->uri,
                    (unsigned long long)m.step, m.world, world);
@@ -365,12 +380,16 @@ static int cmd_export(const char *src_arg, const char *out, const struct export_
     struct ckpt_reader r;
     int rc = ckpt_reader_init(&r, st, &m, err);
     if (!rc) {
+        /* the parameters are a third of the state (all three kinds with --all) */
+        struct progress p;
+        progress_start(&p, "export", &st->bytes_read, stored_bytes(&m) / (x->all ? 1 : 3));
         if (x->layout == LAYOUT_HF)
             rc = hf_export(&r, out, x->dtype, x->max_shard, err);
         else if (x->layout == LAYOUT_LLMC)
             rc = llmc_export(&r, out, x->dtype == HF_BF16, err);
         else
             rc = st_export(&r, out, x->all, err);
+        progress_stop(&p);
         ckpt_reader_free(&r);
     }
     ckpt_manifest_free(&m);
@@ -432,7 +451,10 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, c
     if (!rc)
         rc = open_store(dst_uri, &dst, err);
     if (!rc) {
+        struct progress p;
+        progress_start(&p, "import", &dst->bytes_written, 0);
         rc = st_import(path, in, &m, name, dst, world, o, err);
+        progress_stop(&p);
         if (!rc)
             printf("%s -> %s: step 0 for %d ranks, model %s (%d layers, dim %d, %d heads, seq "
                    "%d, vocab %d), fresh optimizer state\n", in, dst->uri, world, name,
@@ -486,7 +508,10 @@ static int cmd_cp(const char *src_arg, const char *dst_uri, const struct ckpt_wr
             fprintf(stderr, "fsdp-ckpt: step %llu is format %d: copied as it is (--compress, "
                     "--chunk-kib and --hash apply when rewriting format 1; reshard rewrites "
                     "any step)\n", (unsigned long long)steps[i].step, version);
+        struct progress p;
+        progress_start(&p, "cp", &st->bytes_read, stored_bytes(&m));
         rc = ckpt_copy_step(st, &m, dst, o, err);
+        progress_stop(&p);
         ckpt_manifest_free(&m);
         if (!rc) {
             printf("%s -> %s: step %llu %s\n", st->uri, dst->uri,

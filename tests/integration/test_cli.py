@@ -21,6 +21,21 @@ def help_exits_zero(tmp):
             assert p.stdout.splitlines()[1].strip(), (argv, p.stdout)  # what it does
 
 
+def long_work_shows_progress_on_a_terminal(tmp):
+    """fsdp-ckpt verify on a terminal (script(1) gives it one) draws a bar
+    ending at 100%; without a terminal, quick work prints nothing extra."""
+    train, _ = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    run([TRAIN, "--data", train, "--model", "tiny", "--global-batch", "8", "--steps", "1",
+         "--ckpt", ck, "--log-every", "100"])
+    cmd = f"{CKPT} verify {ck} --threads 1"
+    p = run(["script", "-qec", cmd, "/dev/null"], env={"FSDP_PROGRESS_AFTER": "0"})
+    bar = [l for l in p.stdout.replace("\r", "\n").splitlines() if l.startswith("verify [")]
+    assert bar and "[" + "#" * 30 + "] 100%" in bar[-1], p.stdout
+    p = run([CKPT, "verify", ck])
+    assert p.stderr == "" and "OK" in p.stdout, p.stderr
+
+
 def convert_picks_the_verb_its_paths_call_for(tmp):
     """fsdp-ckpt convert: import, export, reshard or cp by its paths, with the
     same result as the verb itself."""
@@ -132,6 +147,7 @@ def device_cuda_without_a_gpu_is_refused_once(tmp):
 
 if __name__ == "__main__":
     main([help_exits_zero, convert_picks_the_verb_its_paths_call_for,
+          long_work_shows_progress_on_a_terminal,
           bad_flags_give_one_line_and_the_usage_hint,
           ckpt_tool_errors_are_one_line,
           batch_that_does_not_divide_is_refused_once,
