@@ -101,6 +101,41 @@ def hf_loss(cfg, w, tokens):
     return float(-np.take_along_axis(logp, y[..., None], -1).mean())
 
 
+def torch_loss(cfg, w, tokens):
+    """The same model in PyTorch, float32, written from Hugging Face's
+    modeling_gpt2 conventions: Conv1D is addmm(bias, x, weight) with weight
+    (in, out), gelu_new, LayerNorm(eps), a causal mask, lm_head = wte."""
+    import torch
+    import torch.nn.functional as F
+    t = {k: torch.tensor(v, dtype=torch.float32) for k, v in w.items()}
+    p, nh, eps = "transformer.", cfg["n_head"], cfg["layer_norm_epsilon"]
+
+    def conv1d(x, name):
+        return torch.addmm(t[name + ".bias"], x.reshape(-1, x.shape[-1]),
+                           t[name + ".weight"]).reshape(*x.shape[:-1], -1)
+
+    def ln(x, name):
+        return F.layer_norm(x, x.shape[-1:], t[name + ".weight"], t[name + ".bias"], eps)
+
+    ids = torch.tensor(tokens[:, :-1])
+    y = torch.tensor(tokens[:, 1:])
+    B, T = ids.shape
+    x = t[p + "wte.weight"][ids] + t[p + "wpe.weight"][:T]
+    C = x.shape[-1]
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    for l in range(cfg["n_layer"]):
+        q = f"{p}h.{l}."
+        a, k, v = conv1d(ln(x, q + "ln_1"), q + "attn.c_attn").split(C, dim=2)
+        a, k, v = (z.view(B, T, nh, C // nh).transpose(1, 2) for z in (a, k, v))
+        att = (a @ k.transpose(-1, -2)) / (C // nh) ** 0.5
+        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+        x = x + conv1d((att @ v).transpose(1, 2).reshape(B, T, C), q + "attn.c_proj")
+        h = F.gelu(conv1d(ln(x, q + "ln_2"), q + "mlp.c_fc"), approximate="tanh")
+        x = x + conv1d(h, q + "mlp.c_proj")
+    logits = ln(x, p + "ln_f") @ t[p + "wte.weight"].T
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
+
+
 def windows(path, T, n):
     """The trainer's validation sequences on one rank: windows 0..n-1."""
     raw = open(path, "rb").read()
@@ -130,6 +165,16 @@ def hf_export_gives_the_trainers_validation_loss(tmp):
         print(f"  {dtype}: loss {losses[dtype]:.7f} against the trainer's {want:.7f} "
               f"(relative {rel:.1e}, bound {tol:g})")
         assert rel <= tol, (dtype, losses[dtype], want)
+        try:  # the same in PyTorch where it is installed (tools/setup.sh --bench)
+            import torch  # noqa: F401
+        except ImportError:
+            if dtype == "f32":
+                print("  PyTorch: not installed here, its check skipped (numpy's above)")
+            continue
+        got = torch_loss(cfg, w, tokens)
+        print(f"  {dtype}, PyTorch (float32): loss {got:.7f} (relative "
+              f"{abs(got - want) / want:.1e})")
+        assert abs(got - want) / want <= tol, (dtype, got, want)
     # in shards of at most 40 kB: an index listing every tensor once, the same loss
     out = f"{tmp}/hf-sharded"
     run([CKPT, "export", ck, out, "--layout", "hf", "--max-shard-size", "40KB"])
