@@ -49,6 +49,12 @@ MODEL = ["--layers", "2", "--dim", "64", "--heads", "2", "--seq", "64", "--globa
 DETECTED = ("heartbeat_lost", "rank_died", "daemon_lost", "peer_lost")
 
 
+# A rank on worker 2 that finishes step 30 waits there until a preemption
+# order (src/testhook.h); set in worker 2's login environment, which
+# fsdp-super does not clear, so a relaunch without worker 2 never holds.
+HOLD_ON_W2 = {"w2": {"FSDP_TEST_HOLD_AT": "30"}}
+
+
 def train_args(data, ck, steps):
     # --threads 1: a worker sees one local rank and would pick two threads,
     # the one-host reference two ranks and one thread each; bit equality
@@ -316,12 +322,16 @@ def a_host_removed_from_the_host_file_gets_a_planned_restart(tmp):
     checkpoint (no step lost), and the job finishes and verifies."""
     data, _ = prepare_corpus(tmp)
     steps = 150
-    with hosts.Cluster(2, tmp) as c:
+    # worker 2's rank holds after step 30 (worker 1's waits for it in the next
+    # collective), so the job cannot finish before the host file changes
+    # (150 steps take 0.3 s here); the emergency checkpoint releases it, and
+    # the relaunch on worker 1 alone has no hold
+    with hosts.Cluster(2, tmp, login_env=HOLD_ON_W2) as c:
         w1, w2 = c.workers
         ck = os.path.join(tmp, "ck")
         hf = c.hostfile()
         p, ev = start_super(c, tmp, ["--hosts", hf, "--np", "2", "--min-np", "1",
-                                     "--heartbeat-timeout", "5", "--max-restarts", "0"],
+                                     "--heartbeat-timeout", "20", "--max-restarts", "0"],
                             train_args(data, ck, steps))
         wait_event(p, tmp, ev, "a committed checkpoint at step 20",
                    lambda e: e["event"] == "checkpoint_committed" and e["step"] >= 20, 120)
@@ -546,7 +556,7 @@ def a_spot_notice_for_one_host_moves_the_job_off_it(tmp):
     verifies."""
     data, _ = prepare_corpus(tmp)
     steps = 150
-    with hosts.Cluster(2, tmp) as c:
+    with hosts.Cluster(2, tmp, login_env=HOLD_ON_W2) as c:  # as the host-file test
         w1, w2 = c.workers
         ck = os.path.join(tmp, "ck")
         flag = os.path.join(tmp, "noticed-host")
@@ -555,7 +565,7 @@ def a_spot_notice_for_one_host_moves_the_job_off_it(tmp):
         try:
             url = f"http://{c.controller.addr}:8780/spot/{{host}}"
             p, ev = start_super(c, tmp, ["--hosts", c.hostfile(), "--np", "2", "--min-np", "1",
-                                         "--heartbeat-timeout", "5", "--max-restarts", "0",
+                                         "--heartbeat-timeout", "20", "--max-restarts", "0",
                                          "--preempt-url", url, "--preempt-poll", "0.2"],
                                 train_args(data, ck, steps))
             wait_event(p, tmp, ev, "a committed checkpoint at step 20",
