@@ -58,20 +58,23 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
 struct metrics *metrics_start(const char *addr, char *err, size_t errlen)
 {
     char host[256], port[16];
-    const char *colon = strrchr(addr, ':');
+    const char *colon = strrchr(addr, ':'), *h = addr;
     size_t hl = colon ? (size_t)(colon - addr) : 0;
     if (hl >= 2 && addr[0] == '[' && addr[hl - 1] == ']') { /* [IPv6]:PORT */
-        addr++;
+        h++;
         hl -= 2;
     }
-    if (!colon || hl == 0 || hl >= sizeof host || strlen(colon + 1) == 0 ||
-        strlen(colon + 1) >= sizeof port) {
-        snprintf(err, errlen, "--metrics '%s': want IPV4:PORT or [IPV6]:PORT", addr);
+    char *end = NULL;
+    long pn = colon ? strtol(colon + 1, &end, 10) : 0;
+    if (!colon || hl == 0 || hl >= sizeof host || !end || *end || end == colon + 1 || pn < 1 ||
+        pn > 65535) {
+        snprintf(err, errlen, "--metrics '%s': want IPV4:PORT or [IPV6]:PORT, PORT in 1..65535",
+                 addr);
         return NULL;
     }
-    memcpy(host, addr, hl);
+    memcpy(host, h, hl);
     host[hl] = 0;
-    snprintf(port, sizeof port, "%s", colon + 1);
+    snprintf(port, sizeof port, "%ld", pn);
     struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE,
                              .ai_socktype = SOCK_STREAM},
                     *ai;
@@ -88,7 +91,9 @@ struct metrics *metrics_start(const char *addr, char *err, size_t errlen)
         return NULL;
     }
     pthread_mutex_init(&m->mu, NULL);
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    /* no MHD_USE_ERROR_LOG: a client's oversized request must not write to
+     * the supervisor's stderr (it gets its 413/414 all the same) */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     m->d = MHD_start_daemon(flags, 0, NULL, NULL, answer, m, MHD_OPTION_SOCK_ADDR, ai->ai_addr,

@@ -172,7 +172,7 @@ struct super {
     /* --metrics: what the ranks' events tell, and the server */
     struct metrics *metrics;
     double next_metrics, loss, tokens_per_s, commit_at;
-    int have_loss;
+    int have_loss, running;
     struct histogram save_s, load_s;
     uint64_t bytes_written;
     /* other hosts: the launch agent, the hosts that did not answer it, those
@@ -234,11 +234,19 @@ static int capacity(struct super *s, struct host *h, int *nh)
     return -1;
 }
 
-static void nap(double sec)
+/* Waits sec seconds, the metrics kept fresh meanwhile (an outage is when
+ * they matter most). */
+static void nap_rendering(struct super *s, double sec)
 {
-    struct pollfd p = {.fd = -1};
-    poll(&p, 0, (int)(sec * 1000));
+    double end = super_now() + sec;
+    for (double left = sec; left > 0; left = end - super_now()) {
+        render_metrics(s, 0);
+        struct pollfd p = {.fd = -1};
+        poll(&p, 0, (int)((left < 0.25 ? left : 0.25) * 1000) + 1);
+    }
+    render_metrics(s, 0);
 }
+
 
 static json_t *host_names(const struct host *h, int n)
 {
@@ -395,7 +403,7 @@ static int wait_capacity(struct super *s, struct host *h, int *nh)
                     "waited_s", s->o.capacity_timeout);
             return -2;
         }
-        nap(s->nleft ? 1.0 : 0.2); /* a round of probes is not repeated at once */
+        nap_rendering(s, s->nleft ? 1.0 : 0.2); /* a round of probes is not repeated at once */
     }
 }
 
@@ -561,6 +569,7 @@ static int launch(struct super *s, int np, const struct host *hosts, int nh)
         .session = pid, .state = proc_state, .session_of = proc_session, .signal = kill};
     hbmsg_host_name(s->job.env.host, sizeof s->job.env.host);
     s->launches++;
+    s->running = 1;
     int resized = s->prev_np && s->prev_np != np;
     char left[512] = "";
     for (int i = 0; i < s->nleft; i++) {
@@ -933,11 +942,9 @@ static void render_metrics(struct super *s, int now_or_later)
     s->next_metrics = now + 0.25;
     static char b[32768];
     size_t n = sizeof b, len = 0;
-    int up = 0, restarts = 0;
-    for (int r = 0; !s->job.exited && r < s->job.np; r++)
+    int up = 0;
+    for (int r = 0; s->running && r < s->job.np; r++)
         up += s->job.ranks[r].seen;
-    for (int c = 0; c < C_NCAUSE; c++)
-        restarts += s->by_cause[c];
     double wall = now - s->start, step_s = s->step_count ? s->step_time_sum / s->step_count : 0;
     double productive = step_s * (double)(s->max_step_seen > s->steps_lost
                                               ? s->max_step_seen - s->steps_lost
@@ -953,12 +960,13 @@ static void render_metrics(struct super *s, int now_or_later)
     counter(b, n, &len, "fsdp_ranks_up", "gauge", "Ranks of the running launch that reported.",
             up);
     counter(b, n, &len, "fsdp_ranks_wanted", "gauge", "Ranks of the running launch.",
-            s->job.exited ? 0 : s->job.np);
+            s->running ? s->job.np : 0);
     counter(b, n, &len, "fsdp_launches_total", "counter", "Launches of the job.", s->launches);
     counter(b, n, &len, "fsdp_generation", "gauge", "The running launch's generation.",
             (double)s->generation);
-    metrics_put(b, n, &len, "# HELP fsdp_restarts_total Relaunches after a failure or "
-                            "preemption, by cause.\n# TYPE fsdp_restarts_total counter\n");
+    metrics_put(b, n, &len, "# HELP fsdp_restarts_total Launches that ended in a failure or "
+                            "a planned restart, by cause.\n"
+                            "# TYPE fsdp_restarts_total counter\n");
     for (int c = 0; c < C_NCAUSE; c++)
         metrics_put(b, n, &len, "fsdp_restarts_total{cause=\"%s\"} %d\n", cause_names[c],
                     s->by_cause[c]);
@@ -982,7 +990,6 @@ static void render_metrics(struct super *s, int now_or_later)
     metrics_put(b, n, &len, "# HELP fsdp_checkpoint_load_seconds A resume's load.\n"
                             "# TYPE fsdp_checkpoint_load_seconds histogram\n");
     histogram_render(&s->load_s, "fsdp_checkpoint_load_seconds", b, n, &len);
-    (void)restarts;
     metrics_publish(s->metrics, b, len < n ? len : n - 1);
 }
 
@@ -1060,6 +1067,7 @@ static void let_mpirun_finish(struct super *s)
 
 static int teardown(struct super *s, int cause)
 {
+    s->running = 0; /* the metrics' ranks up: none from here */
     if (cause == C_DIED)
         let_mpirun_finish(s);
     int left = job_teardown(&s->job, s->o.grace);
@@ -1173,7 +1181,7 @@ static int end_launch(struct super *s, struct outcome *out, int preempt_from_sig
     ev_emit("restart", "{s:s, s:o, s:f}", "cause", cause_names[out->cause], "why",
             ev_text(out->why), "backoff_s", wait);
     chaos_launch_ended(&s->chaos, cause_names[out->cause], &s->job);
-    nap(wait);
+    nap_rendering(s, wait);
     return NEXT_LAUNCH;
 }
 

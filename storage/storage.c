@@ -69,7 +69,7 @@ int storage_write(struct storage_writer *w, const void *buf, size_t n, char *err
     int rc = w->store->ops->write(w, buf, n, err);
     if (rc == 0) {
         w->written += n;
-        w->store->bytes_written += n;
+        __atomic_fetch_add(&w->store->bytes_written, n, __ATOMIC_RELAXED);
     }
     return rc;
 }
@@ -174,7 +174,7 @@ int storage_put_if_absent(struct storage *s, const char *key, const void *buf, s
 {
     int rc = s->ops->put_if_absent(s, key, buf, n, err);
     if (rc == 0)
-        s->bytes_written += n;
+        __atomic_fetch_add(&s->bytes_written, n, __ATOMIC_RELAXED);
     return rc;
 }
 

@@ -264,10 +264,18 @@ static int cmd_inspect(const char *arg, int as_json)
     return 0;
 }
 
+struct verify_out {
+    int bad;
+    struct progress *p;
+};
+
 static void report_bad(void *arg, const char *msg)
 {
-    (*(int *)arg)++;
+    struct verify_out *v = arg;
+    v->bad++;
+    progress_clear(v->p); /* a problem line never lands on the bar's line */
     printf("BAD %s\n", msg);
+    fflush(stdout);
 }
 
 static uint64_t stored_bytes(const struct ckpt_manifest *m)
@@ -292,14 +300,16 @@ static int cmd_verify(const char *arg, int threads)
         return die(err);
     }
     r.threads = threads;
-    int bad = 0, chunks = 0;
+    int chunks = 0;
     struct progress p;
     progress_start(&p, "verify", &st->bytes_read, stored_bytes(&m));
+    struct verify_out v = {0, &p};
     for (int s = 0; s < m.nshards; s++) {
-        ckpt_verify_shard(&r, s, report_bad, &bad);
+        ckpt_verify_shard(&r, s, report_bad, &v);
         chunks += m.shards[s].nchunks;
     }
     progress_stop(&p);
+    int bad = v.bad;
     ckpt_step_dir(m.step, dir, sizeof dir);
     if (bad)
         fprintf(stderr, "fsdp-ckpt: %s/%s: %d problem%s in %d shards, %d chunks\n", st->uri, dir,

@@ -308,10 +308,11 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
 
 /* ---- import ---------------------------------------------------------------- */
 
-/* dir/name as a regular file (no symlink, FIFO or device), read-only. */
+/* dir/name as a regular file (no FIFO or device; a symlink is the user's, as
+ * in Hugging Face's cache, whose snapshots link to blobs), read-only. */
 static int open_in(int dfd, const char *dir, const char *name, uint64_t *size, char *err)
 {
-    int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    int fd = openat(dfd, name, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat sb;
     if (fd < 0 || fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
         snprintf(err, CKPT_ERR_LEN, "%s/%s: %s", dir, name,

@@ -128,7 +128,9 @@ struct llmc_file {
 /* Opens path (a regular file) and checks its header and length. */
 static int open_file(const char *path, struct llmc_file *f, struct model_config *cfg, char *err)
 {
-    f->fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    memset(f->h, 0, sizeof f->h);
+    /* a symlink is the user's (a model cache's blobs); a FIFO or device is refused */
+    f->fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat sb;
     if (f->fd < 0 || fstat(f->fd, &sb) || !S_ISREG(sb.st_mode)) {
         snprintf(err, CKPT_ERR_LEN, "%s: %s", path,
@@ -148,7 +150,8 @@ static int open_file(const char *path, struct llmc_file *f, struct model_config 
     }
     /* maxT, V, L, NH, C within this trainer's bounds; Vp at least V */
     if (h[2] < 1 || h[2] > 65536 || h[3] < 2 || h[3] > 65536 || h[4] < 1 || h[4] > 256 ||
-        h[5] < 1 || h[5] > 1024 || h[6] < 1 || h[6] > 16384 || h[7] < h[3] || h[7] > 1 << 20) {
+        h[5] < 1 || h[5] > 1024 || h[6] < 1 || h[6] > 16384 || h[7] < h[3] ||
+        h[7] > (h[3] + 127) / 128 * 128) { /* llm.c pads V to a multiple of 128 */
         snprintf(err, CKPT_ERR_LEN, "%s: header sizes out of bounds (maxT %d, V %d, L %d, NH %d, "
                                     "C %d, Vp %d)", path, h[2], h[3], h[4], h[5], h[6], h[7]);
         return -1;
@@ -180,8 +183,11 @@ int llmc_read_config(const char *path, struct model_config *cfg, char *err)
 int llmc_to_native(const char *path, const struct model_layout *m, int out_fd, char *err)
 {
     struct llmc_file f;
-    struct model_config cfg;
+    struct model_config cfg = {0};
     int rc = open_file(path, &f, &cfg, err);
+    if (!rc && (cfg.layers != m->cfg.layers || cfg.dim != m->cfg.dim ||
+                cfg.heads != m->cfg.heads || cfg.seq != m->cfg.seq || cfg.vocab != m->cfg.vocab))
+        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: changed since its header was read", path);
     int size = f.h[1] == LLMC_BF16 ? 2 : 4;
     uint64_t C = (uint64_t)cfg.dim, Vp_file = rc ? 0 : (uint64_t)f.h[7];
     /* where each group starts in the file, and one layer's share of it */
@@ -200,7 +206,7 @@ int llmc_to_native(const char *path, const struct model_layout *m, int out_fd, c
         start[g] = at;
         at += per[g] * (order[g].per_layer ? (uint64_t)cfg.layers : 1) * (uint64_t)size;
     }
-    uint64_t largest = Vp_file * C;
+    uint64_t largest = 0; /* reads are cut to the model's tensors (wte: the rows both have) */
     for (int i = 0; i < m->ntensors; i++)
         largest = m->tensors[i].numel > largest ? m->tensors[i].numel : largest;
     float *dst = malloc((size_t)largest * 4 + 4);
@@ -225,8 +231,7 @@ int llmc_to_native(const char *path, const struct model_layout *m, int out_fd, c
         }
         uint64_t n = per[g] < t->numel ? per[g] : t->numel; /* wte: the rows both have */
         uint64_t off = start[g] + (uint64_t)layer * per[g] * (uint64_t)size;
-        if (pread(f.fd, raw, (size_t)(n * (uint64_t)size), (off_t)off) !=
-            (ssize_t)(n * (uint64_t)size)) {
+        if (fsdp_pread_all(f.fd, raw, (size_t)(n * (uint64_t)size), off)) {
             rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: %s: cannot read", path, t->name);
             break;
         }

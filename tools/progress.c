@@ -103,6 +103,18 @@ void progress_start(struct progress *p, const char *label, const uint64_t *count
     }
 }
 
+void progress_clear(struct progress *p)
+{
+    if (!p->on || !p->tty)
+        return;
+    pthread_mutex_lock(&p->mu);
+    if (p->shown) {
+        fputs("\r\033[K", stderr);
+        fflush(stderr);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
 void progress_stop(struct progress *p)
 {
     if (!p->on)

@@ -27,6 +27,9 @@ struct progress {
 
 void progress_start(struct progress *p, const char *label, const uint64_t *counter,
                     uint64_t total);
+/* Erases the bar from its line (a terminal's), so that a line printed next
+ * starts clean; the next redraw comes on the line after. */
+void progress_clear(struct progress *p);
 /* Ends the thread; a terminal's bar gets its final state and a newline. */
 void progress_stop(struct progress *p);
 

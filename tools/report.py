@@ -50,8 +50,18 @@ def read_jsonl(path, what):
 
 def num(obj, key):
     v = obj.get(key)
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and \
-        math.isfinite(v) else None
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    try:
+        v = float(v)  # an integer too large for a float raises here
+    except OverflowError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def whole(obj, key):
+    v = obj.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def main():
@@ -63,7 +73,7 @@ def main():
     steps, bad_steps = read_jsonl(a.log, "log")
     events, bad_events = read_jsonl(a.events, "events") if a.events else ([], 0)
     rows = [(num(s, "step"), num(s, "loss"), num(s, "val_loss"), num(s, "elapsed_s"),
-             s.get("generation")) for s in steps]
+             whole(s, "generation")) for s in steps]
     rows = [r for r in rows if r[0] is not None and r[1] is not None]
     if not rows:
         sys.exit(f"report: {a.log}: no step with a step and a loss")
@@ -73,7 +83,7 @@ def main():
     resumed_at, generation = {}, None
     for e in events:
         if e.get("event") == "launch":
-            generation = e.get("generation")
+            generation = whole(e, "generation")
         elif e.get("event") == "resumed" and generation is not None and num(e, "t") is not None:
             resumed_at.setdefault(generation, num(e, "t"))
 
@@ -87,8 +97,10 @@ def main():
     restarts = [e for e in events if e.get("event") == "restart"]
     resizes = [e for e in events if e.get("event") == "resize"]
     commits = [e for e in events if e.get("event") == "checkpoint_committed"]
+    # what ends a launch (fsdp-super's names), and the restart that follows any of them
     failures = [e for e in events if e.get("event") in
-                ("rank_died", "heartbeat_lost", "exit", "preempted", "notice", "host_removed")]
+                ("rank_died", "heartbeat_lost", "exit", "peer_lost", "daemon_lost",
+                 "preemption_notice", "host_removed", "restart")]
     launches = [e for e in events if e.get("event") == "launch"]
     resumes = [e for e in events if e.get("event") == "resumed"]
     summary = next((e for e in reversed(events) if e.get("event") == "summary"), {})

@@ -547,6 +547,29 @@ def a_real_prometheus_scrapes_restarts_and_the_last_checkpoint(tmp):
     returns the restart, the newest committed step, the loss and the save
     histogram."""
     data, _ = prepare_corpus(tmp)
+    for bad in ("127.0.0.1:70000", "127.0.0.1:0", "127.0.0.1", "[::1]:x", "localhost:9464"):
+        rc, err, _ = run_super(["--np", "1", "--metrics", bad], trainer(data, f"{tmp}/no", 2))
+        assert rc == 2 and "--metrics" in one_line(err), (bad, rc, err)
+    assert not os.path.exists(f"{tmp}/no"), "a refused supervisor launched"
+    # while it waits for capacity (a host file of 0 slots), it still answers
+    open(f"{tmp}/hosts", "w").write("localhost 0\n")
+    wport = free_port()
+    p = start_super(["--np", "2", "--hosts", f"{tmp}/hosts", "--metrics", f"127.0.0.1:{wport}"],
+                    trainer(data, f"{tmp}/wait", 10), f"{tmp}/wait.jsonl")
+    try:
+        wait_event(f"{tmp}/wait.jsonl", lambda e: e["event"] == "waiting_for_capacity")
+        deadline, text = time.monotonic() + 30, ""
+        while "fsdp_launches_total 0" not in text and time.monotonic() < deadline:
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{wport}/metrics",
+                                              timeout=5).read().decode()
+            except OSError:
+                pass
+            time.sleep(0.1)
+        assert "fsdp_launches_total 0" in text and "fsdp_ranks_up 0" in text, text[:500]
+    finally:
+        p.send_signal(signal.SIGTERM)
+        finish(p)
     ev, ck = f"{tmp}/ev.jsonl", f"{tmp}/ck"
     mport, pport = free_port(), free_port()
     open(f"{tmp}/prom.yml", "w").write(
@@ -603,8 +626,9 @@ def the_report_plots_a_supervised_run_with_its_restart(tmp):
                             "seed=1,kill=1"],
                            trainer(data, f"{tmp}/ck", 60, ["--log", log]), limit=300)
     assert rc == 0, err[-2000:]
-    with open(log, "a") as f:
-        f.write("not json\n[1, 2]\n")
+    with open(log, "a") as f:  # two lines that are not objects; two that carry no usable step
+        f.write("not json\n[1, 2]\n" + '{"step": %s, "loss": 1}\n' % ("9" * 400) +
+                '{"step": 5, "generation": {}}\n')
     p = run(["/usr/bin/python3", REPORT, log, "--events", ev, "--out", png])
     print("  " + p.stdout.splitlines()[1])
     commits = len([e for e in events_of(ev) if e["event"] == "checkpoint_committed"])

@@ -1,6 +1,7 @@
 """Every program: --help exits 0; a bad flag or value gives exactly one line
 on stderr that names it and points at --help, and a non-zero exit."""
 
+import os
 import re
 
 from harness import CKPT, DATA, TRAIN, digest, main, prepare_corpus, run, mpirun
@@ -34,6 +35,17 @@ def long_work_shows_progress_on_a_terminal(tmp):
     assert bar and "[" + "#" * 30 + "] 100%" in bar[-1], p.stdout
     p = run([CKPT, "verify", ck])
     assert p.stderr == "" and "OK" in p.stdout, p.stderr
+    # a problem line never lands on the bar's line
+    shard = [f for f in os.listdir(f"{ck}/step-00000001") if f.startswith("shard")][0]
+    with open(f"{ck}/step-00000001/{shard}", "r+b") as f:
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 1]))
+    p = run(["script", "-qec", cmd, "/dev/null"], env={"FSDP_PROGRESS_AFTER": "0"}, check=False)
+    lines = p.stdout.replace("\r", "\n").splitlines()
+    bad = [l for l in lines if "BAD " in l]
+    assert bad and not [l for l in bad if "verify [" in l], lines
 
 
 def convert_picks_the_verb_its_paths_call_for(tmp):

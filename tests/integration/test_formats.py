@@ -251,8 +251,8 @@ def hf_import_and_export_again_reproduce_the_directory(tmp):
     case("relu", lambda d: json.dump(dict(json.load(open(f"{d}/config.json")),
                                           activation_function="relu"),
                                      open(f"{d}/config.json", "w")), "activation_function")
-    case("symlink", lambda d: (os.rename(f"{d}/config.json", f"{d}/real.json"),
-                               os.symlink("real.json", f"{d}/config.json")), "config.json")
+    case("fifo", lambda d: (os.unlink(f"{d}/config.json"), os.mkfifo(f"{d}/config.json")),
+         "config.json: not a regular file")
     def renamed(d, fn):  # every tensor name of a single-file directory through fn
         path = f"{d}/model.safetensors"
         raw = open(path, "rb").read()
@@ -273,6 +273,17 @@ def hf_import_and_export_again_reproduce_the_directory(tmp):
         open(path, "wb").write(struct.pack("<Q", len(doc)) + doc + raw[8 + n:])
 
     single = f"{tmp}/src-f320"
+    # Hugging Face's cache: the snapshot's files are symlinks to blobs
+    cache = f"{tmp}/cache"
+    os.makedirs(f"{cache}/blobs")
+    os.makedirs(f"{cache}/snapshot")
+    for f in os.listdir(single):
+        shutil.copy(f"{single}/{f}", f"{cache}/blobs/{f}.blob")
+        os.symlink(f"../blobs/{f}.blob", f"{cache}/snapshot/{f}")
+    run([CKPT, "import", f"{cache}/snapshot", f"{tmp}/imp-cache", "--layout", "hf",
+         "--world-size", "1"])
+    run([CKPT, "export", f"{tmp}/imp-cache", f"{tmp}/again-cache", "--layout", "hf"])
+    assert files_of(single) == files_of(f"{tmp}/again-cache"), "a cache snapshot's import"
     bare = f"{tmp}/bare"  # as GPT2Model (and the Hub's gpt2) writes: no "transformer."
     shutil.copytree(single, bare)
     renamed(bare, lambda k: k.replace("transformer.", "", 1))
