@@ -247,7 +247,8 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
     if (rc)
         snprintf(err, CKPT_ERR_LEN, "export: out of memory for a tensor of %llu elements",
                  (unsigned long long)largest);
-    json_t *map = json_object();
+    json_t *map = json_object(); /* every tensor's file, as written */
+    int index_written = 0;
     for (int s = 0; !rc && s < nshards; s++) {
         char file[64];
         if (nshards == 1)
@@ -263,6 +264,7 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
         json_t *index = json_pack("{s:{s:I}, s:O}", "metadata", "total_size", (json_int_t)total,
                                   "weight_map", map);
         rc = write_json(dir, "model.safetensors.index.json", index, err);
+        index_written = rc == 0;
         json_decref(index);
     }
     if (!rc) {
@@ -289,7 +291,8 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
         }
         char path[4096];
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-        unlink(path);
+        if (index_written) /* only what this export wrote */
+            unlink(path);
     }
     json_decref(map);
     if (!rc) { /* the directory's entries are durable too */
