@@ -41,7 +41,6 @@
 #include "storage.h"
 
 #define CKPT_FORMAT_VERSION 2 /* written; 1 is still read */
-#define CKPT_ERR_LEN 512
 #define CKPT_MANIFEST "MANIFEST.json"
 #define CKPT_MAX_MANIFEST_BYTES (64u << 20)
 #define CKPT_MAX_CHUNK_BYTES (256u << 20)
@@ -381,9 +380,6 @@ void ckpt_step_objects_free(struct ckpt_step_objects *s, int n);
  * manifest does not parse, says another step, fails its checks),
  * CKPT_CANNOT_JUDGE (the seals cannot be read: nothing is known about the
  * step), or the storage's code for the GET. */
-#define CKPT_NOT_LIVE -40
-#define CKPT_CANNOT_JUDGE -41
-#define CKPT_DAMAGED -42
 int ckpt_load_manifest(struct storage *st, uint64_t step, struct ckpt_manifest *m, char *err);
 /* The same, also handing back the manifest's bytes as stored (malloc'd):
  * one rank loads, the others parse what it broadcasts. */

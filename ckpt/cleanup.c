@@ -96,7 +96,7 @@ static int delete_names(struct storage *st, uint64_t step, char **names, int n, 
             snprintf(keys[i], len, "%s/%s", dir, names[i]);
     }
     if (rc)
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory while deleting", st->uri);
+        fsdp_err(err, "%s: out of memory while deleting", st->uri);
     else
         rc = storage_delete_many(st, (const char *const *)keys, n, err);
     for (int i = 0; keys && i < n; i++)
@@ -115,7 +115,7 @@ static int drop_step(struct storage *st, const struct ckpt_step_objects *x,
         return -1;
     char **names = calloc((size_t)x->nobj + 1, sizeof *names);
     if (!names) {
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory while deleting", st->uri);
+        fsdp_err(err, "%s: out of memory while deleting", st->uri);
         return -1;
     }
     int n = 0;
@@ -182,7 +182,7 @@ static int remove_dead(struct storage *st, uint64_t step, uint64_t current, char
     if (lr != CKPT_NOT_LIVE) {
         if (lr == 0) {
             ckpt_manifest_free(&m);
-            snprintf(err, CKPT_ERR_LEN, "%s: step %llu is live now: left", st->uri,
+            fsdp_err(err, "%s: step %llu is live now: left", st->uri,
                      (unsigned long long)step);
         }
         return -1;
@@ -201,7 +201,7 @@ static int collect_garbage(struct storage *st, const struct ckpt_step_objects *x
         uint64_t gen = 0;
         if (looks_clean(x, &gen) && gen >= sealed)
             return 0;
-        char sub[CKPT_ERR_LEN];
+        char sub[FSDP_ERR_LEN];
         int lr = ckpt_load_manifest(st, x->info.step, &m, sub);
         if (lr && lr != CKPT_NOT_LIVE)
             return 0; /* unreadable: nothing of it is ours to judge */
@@ -222,7 +222,7 @@ static int collect_garbage(struct storage *st, const struct ckpt_step_objects *x
     char **names = calloc((size_t)x->nobj + 1, sizeof *names);
     if (!names) {
         ckpt_manifest_free(&m);
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory while cleaning", st->uri);
+        fsdp_err(err, "%s: out of memory while cleaning", st->uri);
         return -1;
     }
     int n = 0, left = 0;
@@ -256,7 +256,7 @@ static int collect_garbage(struct storage *st, const struct ckpt_step_objects *x
 static int manifest_loads(struct storage *st, uint64_t step)
 {
     struct ckpt_manifest m;
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     if (ckpt_load_manifest(st, step, &m, err))
         return 0;
     ckpt_manifest_free(&m);
@@ -308,7 +308,7 @@ int ckpt_clean(struct storage *st, const struct ckpt_clean_policy *p, struct ckp
 int ckpt_discard_own(struct storage *st, uint64_t step, int world, const char *tag, char *err)
 {
     if (!tag || !*tag) { /* untagged names may be another writer's */
-        snprintf(err, CKPT_ERR_LEN, "discard: a writer without a tag owns nothing");
+        fsdp_err(err, "discard: a writer without a tag owns nothing");
         return -1;
     }
     char **names = calloc((size_t)world + 1, sizeof *names);
@@ -320,7 +320,7 @@ int ckpt_discard_own(struct storage *st, uint64_t step, int world, const char *t
             ckpt_shard_file(r, world, tag, names[r], CKPT_TAG_LEN + 32);
     }
     if (rc)
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory while discarding", st->uri);
+        fsdp_err(err, "%s: out of memory while discarding", st->uri);
     else
         rc = delete_names(st, step, names, world, err);
     for (int r = 0; names && r < world; r++)
@@ -359,12 +359,12 @@ static int on_step_key(void *arg, const char *key, uint64_t size)
 static int settle_ours(struct storage *st, const struct ckpt_manifest *m, const char *tag,
                        const char *key, struct ckpt_commit_result *res, char *err)
 {
-    char sub[CKPT_ERR_LEN];
+    char sub[FSDP_ERR_LEN];
     uint64_t by;
     int live = ckpt_manifest_live(st, m, &by, sub);
     if (live < 0) {
         res->outcome = CKPT_UNKNOWN; /* committed, most likely: nothing is touched */
-        snprintf(err, CKPT_ERR_LEN, "%s/%s: landed, but whether it is live cannot be told: %s",
+        fsdp_err(err, "%s/%s: landed, but whether it is live cannot be told: %s",
                  st->uri, key, sub);
         return -1;
     }
@@ -375,7 +375,7 @@ static int settle_ours(struct storage *st, const struct ckpt_manifest *m, const 
          * shards go: nothing live names them. */
         ckpt_discard_own(st, m->step, m->world, tag, sub);
         res->outcome = CKPT_NOT_COMMITTED;
-        snprintf(err, CKPT_ERR_LEN,
+        fsdp_err(err,
                  "fenced: generation %llu sealed %s before this commit of step %llu landed "
                  "(this process belongs to generation %llu); the commit does not count",
                  (unsigned long long)by, st->uri, (unsigned long long)m->step,
@@ -389,7 +389,7 @@ static int settle_ours(struct storage *st, const struct ckpt_manifest *m, const 
     struct names x = {m, dir, seen};
     if (!seen || storage_list(st, prefix, on_step_key, &x, err)) {
         if (!seen)
-            snprintf(err, CKPT_ERR_LEN, "%s: out of memory", st->uri);
+            fsdp_err(err, "%s: out of memory", st->uri);
         free(seen);
         res->outcome = CKPT_UNKNOWN; /* committed, most likely: nothing is touched */
         return -1;
@@ -404,7 +404,7 @@ static int settle_ours(struct storage *st, const struct ckpt_manifest *m, const 
          * sealed it yet, its seal decides, and this writer is fenced anyway */
         if (m->generation && ckpt_fence_check(st, m->generation, sub)) {
             res->outcome = CKPT_UNKNOWN;
-            snprintf(err, CKPT_ERR_LEN,
+            fsdp_err(err,
                      "%s (step %llu landed as the newer generation took the store: its seal "
                      "decides whether it counts; nothing removed)",
                      sub, (unsigned long long)m->step);
@@ -415,7 +415,7 @@ static int settle_ours(struct storage *st, const struct ckpt_manifest *m, const 
     }
     if (storage_delete(st, key, sub)) {
         res->outcome = CKPT_UNKNOWN;
-        snprintf(err, CKPT_ERR_LEN,
+        fsdp_err(err,
                  "%s/%s: committed, but its shard %s is gone and the "
                  "manifest could not be withdrawn: %s",
                  st->uri, key, m->shards[missing].file, sub);
@@ -423,7 +423,7 @@ static int settle_ours(struct storage *st, const struct ckpt_manifest *m, const 
     }
     ckpt_discard_own(st, m->step, m->world, tag, sub);
     res->outcome = CKPT_NOT_COMMITTED;
-    snprintf(err, CKPT_ERR_LEN,
+    fsdp_err(err,
              "%s/%s: shard %s was removed before this commit landed (a newer launch's clean-up: "
              "this writer is fenced); the commit is withdrawn",
              st->uri, dir, m->shards[missing].file);
@@ -435,11 +435,11 @@ int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const ch
 {
     memset(res, 0, sizeof *res);
     res->outcome = CKPT_UNKNOWN;
-    char sub[CKPT_ERR_LEN];
+    char sub[FSDP_ERR_LEN];
     uint64_t tag_gen;
     if (ckpt_tag_generation(tag, &tag_gen) || tag_gen != m->generation) {
         res->outcome = CKPT_NOT_COMMITTED;
-        snprintf(err, CKPT_ERR_LEN, "manifest: generation %llu is not its writer's (tag %s)",
+        fsdp_err(err, "manifest: generation %llu is not its writer's (tag %s)",
                  (unsigned long long)m->generation, tag ? tag : "none");
         return -1;
     }
@@ -450,7 +450,7 @@ int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const ch
     }
     char *doc = ckpt_manifest_dump(m);
     if (!doc) {
-        snprintf(err, CKPT_ERR_LEN, "manifest: cannot serialise");
+        fsdp_err(err, "manifest: cannot serialise");
         return -1;
     }
     char key[96], dir[32];
@@ -487,7 +487,7 @@ int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const ch
         return -1; /* err: the put's own error */
     }
     if (gr) { /* cannot tell: touch nothing */
-        snprintf(err + strlen(err), CKPT_ERR_LEN - strlen(err),
+        snprintf(err + strlen(err), FSDP_ERR_LEN - strlen(err),
                  "; and reading it back failed (%s): this writer's shards are left", sub);
         return -1;
     }
@@ -500,17 +500,17 @@ int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const ch
         res->outcome = CKPT_OTHER_DEAD; /* and remove_dead could not remove it */
     ckpt_discard_own(st, m->step, m->world, tag, sub);
     if (res->outcome == CKPT_OTHER_DEAD)
-        snprintf(err, CKPT_ERR_LEN,
+        fsdp_err(err,
                  "%s: step %llu holds a fenced writer's late commit (generation %llu, not live: "
                  "generation %llu sealed the store first) that this writer may not remove",
                  st->uri, (unsigned long long)m->step, (unsigned long long)res->other.generation,
                  (unsigned long long)by);
     else if (res->outcome == CKPT_OTHER)
-        snprintf(err, CKPT_ERR_LEN,
+        fsdp_err(err,
                  "%s: step %llu is already committed by another writer (generation %llu)", st->uri,
                  (unsigned long long)m->step, (unsigned long long)res->other.generation);
     else
-        snprintf(err, CKPT_ERR_LEN,
+        fsdp_err(err,
                  "%s: step %llu is already committed, and its manifest does not load", st->uri,
                  (unsigned long long)m->step);
     return -1;

@@ -76,7 +76,7 @@ int ckpt_parse_compress(const char *s, struct ckpt_write_opts *o, char *err)
             return 0;
         }
     }
-    snprintf(err, CKPT_ERR_LEN,
+    fsdp_err(err,
              "--compress '%s' is not none, zstd[:LEVEL] or zstd+shuffle[:LEVEL] (levels %d..%d)",
              s, ZSTD_minCLevel(), ZSTD_maxCLevel());
     return -1;

@@ -91,7 +91,7 @@ static int on_gen(void *arg, const char *key, uint64_t size)
         return 0;
     uint64_t v;
     if (parse_gen_name(p, &v)) {
-        snprintf(g->err, CKPT_ERR_LEN,
+        fsdp_err(g->err,
                  "%s/%s is not a generation %s (want %s followed by 20 digits below 2^63): "
                  "remove it to use this checkpoint store",
                  g->uri, key, strcmp(g->prefix, GEN_PREFIX) == 0 ? "claim" : "seal", g->prefix);
@@ -148,12 +148,12 @@ static int seal_write(struct storage *st, uint64_t gen, char *err)
         if (!steps[i].committed)
             continue;
         struct ckpt_manifest m;
-        char sub[CKPT_ERR_LEN], tag[CKPT_TAG_LEN + 8];
+        char sub[FSDP_ERR_LEN], tag[CKPT_TAG_LEN + 8];
         int lr = ckpt_load_manifest(st, steps[i].step, &m, sub);
         if (lr == CKPT_NOT_LIVE || lr == CKPT_DAMAGED || lr == STORAGE_NOT_FOUND)
             continue; /* dead, damaged, or removed since the listing */
         if (lr) {
-            snprintf(err, CKPT_ERR_LEN, "cannot seal: %s", sub);
+            fsdp_err(err, "cannot seal: %s", sub);
             rc = 1;
             break;
         }
@@ -173,7 +173,7 @@ static int seal_write(struct storage *st, uint64_t gen, char *err)
     if (rc > 0)
         return -1;
     if (!text) {
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory while sealing generation %llu", st->uri,
+        fsdp_err(err, "%s: out of memory while sealing generation %llu", st->uri,
                  (unsigned long long)gen);
         return -1;
     }
@@ -217,7 +217,7 @@ static int seal_lists(struct storage *st, uint64_t gen, uint64_t step, const cha
     }
     json_decref(doc);
     if (!ok) {
-        snprintf(err, CKPT_ERR_LEN, "%s/%s: not a seal this build reads", st->uri, key);
+        fsdp_err(err, "%s/%s: not a seal this build reads", st->uri, key);
         return -1;
     }
     return found;
@@ -269,7 +269,7 @@ int ckpt_fence_claim(struct storage *st, uint64_t *gen, char *err)
         if (ckpt_fence_current(st, &cur, err))
             return -1;
         if (cur + 1 >= (UINT64_C(1) << 63)) {
-            snprintf(err, CKPT_ERR_LEN, "%s: generations are exhausted (2^63 - 1 claimed)",
+            fsdp_err(err, "%s: generations are exhausted (2^63 - 1 claimed)",
                      st->uri);
             return -1;
         }
@@ -279,9 +279,9 @@ int ckpt_fence_claim(struct storage *st, uint64_t *gen, char *err)
         int rc = storage_put_if_absent(st, key, body, (size_t)n, err);
         if (rc == 0) {
             *gen = cur + 1;
-            char sub[CKPT_ERR_LEN];
+            char sub[FSDP_ERR_LEN];
             if (seal_write(st, *gen, sub)) {
-                snprintf(err, CKPT_ERR_LEN,
+                fsdp_err(err,
                          "claimed generation %llu but could not seal the store: %s",
                          (unsigned long long)*gen, sub);
                 return -1;
@@ -291,7 +291,7 @@ int ckpt_fence_claim(struct storage *st, uint64_t *gen, char *err)
         if (rc != STORAGE_EXISTS)
             return -1;
     }
-    snprintf(err, CKPT_ERR_LEN, "%s: could not claim a generation (too many racing launchers)",
+    fsdp_err(err, "%s: could not claim a generation (too many racing launchers)",
              st->uri);
     return -1;
 }
@@ -304,7 +304,7 @@ int ckpt_fence_check(struct storage *st, uint64_t mine, char *err)
     if (ckpt_fence_current(st, &cur, err))
         return -1;
     if (cur > mine) {
-        snprintf(err, CKPT_ERR_LEN,
+        fsdp_err(err,
                  "fenced: this process belongs to generation %llu, but %s now belongs to "
                  "generation %llu; refusing to commit or delete",
                  (unsigned long long)mine, st->uri, (unsigned long long)cur);

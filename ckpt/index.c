@@ -59,13 +59,13 @@ int ckpt_index_decode(const unsigned char *buf, size_t len, const struct ckpt_sh
 {
     *out = NULL;
     if (len < CKPT_INDEX_HEADER || memcmp(buf, magic, 8) != 0 || get32(buf + 8) != 1) {
-        snprintf(err, CKPT_ERR_LEN, "%s: the chunk index does not start with FSDPCIX1, version 1",
+        fsdp_err(err, "%s: the chunk index does not start with FSDPCIX1, version 1",
                  s->file);
         return -1;
     }
     uint32_t n = get32(buf + 12);
     if (n != (uint32_t)s->nchunks || len != CKPT_INDEX_HEADER + (size_t)n * CKPT_INDEX_ENTRY) {
-        snprintf(err, CKPT_ERR_LEN,
+        fsdp_err(err,
                  "%s: the chunk index holds %u chunks in %zu bytes, the "
                  "manifest says %d",
                  s->file, n, len, s->nchunks);
@@ -73,7 +73,7 @@ int ckpt_index_decode(const unsigned char *buf, size_t len, const struct ckpt_sh
     }
     struct ckpt_chunk *t = calloc(n ? n : 1, sizeof *t);
     if (!t) {
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory for %u chunk entries", s->file, n);
+        fsdp_err(err, "%s: out of memory for %u chunk entries", s->file, n);
         return -1;
     }
     uint64_t raw = 0, stored = 0;
@@ -92,7 +92,7 @@ int ckpt_index_decode(const unsigned char *buf, size_t len, const struct ckpt_sh
             c->stored_len == 0 || c->stored_len > 2ULL * CKPT_MAX_CHUNK_BYTES ||
             (codec == CKPT_CODEC_RAW && c->stored_len != c->raw_len) ||
             c->stored_len > s->index_off - stored) {
-            snprintf(err, CKPT_ERR_LEN,
+            fsdp_err(err,
                      "%s: chunk index entry %u (raw offset %llu) is "
                      "malformed",
                      s->file, i, (unsigned long long)raw);
@@ -103,7 +103,7 @@ int ckpt_index_decode(const unsigned char *buf, size_t len, const struct ckpt_sh
         stored += c->stored_len;
     }
     if (raw != s->raw_size || stored != s->index_off) {
-        snprintf(err, CKPT_ERR_LEN,
+        fsdp_err(err,
                  "%s: the chunk index covers %llu raw and %llu stored bytes, "
                  "the manifest says %llu and %llu",
                  s->file, (unsigned long long)raw, (unsigned long long)stored,

@@ -284,7 +284,7 @@ char *ckpt_manifest_dump(const struct ckpt_manifest *m)
 
 static int bad(char *err, const char *what)
 {
-    snprintf(err, CKPT_ERR_LEN, "manifest: %s", what);
+    fsdp_err(err, "manifest: %s", what);
     return -1;
 }
 
@@ -294,7 +294,7 @@ static int get_u64(json_t *o, const char *key, uint64_t max, uint64_t *out, char
     json_t *v = json_object_get(o, key);
     if (!json_is_integer(v) || json_integer_value(v) < 0 ||
         (uint64_t)json_integer_value(v) > max) {
-        snprintf(err, CKPT_ERR_LEN, "manifest: '%s' is missing or out of range", key);
+        fsdp_err(err, "manifest: '%s' is missing or out of range", key);
         return -1;
     }
     *out = (uint64_t)json_integer_value(v);
@@ -312,7 +312,7 @@ static int get_str(json_t *o, const char *key, char *out, size_t n, char *err)
     for (size_t i = 0; printable && i < len; i++)
         printable = s[i] > ' ' && s[i] < 0x7f;
     if (!s || len >= n || !printable) {
-        snprintf(err, CKPT_ERR_LEN, "manifest: '%s' is missing, too long or not printable", key);
+        fsdp_err(err, "manifest: '%s' is missing, too long or not printable", key);
         return -1;
     }
     snprintf(out, n, "%s", s);
@@ -569,7 +569,7 @@ int ckpt_manifest_parse(const char *buf, size_t len, struct ckpt_manifest *m, ch
         for (char *c = je.text; *c; c++)
             if ((unsigned char)*c < ' ' || (unsigned char)*c >= 0x7f)
                 *c = '?';
-        snprintf(err, CKPT_ERR_LEN, "manifest: not JSON: %s at line %d", je.text, je.line);
+        fsdp_err(err, "manifest: not JSON: %s at line %d", je.text, je.line);
         return -1;
     }
     int rc = -1;
@@ -583,7 +583,7 @@ int ckpt_manifest_parse(const char *buf, size_t len, struct ckpt_manifest *m, ch
     if (get_u64(j, "version", 1000, &v, err))
         goto out;
     if (v < 1 || v > CKPT_FORMAT_VERSION) {
-        snprintf(err, CKPT_ERR_LEN, "manifest: format version %llu, this build reads 1 to %d",
+        fsdp_err(err, "manifest: format version %llu, this build reads 1 to %d",
                  (unsigned long long)v, CKPT_FORMAT_VERSION);
         goto out;
     }

@@ -47,7 +47,7 @@ struct pool {
     int next, failed;       /* atomics */
     uint64_t bytes, chunks; /* atomics: what was fetched */
     pthread_mutex_t mu;
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
 };
 
 static void fail(struct pool *p, const char *msg)
@@ -69,7 +69,7 @@ static int run_task(struct pool *p, struct ckpt_codec *k, const struct task *t, 
     char key[128];
     snprintf(key, sizeof key, "%s/%s", r->dir, sh->file);
     if (c->stored_len > k->stored_cap) {
-        snprintf(err, CKPT_ERR_LEN, "%s: chunk %d: stored length %llu exceeds its bound", key,
+        fsdp_err(err, "%s: chunk %d: stored length %llu exceeds its bound", key,
                  t->chunk, (unsigned long long)c->stored_len);
         return -1;
     }
@@ -81,7 +81,7 @@ static int run_task(struct pool *p, struct ckpt_codec *k, const struct task *t, 
     unsigned char got[32];
     ckpt_digest_bytes(r->m->chunk_hash, in, (size_t)c->stored_len, got);
     if (memcmp(got, c->digest, 32) != 0) {
-        snprintf(err, CKPT_ERR_LEN,
+        fsdp_err(err,
                  "%s: chunk %d (stored bytes %llu..%llu, raw offset %llu): %s mismatch", key,
                  t->chunk, (unsigned long long)c->stored_off,
                  (unsigned long long)(c->stored_off + c->stored_len),
@@ -96,7 +96,7 @@ static int run_task(struct pool *p, struct ckpt_codec *k, const struct task *t, 
     const char *why = "";
     unsigned char *out = whole ? s->dst : k->raw;
     if (ckpt_decode(k, c->codec, (size_t)c->stored_len, out, (size_t)c->raw_len, &why)) {
-        snprintf(err, CKPT_ERR_LEN, "%s: chunk %d (raw offset %llu): cannot decode: %s", key,
+        fsdp_err(err, "%s: chunk %d (raw offset %llu): cannot decode: %s", key,
                  t->chunk, (unsigned long long)c->raw_off, why);
         return -1;
     }
@@ -123,7 +123,7 @@ static void prefetch(struct pool *p, int i)
  * also reports progress (the reader's on_chunk: heartbeats). */
 static void drain(struct pool *p, struct ckpt_codec *k, int main)
 {
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     for (;;) {
         int i = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
         if (i >= p->nt || __atomic_load_n(&p->failed, __ATOMIC_ACQUIRE))
@@ -175,7 +175,7 @@ static int tasks_of(struct ckpt_reader *r, const struct ckpt_plan *p, struct tas
     if (!t || !s) {
         free(t);
         free(s);
-        snprintf(err, CKPT_ERR_LEN, "load: out of memory for %zu chunk tasks", cap);
+        fsdp_err(err, "load: out of memory for %zu chunk tasks", cap);
         return -1;
     }
     int n = 0, ns = 0;
@@ -209,7 +209,7 @@ static int tasks_of(struct ckpt_reader *r, const struct ckpt_plan *p, struct tas
                 if (!t2 || !s2) {
                     free(t);
                     free(s);
-                    snprintf(err, CKPT_ERR_LEN, "load: out of memory for chunk tasks");
+                    fsdp_err(err, "load: out of memory for chunk tasks");
                     return -1;
                 }
             }
@@ -278,7 +278,7 @@ int ckpt_plan_run_parallel(struct ckpt_reader *r, const struct ckpt_plan *p, int
     run_pool(&pool, threads);
     int rc = 0;
     if (pool.failed) {
-        snprintf(err, CKPT_ERR_LEN, "%s", pool.err);
+        fsdp_err(err, "%s", pool.err);
         rc = -1;
     }
     free(t);

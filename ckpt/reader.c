@@ -30,7 +30,7 @@ int ckpt_reader_init(struct ckpt_reader *r, struct storage *st, const struct ckp
     if (!ok) {
         r->m = m;
         ckpt_reader_free(r);
-        snprintf(err, CKPT_ERR_LEN, "reader: out of memory for %zu-byte chunks", max);
+        fsdp_err(err, "reader: out of memory for %zu-byte chunks", max);
         return -1;
     }
     r->st = st;
@@ -64,13 +64,13 @@ int ckpt_fetch_index(struct ckpt_reader *r, int shard, unsigned char **buf, char
     snprintf(key, sizeof key, "%s/%s", r->dir, s->file);
     *buf = NULL;
     if (r->m->version < 2) {
-        snprintf(err, CKPT_ERR_LEN, "%s: format %d has no chunk index", key, r->m->version);
+        fsdp_err(err, "%s: format %d has no chunk index", key, r->m->version);
         return -1;
     }
     /* the manifest check bounds index_len by the chunk count */
     unsigned char *b = malloc((size_t)s->index_len);
     if (!b) {
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory for its chunk index", key);
+        fsdp_err(err, "%s: out of memory for its chunk index", key);
         return -1;
     }
     if (storage_get_range(r->st, key, s->index_off, (size_t)s->index_len, b, err)) {
@@ -82,7 +82,7 @@ int ckpt_fetch_index(struct ckpt_reader *r, int shard, unsigned char **buf, char
     unsigned char got[32];
     ckpt_sha256(b, (size_t)s->index_len, got);
     if (memcmp(got, s->digest, 32) != 0) {
-        snprintf(err, CKPT_ERR_LEN, "%s: chunk index (stored bytes %llu..%llu): sha256 mismatch",
+        fsdp_err(err, "%s: chunk index (stored bytes %llu..%llu): sha256 mismatch",
                  key, (unsigned long long)s->index_off,
                  (unsigned long long)(s->index_off + s->index_len));
         free(b);
@@ -101,12 +101,12 @@ int ckpt_shard_chunks(struct ckpt_reader *r, int shard, const struct ckpt_chunk 
         unsigned char *b;
         if (ckpt_fetch_index(r, shard, &b, err))
             return -1;
-        char sub[CKPT_ERR_LEN];
+        char sub[FSDP_ERR_LEN];
         int rc = ckpt_index_decode(b, (size_t)r->m->shards[shard].index_len,
                                    &r->m->shards[shard], r->m->chunk_bytes, &r->tables[shard], sub);
         free(b);
         if (rc) {
-            snprintf(err, CKPT_ERR_LEN, "%s/%.400s", r->dir, sub);
+            fsdp_err(err, "%s/%.400s", r->dir, sub);
             return -1;
         }
     }
@@ -123,7 +123,7 @@ static int fetch_verified(struct ckpt_reader *r, int shard, int ci, char *err)
     char key[128];
     snprintf(key, sizeof key, "%s/%s", r->dir, s->file);
     if (c->stored_len > k->stored_cap) {
-        snprintf(err, CKPT_ERR_LEN, "%s: chunk %d: stored length %llu exceeds its bound", key, ci,
+        fsdp_err(err, "%s: chunk %d: stored length %llu exceeds its bound", key, ci,
                  (unsigned long long)c->stored_len);
         return -1;
     }
@@ -136,7 +136,7 @@ static int fetch_verified(struct ckpt_reader *r, int shard, int ci, char *err)
     unsigned char got[32];
     ckpt_digest_bytes(r->m->chunk_hash, k->stored, (size_t)c->stored_len, got);
     if (memcmp(got, c->digest, 32) != 0) {
-        snprintf(err, CKPT_ERR_LEN,
+        fsdp_err(err,
                  "%s: chunk %d (stored bytes %llu..%llu, raw offset %llu): %s mismatch", key, ci,
                  (unsigned long long)c->stored_off,
                  (unsigned long long)(c->stored_off + c->stored_len),
@@ -151,7 +151,7 @@ static int decode_into(struct ckpt_reader *r, int shard, int ci, unsigned char *
     const struct ckpt_chunk *c = &r->tables[shard][ci];
     const char *why = "";
     if (ckpt_decode(r->codec, c->codec, (size_t)c->stored_len, dst, (size_t)c->raw_len, &why)) {
-        snprintf(err, CKPT_ERR_LEN, "%s/%s: chunk %d (raw offset %llu): cannot decode: %s",
+        fsdp_err(err, "%s/%s: chunk %d (raw offset %llu): cannot decode: %s",
                  r->dir, r->m->shards[shard].file, ci, (unsigned long long)c->raw_off, why);
         return -1;
     }
@@ -185,7 +185,7 @@ int ckpt_verify_chunk(struct ckpt_reader *r, int shard, int chunk, char *err)
     if (ckpt_shard_chunks(r, shard, &tab, err))
         return -1;
     if (chunk < 0 || chunk >= r->m->shards[shard].nchunks) {
-        snprintf(err, CKPT_ERR_LEN, "%s/%s: no chunk %d", r->dir, r->m->shards[shard].file,
+        fsdp_err(err, "%s/%s: no chunk %d", r->dir, r->m->shards[shard].file,
                  chunk);
         return -1;
     }
@@ -202,7 +202,7 @@ int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, c
                       void *arg)
 {
     const struct ckpt_shard *s = &r->m->shards[shard];
-    char key[128], err[CKPT_ERR_LEN], msg[CKPT_ERR_LEN + 64];
+    char key[128], err[FSDP_ERR_LEN], msg[FSDP_ERR_LEN + 64];
     int problems = 0;
     snprintf(key, sizeof key, "%s/%s", r->dir, s->file);
     uint64_t size;
@@ -266,7 +266,7 @@ int ckpt_read_shard(struct ckpt_reader *r, int shard, uint64_t off, uint64_t len
 {
     const struct ckpt_shard *s = &r->m->shards[shard];
     if (off > s->raw_size || len > s->raw_size - off) {
-        snprintf(err, CKPT_ERR_LEN, "%s: read of %llu bytes at %llu is beyond its %llu bytes",
+        fsdp_err(err, "%s: read of %llu bytes at %llu is beyond its %llu bytes",
                  s->file, (unsigned long long)len, (unsigned long long)off,
                  (unsigned long long)s->raw_size);
         return -1;
@@ -339,7 +339,7 @@ static int want_ok(const struct ckpt_manifest *m, const struct ckpt_want *w, cha
 {
     if (w->unit < 0 || w->unit >= m->nunits || w->kind < 0 || w->kind >= CKPT_NKINDS ||
         w->lo + w->n < w->lo) {
-        snprintf(err, CKPT_ERR_LEN, "load: bad request for unit %d kind %d", w->unit, w->kind);
+        fsdp_err(err, "load: bad request for unit %d kind %d", w->unit, w->kind);
         return -1;
     }
     return 0;
@@ -359,7 +359,7 @@ int ckpt_plan_load(const struct ckpt_reader *r, const struct ckpt_want *w, int n
     }
     p->pieces = calloc(cap ? cap : 1, sizeof *p->pieces);
     if (!p->pieces) {
-        snprintf(err, CKPT_ERR_LEN, "load: out of memory for the plan");
+        fsdp_err(err, "load: out of memory for the plan");
         return -1;
     }
     for (int i = 0; i < nw; i++)
@@ -431,7 +431,7 @@ int ckpt_digest(struct ckpt_reader *r,
     EVP_MD_CTX *md = EVP_MD_CTX_new();
     int rc = 0;
     if (!buf || !md) {
-        snprintf(err, CKPT_ERR_LEN, "digest: out of memory");
+        fsdp_err(err, "digest: out of memory");
         rc = -1;
     }
     for (int u = 0; !rc && u < r->m->nunits; u++) {

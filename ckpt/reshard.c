@@ -43,7 +43,7 @@ int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct stor
                  int world, const struct ckpt_write_opts *o, char *err)
 {
     if (world < 1 || world > 65536) {
-        snprintf(err, CKPT_ERR_LEN, "reshard: world size %d is out of range 1..65536", world);
+        fsdp_err(err, "reshard: world size %d is out of range 1..65536", world);
         return -1;
     }
     char dir[32], key[128], file[64], tag[CKPT_TAG_LEN];
@@ -67,7 +67,7 @@ int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct stor
     out.shards = calloc((size_t)world, sizeof *out.shards);
     int rc = 0, reader = 0;
     if (!codec || !secs || !buf || !out.shards || copy_units(&out, m, world)) {
-        snprintf(err, CKPT_ERR_LEN, "reshard: out of memory");
+        fsdp_err(err, "reshard: out of memory");
         rc = -1;
     }
     if (!rc && !(rc = ckpt_reader_init(&r, src, m, err)))
@@ -105,7 +105,7 @@ int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct stor
         rc = ckpt_commit_step(dst, &out, tag, &res, err);
         ckpt_commit_result_free(&res);
     } else {
-        char sub[CKPT_ERR_LEN];
+        char sub[FSDP_ERR_LEN];
         ckpt_discard_own(dst, m->step, world, tag, sub); /* nothing half-made stays behind */
     }
     if (reader)
@@ -136,7 +136,7 @@ int ckpt_copy_step(struct storage *src, const struct ckpt_manifest *m, struct st
     ckpt_tag_generation(tag, &out.generation); /* this writer's, in dst */
     out.shards = calloc((size_t)m->nshards + 1, sizeof *out.shards);
     if (!out.shards) {
-        snprintf(err, CKPT_ERR_LEN, "copy: out of memory");
+        fsdp_err(err, "copy: out of memory");
         return -1;
     }
     for (int s = 0; s < m->nshards; s++) {
@@ -172,7 +172,7 @@ int ckpt_copy_step(struct storage *src, const struct ckpt_manifest *m, struct st
         rc = ckpt_commit_step(dst, &out, tag, &res, err);
         ckpt_commit_result_free(&res);
     } else {
-        char sub[CKPT_ERR_LEN];
+        char sub[FSDP_ERR_LEN];
         ckpt_discard_own(dst, m->step, m->world, tag, sub);
     }
     if (reader)

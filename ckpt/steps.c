@@ -91,16 +91,16 @@ int ckpt_list_step_objects(struct storage *st, struct ckpt_step_objects **out, i
     struct ckpt_step_objects *s = NULL;
     int n = 0, rc = storage_list(st, "step-", on_key, &f, err);
     if (rc == -1 && !*err)
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory while listing", st->uri);
+        fsdp_err(err, "%s: out of memory while listing", st->uri);
     if (!rc && f.n > 1)
         qsort(f.v, f.n, sizeof *f.v, by_step_name);
     size_t steps = 0;
     for (size_t i = 0; !rc && i < f.n; i++)
         steps += i == 0 || f.v[i].step != f.v[i - 1].step;
     if (!rc && steps > INT32_MAX)
-        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: too many steps", st->uri);
+        rc = -1, fsdp_err(err, "%s: too many steps", st->uri);
     if (!rc && !(s = calloc(steps ? steps : 1, sizeof *s)))
-        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: out of memory while listing", st->uri);
+        rc = -1, fsdp_err(err, "%s: out of memory while listing", st->uri);
     for (size_t i = 0, j; !rc && i < f.n; i = j) {
         for (j = i; j < f.n && f.v[j].step == f.v[i].step; j++)
             ;
@@ -108,7 +108,7 @@ int ckpt_list_step_objects(struct storage *st, struct ckpt_step_objects **out, i
         x->info.step = f.v[i].step;
         if (!(x->obj = calloc(j - i, sizeof *x->obj))) {
             rc = -1;
-            snprintf(err, CKPT_ERR_LEN, "%s: out of memory while listing", st->uri);
+            fsdp_err(err, "%s: out of memory while listing", st->uri);
             break;
         }
         for (size_t k = i; k < j; k++) {
@@ -140,7 +140,7 @@ int ckpt_list_steps(struct storage *st, struct ckpt_step_info **out, int *n, cha
     struct ckpt_step_info *v = calloc(ns ? (size_t)ns : 1, sizeof *v);
     if (!v) {
         ckpt_step_objects_free(s, ns);
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory while listing", st->uri);
+        fsdp_err(err, "%s: out of memory while listing", st->uri);
         return -1;
     }
     for (int i = 0; i < ns; i++)
@@ -159,7 +159,7 @@ int ckpt_load_manifest(struct storage *st, uint64_t step, struct ckpt_manifest *
 int ckpt_load_manifest_doc(struct storage *st, uint64_t step, struct ckpt_manifest *m,
                            char **doc, size_t *doc_len, char *err)
 {
-    char key[96], dir[32], sub[CKPT_ERR_LEN];
+    char key[96], dir[32], sub[FSDP_ERR_LEN];
     ckpt_step_dir(step, dir, sizeof dir);
     snprintf(key, sizeof key, "%s/%s", dir, CKPT_MANIFEST);
     void *buf;
@@ -170,22 +170,22 @@ int ckpt_load_manifest_doc(struct storage *st, uint64_t step, struct ckpt_manife
     if (rc)
         return rc;
     if (ckpt_manifest_parse(buf, len, m, sub)) {
-        snprintf(err, CKPT_ERR_LEN, "%s/%s: %s", st->uri, key, sub);
+        fsdp_err(err, "%s/%s: %s", st->uri, key, sub);
         free(buf);
         return CKPT_DAMAGED;
     }
     uint64_t by;
     int live = m->step == step ? ckpt_manifest_live(st, m, &by, sub) : -2;
     if (live == -2)
-        snprintf(err, CKPT_ERR_LEN, "%s/%s: says step %llu", st->uri, key,
+        fsdp_err(err, "%s/%s: says step %llu", st->uri, key,
                  (unsigned long long)m->step);
     else if (live == 0)
-        snprintf(err, CKPT_ERR_LEN,
+        fsdp_err(err,
                  "%s/%s: fenced: committed by generation %llu after generation %llu sealed "
                  "the store; not part of the run (retention removes it)",
                  st->uri, key, (unsigned long long)m->generation, (unsigned long long)by);
     else if (live != 1)
-        snprintf(err, CKPT_ERR_LEN, "%s/%s: cannot tell whether it is live: %s", st->uri, key,
+        fsdp_err(err, "%s/%s: cannot tell whether it is live: %s", st->uri, key,
                  sub);
     if (live != 1) {
         ckpt_manifest_free(m);
@@ -217,7 +217,7 @@ int ckpt_new_writer_tag(struct storage *st, uint64_t generation, char *tag, size
     if (!generation && ckpt_fence_current(st, &generation, err))
         return -1;
     if (ckpt_writer_tag(generation, tag, n)) {
-        snprintf(err, CKPT_ERR_LEN, "getrandom failed: cannot name this writer's objects");
+        fsdp_err(err, "getrandom failed: cannot name this writer's objects");
         return -1;
     }
     return 0;

@@ -56,7 +56,7 @@ int ckpt_writer_begin(struct storage *st, const char *key, const char *file,
     *out = NULL;
     struct ckpt_shard_writer *w = calloc(1, sizeof *w);
     if (!w) {
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory", key);
+        fsdp_err(err, "%s: out of memory", key);
         return -1;
     }
     w->o = o;
@@ -71,7 +71,7 @@ int ckpt_writer_begin(struct storage *st, const char *key, const char *file,
     w->shard.raw_size = raw;
     uint64_t nchunks = (raw + codec->chunk_bytes - 1) / codec->chunk_bytes;
     if (nchunks > CKPT_MAX_CHUNKS) {
-        snprintf(err, CKPT_ERR_LEN,
+        fsdp_err(err,
                  "%s: %llu raw bytes in %zu-byte chunks make %llu chunks, over the format's %d: "
                  "use larger chunks (--ckpt-chunk-kib)", key, (unsigned long long)raw,
                  codec->chunk_bytes, (unsigned long long)nchunks, CKPT_MAX_CHUNKS);
@@ -83,7 +83,7 @@ int ckpt_writer_begin(struct storage *st, const char *key, const char *file,
                              sizeof *w->shard.chunks);
     if (!w->shard.chunks) {
         ckpt_writer_abort(w);
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory", key);
+        fsdp_err(err, "%s: out of memory", key);
         return -1;
     }
     if (storage_put_begin(st, key, &w->w, err)) {
@@ -101,7 +101,7 @@ static int flush_chunk(struct ckpt_shard_writer *w, char *err)
     size_t plen;
     int ci = w->shard.nchunks;
     if (ci >= w->chunk_cap) {
-        snprintf(err, CKPT_ERR_LEN, "%s: more bytes than its sections declare", w->key);
+        fsdp_err(err, "%s: more bytes than its sections declare", w->key);
         return -1;
     }
     struct ckpt_chunk *c = &w->shard.chunks[ci];
@@ -126,7 +126,7 @@ int ckpt_writer_append(struct ckpt_shard_writer *w, const void *data, size_t byt
 {
     const unsigned char *p = data;
     if (w->appended + bytes > w->shard.raw_size) {
-        snprintf(err, CKPT_ERR_LEN, "%s: more bytes than its sections declare", w->key);
+        fsdp_err(err, "%s: more bytes than its sections declare", w->key);
         return -1;
     }
     while (bytes) {
@@ -149,7 +149,7 @@ static int write_index(struct ckpt_shard_writer *w, char *err)
     size_t len;
     unsigned char *b = ckpt_index_encode(w->shard.chunks, w->shard.nchunks, &len);
     if (!b) {
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory for the chunk index", w->key);
+        fsdp_err(err, "%s: out of memory for the chunk index", w->key);
         return -1;
     }
     w->shard.index_off = w->shard.stored_size;
@@ -165,7 +165,7 @@ int ckpt_writer_finish(struct ckpt_shard_writer *w, struct ckpt_shard *out, char
 {
     int rc = 0;
     if (w->appended != w->shard.raw_size) {
-        snprintf(err, CKPT_ERR_LEN, "%s: %llu of %llu bytes written", w->key,
+        fsdp_err(err, "%s: %llu of %llu bytes written", w->key,
                  (unsigned long long)w->appended, (unsigned long long)w->shard.raw_size);
         rc = -1;
     }
@@ -197,7 +197,7 @@ int ckpt_shard_write(struct storage *st, const char *key, const char *file,
     memset(out, 0, sizeof *out);
     struct ckpt_section *secs = calloc((size_t)(nsrc > 0 ? nsrc : 1), sizeof *secs);
     if (!secs) {
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory", key);
+        fsdp_err(err, "%s: out of memory", key);
         return -1;
     }
     for (int i = 0; i < nsrc; i++)
@@ -220,7 +220,7 @@ int ckpt_commit(struct storage *st, const struct ckpt_manifest *m, char *err)
         return -1;
     char *doc = ckpt_manifest_dump(m);
     if (!doc) {
-        snprintf(err, CKPT_ERR_LEN, "manifest: cannot serialise");
+        fsdp_err(err, "manifest: cannot serialise");
         return -1;
     }
     ckpt_step_dir(m->step, dir, sizeof dir);
@@ -236,7 +236,7 @@ int ckpt_new_step_in(struct storage *st, uint64_t step, char *tag, size_t n, cha
     if (ckpt_step_committed(st, step, &committed, err))
         return -1;
     if (committed) {
-        snprintf(err, CKPT_ERR_LEN,
+        fsdp_err(err,
                  "%s already holds a committed step %llu: left as it is (write elsewhere, or "
                  "remove it first)", st->uri, (unsigned long long)step);
         return -1;

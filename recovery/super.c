@@ -168,7 +168,7 @@ struct super {
     uint64_t step_count;
     int notice_seen;
     char notice_time[128];
-    char hosts_err[SUPER_ERR_LEN]; /* the host file's last complaint, said once */
+    char hosts_err[FSDP_ERR_LEN]; /* the host file's last complaint, said once */
     /* --metrics: what the ranks' events tell, and the server */
     struct metrics *metrics;
     double next_metrics, loss, tokens_per_s, commit_at;
@@ -219,7 +219,7 @@ static int capacity(struct super *s, struct host *h, int *nh)
         *nh = 1;
         return s->o.np;
     }
-    char err[SUPER_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     int total;
     if (super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, nh, &total, err, sizeof err) == 0) {
         s->hosts_err[0] = 0;
@@ -277,7 +277,7 @@ static void forget_gone_notices(struct super *s)
 {
     struct host h[SUPER_MAX_HOSTS];
     int nh, total;
-    char err[SUPER_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     if (!s->o.hosts || super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, &nh, &total, err,
                                         sizeof err))
         return;
@@ -419,7 +419,7 @@ static int claim_generation(struct super *s)
         s->generation++;
         return 0;
     }
-    char err[STORAGE_ERR_LEN] = "";
+    char err[FSDP_ERR_LEN] = "";
     struct storage *st;
     uint64_t g = 0;
     int rc = storage_open(s->o.ckpt, &st, err);
@@ -833,7 +833,7 @@ static int host_removed(struct super *s, double now)
     s->next_hosts_check = now + 1;
     struct host h[SUPER_MAX_HOSTS];
     int nh, total;
-    char err[SUPER_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     if (super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, &nh, &total, err, sizeof err) ||
         nh == 0)
         return 0;
@@ -1092,7 +1092,7 @@ static int store_taken(struct super *s, uint64_t *owner)
 {
     if (!s->o.ckpt)
         return 0;
-    char err[STORAGE_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct storage *st;
     uint64_t cur = 0;
     if (storage_open(s->o.ckpt, &st, err))
@@ -1254,7 +1254,7 @@ static int job_id(struct super *s)
 
 static int set_up(struct super *s)
 {
-    char err[SUPER_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct host h[SUPER_MAX_HOSTS];
     int nh, total;
     if (s->o.hosts &&
@@ -1305,7 +1305,7 @@ int main(int argc, char **argv)
     curl_global_init(CURL_GLOBAL_DEFAULT);
     s.ev_on = ev_open(s.o.events);
     if (s.o.metrics) {
-        char merr[SUPER_ERR_LEN];
+        char merr[FSDP_ERR_LEN];
         if (!(s.metrics = metrics_start(s.o.metrics, merr, sizeof merr))) {
             fprintf(stderr, "fsdp-super: %s\n", merr);
             ev_close();

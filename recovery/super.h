@@ -16,6 +16,7 @@
 #define FSDP_SUPER_H
 
 #include "hbmsg.h"
+#include "util.h"
 
 #include <jansson.h>
 #include <stddef.h>
@@ -28,7 +29,6 @@
 #define SUPER_MAX_HOSTS  64
 #define SUPER_MAX_SLOTS  4096      /* on one host line */
 #define SUPER_HOSTS_MAX  (1 << 20) /* bytes of host file read */
-#define SUPER_ERR_LEN    512
 #define SUPER_TAIL_LINES 5 /* mpirun's own lines shown when a launch fails */
 #define SUPER_TAIL_KEEP  8 /* lines kept of each kind */
 

@@ -96,7 +96,7 @@ static void chunk_hook(int chunk)
 static int agree(struct fsdp_comm *comm, int rc, char *err)
 {
     double bad = rc != 0;
-    char local[ERR_LEN];
+    char local[FSDP_ERR_LEN];
     if (comm->allreduce_sum_f64(comm, &bad, 1, local))
         return fsdp_err(err, "%s", local);
     if (bad == 0)
@@ -109,7 +109,7 @@ static int agree(struct fsdp_comm *comm, int rc, char *err)
         size_t off = 0;
         for (int r = 0; r < comm->world; off += lens[r], r++) {
             if (lens[r] > 1) {
-                char msg[ERR_LEN];
+                char msg[FSDP_ERR_LEN];
                 snprintf(msg, sizeof msg, "%.*s", (int)lens[r], all + off);
                 if (comm->world > 1)
                     fsdp_err(err, "rank %d: %s", r, msg);
@@ -131,9 +131,9 @@ static int agree(struct fsdp_comm *comm, int rc, char *err)
  * supervisor gave one), its writer tag, and proof that the store takes a
  * write and a delete - a read-only mount or a file in the way is found now,
  * not after the first --ckpt-every steps of training. */
-static int claim_and_probe(struct ckptr *c, char *err)
+static int claim_and_probe(struct tckpt *c, char *err)
 {
-    char sub[ERR_LEN];
+    char sub[FSDP_ERR_LEN];
     if (!c->generation && ckpt_fence_claim(c->st, &c->generation, sub))
         return fsdp_err(err, "checkpoint store %s: cannot claim a generation: %s", c->st->uri,
                         sub);
@@ -148,7 +148,7 @@ static int claim_and_probe(struct ckptr *c, char *err)
     return 0;
 }
 
-int ckptr_open(struct ckptr *c, const struct ckptr_opts *o, struct fsdp_engine *e,
+int tckpt_open(struct tckpt *c, const struct tckpt_opts *o, struct fsdp_engine *e,
                struct fsdp_comm *comm, const struct model_layout *m, char *err)
 {
     memset(c, 0, sizeof *c);
@@ -172,13 +172,13 @@ int ckptr_open(struct ckptr *c, const struct ckptr_opts *o, struct fsdp_engine *
     if (agree(comm, rc, err) ||
         comm->bcast_bytes(comm, &c->generation, sizeof c->generation, 0, err) ||
         comm->bcast_bytes(comm, c->tag, sizeof c->tag, 0, err)) {
-        ckptr_close(c);
+        tckpt_close(c);
         return -1;
     }
     return 0;
 }
 
-void ckptr_close(struct ckptr *c)
+void tckpt_close(struct tckpt *c)
 {
     storage_close(c->st);
     ckpt_codec_free(c->codec);
@@ -201,21 +201,21 @@ static float *kind_base(struct fsdp_engine *e, int kind)
 }
 
 /* The same in host memory, where the storage code reads and writes it. */
-static float *host_base(struct ckptr *c, int kind)
+static float *host_base(struct tckpt *c, int kind)
 {
     return c->host[kind] ? c->host[kind] : kind_base(c->e, kind);
 }
 
 /* Device engines: the state's host copy is made current (before a save)
  * or copied back (after a load). Nothing to do on the CPU. */
-static void state_to_host(struct ckptr *c)
+static void state_to_host(struct tckpt *c)
 {
     for (int k = 0; k < CKPT_NKINDS; k++)
         if (c->host[k])
             c->e->k->download(c->host[k], kind_base(c->e, k), c->e->shard_total * sizeof(float));
 }
 
-static void state_to_device(struct ckptr *c)
+static void state_to_device(struct tckpt *c)
 {
     for (int k = 0; k < CKPT_NKINDS; k++)
         if (c->host[k])
@@ -224,7 +224,7 @@ static void state_to_device(struct ckptr *c)
 
 /* Writes this rank's shard from bases[kind] (the engine's state, or the
  * async staging copy of it). */
-static int write_own_shard(struct ckptr *c, uint64_t step, float *const bases[CKPT_NKINDS],
+static int write_own_shard(struct tckpt *c, uint64_t step, float *const bases[CKPT_NKINDS],
                            char **json_out, char *err)
 {
     const struct model_layout *m = c->m;
@@ -259,7 +259,7 @@ static int write_own_shard(struct ckptr *c, uint64_t step, float *const bases[CK
  * trajectory (an earlier launch's step this run skipped at resume)? Then
  * it stands for ours. Anything else - a newer launch, another model, other
  * data or seed - is not ours to sit beside. */
-static int same_run(const struct ckptr *c, const struct ckpt_manifest *other, json_t *trainer)
+static int same_run(const struct tckpt *c, const struct ckpt_manifest *other, json_t *trainer)
 {
     if (other->generation >= c->generation || !json_equal(other->model, c->model_json))
         return 0;
@@ -277,7 +277,7 @@ static int same_run(const struct ckptr *c, const struct ckpt_manifest *other, js
  * committed it (this launch's copy removed), -1 on failure. *attempted says
  * whether the commit was tried: from then on ckpt_commit_step alone decides
  * what of this launch's shards goes. */
-static int commit(struct ckptr *c, uint64_t step, json_t *trainer, const char *all,
+static int commit(struct tckpt *c, uint64_t step, json_t *trainer, const char *all,
                   const size_t *lens, int *attempted, char *err)
 {
     struct ckpt_manifest man = {0};
@@ -299,7 +299,7 @@ static int commit(struct ckptr *c, uint64_t step, json_t *trainer, const char *a
     for (int r = 0; !rc && r < c->world; off += lens[r], r++) {
         json_error_t je;
         json_t *j = json_loadb(all + off, lens[r], 0, &je);
-        char sub[ERR_LEN];
+        char sub[FSDP_ERR_LEN];
         if (!j || ckpt_shard_from_json(j, &man.shards[r], sub))
             rc = fsdp_err(err, "checkpoint: rank %d sent an unreadable shard record", r);
         else
@@ -351,39 +351,39 @@ static int commit(struct ckptr *c, uint64_t step, json_t *trainer, const char *a
 
 /* Rank 0, after committing step upto: retention and garbage (cleanup.c
  * decides). */
-static int retain(struct ckptr *c, uint64_t upto, char *err)
+static int retain(struct tckpt *c, uint64_t upto, char *err)
 {
     struct ckpt_clean_policy p = {.generation = c->generation, .keep = c->o.keep, .upto = upto};
     struct ckpt_clean_report rep;
-    char sub[ERR_LEN];
+    char sub[FSDP_ERR_LEN];
     if (ckpt_clean(c->st, &p, &rep, sub))
         return fsdp_err(err, "%s", sub);
     return 0;
 }
 
-static void async_retain(struct ckptr *c, uint64_t upto);
-static void async_quiesce(struct ckptr *c);
+static void async_retain(struct tckpt *c, uint64_t upto);
+static void async_quiesce(struct tckpt *c);
 
 /* Rank 0: removes the shards this launch wrote for a step it did not
  * commit. Best effort and silent: the store may be what failed (its error
  * is the one line the user sees); what stays is garbage of this generation,
  * which the next launch's start-up cleanup removes. */
-static void discard_own(struct ckptr *c, uint64_t step)
+static void discard_own(struct tckpt *c, uint64_t step)
 {
-    char sub[ERR_LEN];
+    char sub[FSDP_ERR_LEN];
     (void)ckpt_discard_own(c->st, step, c->world, c->tag, sub);
 }
 
 /* Rank 0, after a commit that did not count: if a newer generation has
- * claimed the store, this launch is fenced (see CKPTR_FENCED_EXIT). The
+ * claimed the store, this launch is fenced (see TCKPT_FENCED_EXIT). The
  * verdict is said here, before any collective: the other ranks of a stale
  * launch (a host frozen through a partition, thawed after the job moved
  * on) may be gone, and waiting for them in agree() would hang unheard. A
  * store that cannot be read decides nothing: the caller reports its error. */
-static void exit_if_fenced(struct ckptr *c, uint64_t step, const char *why)
+static void exit_if_fenced(struct tckpt *c, uint64_t step, const char *why)
 {
     uint64_t cur;
-    char sub[ERR_LEN];
+    char sub[FSDP_ERR_LEN];
     if (!c->generation || ckpt_fence_current(c->st, &cur, sub) || cur <= c->generation)
         return;
     if (strncmp(why, "fenced", 6) == 0)
@@ -396,12 +396,12 @@ static void exit_if_fenced(struct ckptr *c, uint64_t step, const char *why)
     fflush(stderr);
     hb_event("fenced step=%llu by=%llu", (unsigned long long)step, (unsigned long long)cur);
     hb_stop();
-    _exit(CKPTR_FENCED_EXIT);
+    _exit(TCKPT_FENCED_EXIT);
 }
 
 /* Collective, after every rank wrote (or failed to write) its shard: the
  * agreement, the shard records to rank 0, the commit, retention. Takes mine. */
-static int finish_save(struct ckptr *c, uint64_t step, json_t *trainer, char *mine, int rc,
+static int finish_save(struct tckpt *c, uint64_t step, json_t *trainer, char *mine, int rc,
                        char *err)
 {
     if (agree(c->comm, rc, err)) {
@@ -441,7 +441,7 @@ static int finish_save(struct ckptr *c, uint64_t step, json_t *trainer, char *mi
     return agree(c->comm, rc, err);
 }
 
-int ckptr_save(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
+int tckpt_save(struct tckpt *c, uint64_t step, json_t *trainer, char *err)
 {
     if (c->async) /* an emergency save: rank 0's writer may still apply retention */
         async_quiesce(c);
@@ -467,7 +467,7 @@ int ckptr_save(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
  * the step: the thread first copies this rank's shard of every state kind
  * into staging buffers (allocated and touched once), which overlaps with the
  * next step's forward and backward, since those only read the shard; the
- * trainer waits for the copy (ckptr_async_snapshot_wait) only before the
+ * trainer waits for the copy (tckpt_async_snapshot_wait) only before the
  * optimizer step, the first thing that writes the shard. Then the thread
  * chunks, shuffles, compresses, hashes and writes the staged copy. Each
  * step the trainer adds "my write is done" and "my write failed" to the
@@ -478,7 +478,7 @@ int ckptr_save(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
 
 enum { A_IDLE, A_COPYING, A_WRITING, A_DONE, A_FAILED };
 
-struct ckptr_async {
+struct tckpt_async {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -489,10 +489,10 @@ struct ckptr_async {
     json_t *trainer;
     float *staging[CKPT_NKINDS];
     char *json;
-    char err[ERR_LEN], retain_err[ERR_LEN];
+    char err[FSDP_ERR_LEN], retain_err[FSDP_ERR_LEN];
 };
 
-static void async_snapshot(struct ckptr *c, struct ckptr_async *a)
+static void async_snapshot(struct tckpt *c, struct tckpt_async *a)
 {
     /* Staging is host memory: on the CPU the copy is a memcpy, on a GPU a
      * device-to-host copy on this thread's own stream (kernels.h). */
@@ -503,8 +503,8 @@ static void async_snapshot(struct ckptr *c, struct ckptr_async *a)
 
 static void *async_main(void *arg)
 {
-    struct ckptr *c = arg;
-    struct ckptr_async *a = c->async;
+    struct tckpt *c = arg;
+    struct tckpt_async *a = c->async;
     setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
     pthread_mutex_lock(&a->mu);
     for (;;) {
@@ -513,7 +513,7 @@ static void *async_main(void *arg)
         if (a->retain) {
             uint64_t upto = a->retain_upto;
             pthread_mutex_unlock(&a->mu);
-            char err[ERR_LEN] = "";
+            char err[FSDP_ERR_LEN] = "";
             int rc = retain(c, upto, err);
             pthread_mutex_lock(&a->mu);
             if (rc && !a->retain_failed) {
@@ -533,7 +533,7 @@ static void *async_main(void *arg)
         a->state = A_WRITING;
         pthread_cond_broadcast(&a->cv);
         pthread_mutex_unlock(&a->mu);
-        char *json = NULL, err[ERR_LEN] = "";
+        char *json = NULL, err[FSDP_ERR_LEN] = "";
         int rc = write_own_shard(c, step, a->staging, &json, err);
         pthread_mutex_lock(&a->mu);
         a->json = json;
@@ -546,9 +546,9 @@ static void *async_main(void *arg)
     return NULL;
 }
 
-static void async_retain(struct ckptr *c, uint64_t upto)
+static void async_retain(struct tckpt *c, uint64_t upto)
 {
-    struct ckptr_async *a = c->async;
+    struct tckpt_async *a = c->async;
     pthread_mutex_lock(&a->mu);
     a->retain = 1;
     a->retain_upto = upto;
@@ -556,18 +556,18 @@ static void async_retain(struct ckptr *c, uint64_t upto)
     pthread_mutex_unlock(&a->mu);
 }
 
-static void async_quiesce(struct ckptr *c)
+static void async_quiesce(struct tckpt *c)
 {
-    struct ckptr_async *a = c->async;
+    struct tckpt_async *a = c->async;
     pthread_mutex_lock(&a->mu);
     while (a->retain)
         pthread_cond_wait(&a->cv, &a->mu);
     pthread_mutex_unlock(&a->mu);
 }
 
-int ckptr_async_start(struct ckptr *c, char *err)
+int tckpt_async_start(struct tckpt *c, char *err)
 {
-    struct ckptr_async *a = calloc(1, sizeof *a);
+    struct tckpt_async *a = calloc(1, sizeof *a);
     int rc = a ? 0 : -1;
     for (int k = 0; !rc && k < CKPT_NKINDS; k++)
         if (!(a->staging[k] = c->e->k->host_alloc(c->e->shard_total * sizeof(float))))
@@ -590,9 +590,9 @@ int ckptr_async_start(struct ckptr *c, char *err)
     return agree(c->comm, rc ? fsdp_err(err, "checkpoint: cannot set up async saves") : 0, err);
 }
 
-void ckptr_async_stop(struct ckptr *c)
+void tckpt_async_stop(struct tckpt *c)
 {
-    struct ckptr_async *a = c->async;
+    struct tckpt_async *a = c->async;
     if (!a)
         return;
     pthread_mutex_lock(&a->mu);
@@ -608,9 +608,9 @@ void ckptr_async_stop(struct ckptr *c)
     c->async = NULL;
 }
 
-int ckptr_async_state(struct ckptr *c, int *in_flight, int *failed)
+int tckpt_async_state(struct tckpt *c, int *in_flight, int *failed)
 {
-    struct ckptr_async *a = c->async;
+    struct tckpt_async *a = c->async;
     *in_flight = *failed = 0;
     if (!a)
         return 0;
@@ -622,9 +622,9 @@ int ckptr_async_state(struct ckptr *c, int *in_flight, int *failed)
     return st == A_DONE || st == A_FAILED;
 }
 
-int ckptr_save_async(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
+int tckpt_save_async(struct tckpt *c, uint64_t step, json_t *trainer, char *err)
 {
-    struct ckptr_async *a = c->async;
+    struct tckpt_async *a = c->async;
     current_save = ++c->saves;
     c->save_t0 = fsdp_now();
     pthread_mutex_lock(&a->mu);
@@ -645,9 +645,9 @@ int ckptr_save_async(struct ckptr *c, uint64_t step, json_t *trainer, char *err)
     return 0;
 }
 
-int ckptr_async_snapshot_wait(struct ckptr *c)
+int tckpt_async_snapshot_wait(struct tckpt *c)
 {
-    struct ckptr_async *a = c->async;
+    struct tckpt_async *a = c->async;
     if (!a)
         return 0;
     pthread_mutex_lock(&a->mu);
@@ -658,9 +658,9 @@ int ckptr_async_snapshot_wait(struct ckptr *c)
     return waited;
 }
 
-int ckptr_async_finish(struct ckptr *c, char *err)
+int tckpt_async_finish(struct tckpt *c, char *err)
 {
-    struct ckptr_async *a = c->async;
+    struct tckpt_async *a = c->async;
     pthread_mutex_lock(&a->mu);
     while (a->state == A_COPYING || a->state == A_WRITING)
         pthread_cond_wait(&a->cv, &a->mu);
@@ -683,7 +683,7 @@ int ckptr_async_finish(struct ckptr *c, char *err)
     return rc;
 }
 
-uint64_t ckptr_async_step(struct ckptr *c) { return c->async ? c->async->step : 0; }
+uint64_t tckpt_async_step(struct tckpt *c) { return c->async ? c->async->step : 0; }
 
 /* ---- verifying a load --------------------------------------------------------------- */
 
@@ -707,7 +707,7 @@ static int keep(void *arg, const char *tensor, const char *kind, const char *hex
  * rank 0) against the digest of the checkpoint it came from: proves a
  * reshard placed every byte where it belongs. Reported on stderr and to
  * the supervisor. */
-int ckptr_verify_loaded(struct ckptr *c, const struct ckpt_manifest *man, char *err)
+int tckpt_verify_loaded(struct tckpt *c, const struct ckpt_manifest *man, char *err)
 {
     struct fsdp_engine *e = c->e;
     struct digest_list want = {0};
@@ -801,11 +801,11 @@ int ckptr_verify_loaded(struct ckptr *c, const struct ckpt_manifest *man, char *
 /* Rank 0, at start-up: garbage of fenced generations goes (incomplete
  * steps, losing writers' shards, temporaries); no committed step is
  * touched - retention runs after this launch's own commits. */
-static int clean_for_start(struct ckptr *c, char *err)
+static int clean_for_start(struct tckpt *c, char *err)
 {
     struct ckpt_clean_policy p = {.generation = c->generation, .keep = 0};
     struct ckpt_clean_report rep;
-    char sub[ERR_LEN];
+    char sub[FSDP_ERR_LEN];
     if (ckpt_clean(c->st, &p, &rep, sub))
         return fsdp_err(err, "%s", sub);
     if (rep.incomplete_removed)
@@ -815,7 +815,7 @@ static int clean_for_start(struct ckptr *c, char *err)
     return 0;
 }
 
-static int check_model(struct ckptr *c, const struct ckpt_manifest *man, char *err)
+static int check_model(struct tckpt *c, const struct ckpt_manifest *man, char *err)
 {
     if (json_equal(man->model, c->model_json) && man->nunits == c->m->nunits) {
         for (int u = 0; u < man->nunits; u++)
@@ -832,13 +832,13 @@ differ:;
              (unsigned long long)man->step, c->st->uri, have ? have : "?", want ? want : "?");
     free(have);
     free(want);
-    return CKPTR_REFUSED;
+    return TCKPT_REFUSED;
 }
 
 /* Collective: rank 0 loads the manifest (judging that it is live) and
  * broadcasts its bytes; the others parse them. A failure on rank 0 is every
  * rank's, with the same code (agree() then reports rank 0's message). */
-static int share_manifest(struct ckptr *c, uint64_t step, struct ckpt_manifest *man, char *err)
+static int share_manifest(struct tckpt *c, uint64_t step, struct ckpt_manifest *man, char *err)
 {
     char *doc = NULL;
     size_t len = 0;
@@ -848,7 +848,7 @@ static int share_manifest(struct ckptr *c, uint64_t step, struct ckpt_manifest *
         head[0] = ckpt_load_manifest_doc(c->st, step, man, &doc, &len, err);
         head[1] = head[0] ? 0 : (int64_t)len;
     }
-    char sub[ERR_LEN];
+    char sub[FSDP_ERR_LEN];
     if (c->comm->bcast_bytes(c->comm, head, sizeof head, 0, sub)) {
         free(doc);
         if (c->comm->rank == 0)
@@ -882,7 +882,7 @@ static int share_manifest(struct ckptr *c, uint64_t step, struct ckpt_manifest *
 
 /* Every rank reads its own part of every unit and kind, from whatever
  * shards hold it (any saved world size), as one plan of ranged reads. */
-static int load_step(struct ckptr *c, uint64_t step, struct ckpt_manifest *man,
+static int load_step(struct tckpt *c, uint64_t step, struct ckpt_manifest *man,
                      uint64_t *bytes_read, char *err)
 {
     int rc = share_manifest(c, step, man, err);
@@ -916,10 +916,10 @@ static int load_step(struct ckptr *c, uint64_t step, struct ckpt_manifest *man,
 }
 
 /* Rank 0 prints how much each rank read: about its share, not everything. */
-static void report_reads(struct ckptr *c, const struct ckpt_manifest *man, uint64_t mine,
+static void report_reads(struct tckpt *c, const struct ckpt_manifest *man, uint64_t mine,
                          double seconds)
 {
-    char line[64], err[ERR_LEN], *all = NULL;
+    char line[64], err[FSDP_ERR_LEN], *all = NULL;
     size_t lens[c->comm->world];
     snprintf(line, sizeof line, " %llu", (unsigned long long)mine);
     if (c->comm->gather_bytes(c->comm, line, strlen(line), 0, &all, lens, err) == 0 &&
@@ -937,7 +937,7 @@ static void report_reads(struct ckptr *c, const struct ckpt_manifest *man, uint6
     free(all);
 }
 
-int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *loaded, char *err)
+int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *loaded, char *err)
 {
     *trainer = NULL;
     *loaded = 0;
@@ -986,9 +986,9 @@ int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *loaded, char *err)
         double t0 = fsdp_now();
         rc = load_step(c, cand[i], &man, &bytes_read, err);
         double load_s = fsdp_now() - t0;
-        int refused = rc == CKPTR_REFUSED;
+        int refused = rc == TCKPT_REFUSED;
         double votes[3] = {rc != 0, refused, rc == CKPT_CANNOT_JUDGE};
-        char sub[ERR_LEN];
+        char sub[FSDP_ERR_LEN];
         if (comm->allreduce_sum_f64(comm, votes, 3, sub)) {
             ckpt_manifest_free(&man);
             free(cand);
@@ -1007,7 +1007,7 @@ int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *loaded, char *err)
             free(cand);
             if (!refused)
                 fsdp_err(err, "another rank refused the checkpoint");
-            return CKPTR_REFUSED;
+            return TCKPT_REFUSED;
         }
         if (agree(comm, rc, err) == 0) {
             report_reads(c, &man, bytes_read, load_s);
@@ -1020,7 +1020,7 @@ int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *loaded, char *err)
                 hb_event("reshard step=%llu from=%d to=%d", (unsigned long long)cand[i],
                          man.world, comm->world);
             }
-            if (c->o.verify_load && ckptr_verify_loaded(c, &man, err)) {
+            if (c->o.verify_load && tckpt_verify_loaded(c, &man, err)) {
                 ckpt_manifest_free(&man);
                 free(cand);
                 return -1;

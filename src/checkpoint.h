@@ -15,7 +15,7 @@
 #include "fsdp.h"
 #include "model.h"
 
-struct ckptr_opts {
+struct tckpt_opts {
     const char *uri;
     long long every, keep;
     int resume; /* 1: auto, 0: none */
@@ -25,8 +25,8 @@ struct ckptr_opts {
     struct ckpt_write_opts write;
 };
 
-struct ckptr {
-    struct ckptr_opts o;
+struct tckpt {
+    struct tckpt_opts o;
     struct storage *st;
     struct ckpt_codec *codec;
     struct fsdp_engine *e;
@@ -42,7 +42,7 @@ struct ckptr {
     uint64_t stored_bytes; /* rank 0: what the last commit's shards hold, every rank's */
     uint64_t generation;       /* of this launch: fsdp-super's, or claimed at open */
     char tag[CKPT_TAG_LEN];    /* this launch's writer tag, in every shard name */
-    struct ckptr_async *async; /* --ckpt-async */
+    struct tckpt_async *async; /* --ckpt-async */
     /* Device engines (kernels on_device): the state as the storage code
      * reads and writes it, in host memory; copied from the device before a
      * save and to it after a load. NULL on the CPU, where the engine's own
@@ -50,8 +50,6 @@ struct ckptr {
     float *host[CKPT_NKINDS];
 };
 
-/* Result codes beyond 0 / -1. */
-#define CKPTR_REFUSED -2 /* the checkpoint belongs to another model: do not fall back */
 
 /* The exit status of a rank 0 that found its launch fenced at a commit: a
  * newer generation claimed the store, so nothing this launch does counts
@@ -59,39 +57,39 @@ struct ckptr {
  * launch. It says "fenced" on stderr (and in an event, which a supervisor
  * of its own generation still hears) and exits at once, from inside the
  * save. */
-#define CKPTR_FENCED_EXIT 4
+#define TCKPT_FENCED_EXIT 4
 
-int ckptr_open(struct ckptr *c, const struct ckptr_opts *o, struct fsdp_engine *e,
+int tckpt_open(struct tckpt *c, const struct tckpt_opts *o, struct fsdp_engine *e,
                struct fsdp_comm *comm, const struct model_layout *m, char *err);
-void ckptr_close(struct ckptr *c);
+void tckpt_close(struct tckpt *c);
 
 /* Writes and commits step `step`; trainer is the trainer-state object to
  * store (borrowed). Then applies retention (rank 0). */
-int ckptr_save(struct ckptr *c, uint64_t step, json_t *trainer, char *err);
+int tckpt_save(struct tckpt *c, uint64_t step, json_t *trainer, char *err);
 
 /* With --resume auto, loads the newest committed step that verifies into
  * the engine; *trainer receives its trainer state (new reference) or NULL
  * when starting fresh. Steps that fail to load are reported and skipped,
  * never removed; garbage of older generations is (ckpt_clean). */
-int ckptr_resume(struct ckptr *c, json_t **trainer, uint64_t *step, char *err);
+int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *step, char *err);
 
 /* Asynchronous saves (--ckpt-async). start/finish are collective;
  * save_async (local: copies the state into staging, hands it to the
  * background writer) is called by every rank at the same step; state tells
  * this rank's side (1 when its write ended, with *failed if it failed), to
  * be summed over ranks on a collective the step makes anyway. */
-int ckptr_async_start(struct ckptr *c, char *err);
-void ckptr_async_stop(struct ckptr *c);
-int ckptr_save_async(struct ckptr *c, uint64_t step, json_t *trainer, char *err);
-int ckptr_async_state(struct ckptr *c, int *in_flight, int *failed);
-int ckptr_async_finish(struct ckptr *c, char *err);
+int tckpt_async_start(struct tckpt *c, char *err);
+void tckpt_async_stop(struct tckpt *c);
+int tckpt_save_async(struct tckpt *c, uint64_t step, json_t *trainer, char *err);
+int tckpt_async_state(struct tckpt *c, int *in_flight, int *failed);
+int tckpt_async_finish(struct tckpt *c, char *err);
 /* Blocks while the background thread is still copying the state into
  * staging; the trainer calls it before the optimizer step writes the
  * state. Returns 1 if it had to wait. */
-int ckptr_async_snapshot_wait(struct ckptr *c);
-uint64_t ckptr_async_step(struct ckptr *c);
+int tckpt_async_snapshot_wait(struct tckpt *c);
+uint64_t tckpt_async_step(struct tckpt *c);
 
 /* The loaded state's digest against the checkpoint's (--verify-load). */
-int ckptr_verify_loaded(struct ckptr *c, const struct ckpt_manifest *man, char *err);
+int tckpt_verify_loaded(struct tckpt *c, const struct ckpt_manifest *man, char *err);
 
 #endif

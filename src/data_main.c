@@ -180,7 +180,7 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-    char err[ERR_LEN];
+    char err[FSDP_ERR_LEN];
     if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
         usage();
         return 0;

@@ -67,7 +67,7 @@ static int bucket_finish(struct fsdp_engine *e, char *err);
  * may leave one (its error was reported then). */
 static void settle(struct fsdp_engine *e)
 {
-    char err[ERR_LEN];
+    char err[FSDP_ERR_LEN];
     if (e->units) {
         gather_finish(e, err);
         rs_finish(e, err);

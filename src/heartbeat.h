@@ -55,7 +55,7 @@
 #define HB_LOST_CONTACT_EXIT 3 /* the exit status of a rank that lost its supervisor */
 
 /* Reads the launch's environment and starts the thread if FSDP_SUPER_ADDR
- * is set; -1 with err (ERR_LEN) on a malformed value. */
+ * is set; -1 with err (FSDP_ERR_LEN) on a malformed value. */
 int hb_start(int rank, char *err);
 /* Stops the thread at once (it is woken, not waited for) and sends the
  * last state. */

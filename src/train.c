@@ -37,7 +37,7 @@ struct trainer {
     int32_t *in, *tgt;         /* host batch, micro * T each */
     uint64_t *consumed;        /* sample indices this rank used in the step */
     FILE *log;
-    struct ckptr ck;
+    struct tckpt ck;
     int have_ckpt;
     long long start_step; /* steps already done when this process started */
     uint64_t sample_rng;  /* state of the sampling generator */
@@ -346,11 +346,11 @@ static int save(struct trainer *t, long long step, char *err)
     if (!state)
         return fsdp_err(err, "checkpoint: out of memory");
     double t0 = fsdp_now();
-    int rc = ckptr_save(&t->ck, (uint64_t)step, state, err);
+    int rc = tckpt_save(&t->ck, (uint64_t)step, state, err);
     json_decref(state);
     if (rc) {
         t->agreed_error = 1;
-        char msg[ERR_LEN];
+        char msg[FSDP_ERR_LEN];
         snprintf(msg, sizeof msg, "%s", err);
         if (t->ck.newest_committed == (uint64_t)step) /* the commit held; retention failed */
             return fsdp_err(err, "checkpoint step %lld is committed, but removing older "
@@ -374,12 +374,12 @@ static int save(struct trainer *t, long long step, char *err)
 static int finish_async(struct trainer *t, const char *why, char *err)
 {
     double t0 = fsdp_now();
-    uint64_t step = ckptr_async_step(&t->ck);
-    int rc = ckptr_async_finish(&t->ck, err);
+    uint64_t step = tckpt_async_step(&t->ck);
+    int rc = tckpt_async_finish(&t->ck, err);
     t->async_pending = 0;
     if (rc) {
         t->agreed_error = 1;
-        char msg[ERR_LEN];
+        char msg[FSDP_ERR_LEN];
         snprintf(msg, sizeof msg, "%s", err);
         if (!t->ck.newest_committed)
             return fsdp_err(err, "background checkpoint of step %llu failed: %s (no checkpoint "
@@ -409,7 +409,7 @@ static int save_async(struct trainer *t, long long step, char *err)
     if (!state)
         return fsdp_err(err, "checkpoint: out of memory");
     double t0 = fsdp_now();
-    int rc = ckptr_save_async(&t->ck, (uint64_t)step, state, err);
+    int rc = tckpt_save_async(&t->ck, (uint64_t)step, state, err);
     json_decref(state);
     if (rc)
         return -1;
@@ -501,7 +501,7 @@ static int train(struct trainer *t, char *err)
          * step to spare (the longest of each seen so far) */
         int in_flight = 0, failed = 0, ended = 0;
         if (t->async_pending)
-            ended = ckptr_async_state(&t->ck, &in_flight, &failed);
+            ended = tckpt_async_state(&t->ck, &in_flight, &failed);
         double vote[VOTE_N] = {loss, hb_preempted(), ended, failed, 0};
         /* the margin: two steps, a validation, a save, and a background
          * write still to wait for (the longest seen; a save is at least the
@@ -522,7 +522,7 @@ static int train(struct trainer *t, char *err)
                                  (float)o->weight_decay};
         if (t->async_pending) { /* the step's first write of the state */
             double w0 = fsdp_now();
-            if (ckptr_async_snapshot_wait(&t->ck))
+            if (tckpt_async_snapshot_wait(&t->ck))
                 t->ckpt_s += fsdp_now() - w0;
         }
         fsdp_adamw_step(&t->eng, &opt, (int)step + 1, gscale);
@@ -669,14 +669,14 @@ static int setup_checkpoints(struct trainer *t, char *err)
         return 0;
     t->agreed_error = 1; /* everything here is agreed on by all ranks */
     t->o.ckpt.load_threads = t->threads;
-    if (ckptr_open(&t->ck, &t->o.ckpt, &t->eng, &t->comm, &t->model, err))
+    if (tckpt_open(&t->ck, &t->o.ckpt, &t->eng, &t->comm, &t->model, err))
         return -1;
     t->have_ckpt = 1;
-    if (t->o.ckpt.async && ckptr_async_start(&t->ck, err))
+    if (t->o.ckpt.async && tckpt_async_start(&t->ck, err))
         return -1;
     json_t *state;
     uint64_t step;
-    int rc = ckptr_resume(&t->ck, &state, &step, err);
+    int rc = tckpt_resume(&t->ck, &state, &step, err);
     if (rc)
         return rc;
     if (state) {
@@ -703,8 +703,8 @@ static int setup_checkpoints(struct trainer *t, char *err)
 static void teardown(struct trainer *t)
 {
     if (t->have_ckpt) {
-        ckptr_async_stop(&t->ck);
-        ckptr_close(&t->ck);
+        tckpt_async_stop(&t->ck);
+        tckpt_close(&t->ck);
     }
     if (t->log)
         fclose(t->log);
@@ -724,7 +724,7 @@ static void report_peak_memory(struct trainer *t)
 {
     const int W = t->comm.world;
     struct rusage ru;
-    char err[ERR_LEN];
+    char err[FSDP_ERR_LEN];
     double mine = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss : 0; /* KiB */
     double top = 0;
     int top_rank = 0;
@@ -756,8 +756,8 @@ static void report_peak_memory(struct trainer *t)
  * others return with err empty. */
 static int start_cuda(struct trainer *t, char *err)
 {
-    char agree_err[ERR_LEN];
-    double failed = fsdp_cuda_init(t->comm.local_rank, err, ERR_LEN) != 0;
+    char agree_err[FSDP_ERR_LEN];
+    double failed = fsdp_cuda_init(t->comm.local_rank, err, FSDP_ERR_LEN) != 0;
     if (t->comm.allreduce_sum_f64(&t->comm, &failed, 1, agree_err))
         return fsdp_err(err, "%s", agree_err);
     if (failed > 0) {
@@ -775,7 +775,7 @@ int main(int argc, char **argv)
 {
     static struct trainer t;
     t.start = fsdp_now();
-    char err[ERR_LEN] = "";
+    char err[FSDP_ERR_LEN] = "";
     /* Keep freed memory in the process. Open MPI's reduce-scatter allocates
      * a temporary of the unit's size on every call; with glibc's defaults
      * each free gives it back to the kernel (munmap, or a trim of the heap)
@@ -832,7 +832,7 @@ int main(int argc, char **argv)
     /* Set-up errors (a bad file, a bad batch size) are usually the same on
      * every rank: agree on them and exit cleanly, rank 0 speaking for all. */
     double failed[2] = {rc != 0, t.comm.rank == 0 && rc != 0};
-    char agree_err[ERR_LEN];
+    char agree_err[FSDP_ERR_LEN];
     if (t.comm.allreduce_sum_f64(&t.comm, failed, 2, agree_err) == 0 && failed[0] > 0) {
         if (rc && (t.comm.rank == 0 || failed[1] == 0))
             fprintf(stderr, "fsdp-train: %s\n", err);
@@ -858,7 +858,7 @@ int main(int argc, char **argv)
         hb_stop();
         teardown(&t);
         t.comm.finalize(&t.comm);
-        return rc == CKPTR_REFUSED ? 2 : 1;
+        return rc == TCKPT_REFUSED ? 2 : 1;
     }
     report_peak_memory(&t);
     if (t.comm.rank == 0 && t.preempted)

@@ -261,7 +261,7 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
             if (ckpt_parse_hash(v, &o->ckpt.write.hash))
                 rc = fsdp_err(err, "--ckpt-hash: '%s' is not sha256 or xxh3", v);
         } else if (strcmp(f, "--compress") == 0) {
-            char sub[CKPT_ERR_LEN];
+            char sub[FSDP_ERR_LEN];
             if (ckpt_parse_compress(v, &o->ckpt.write, sub))
                 rc = fsdp_err(err, "%s", sub);
         } else if (strcmp(f, "--resume") == 0) {

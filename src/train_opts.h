@@ -33,7 +33,7 @@ struct train_opts {
     int prefetch;        /* --prefetch (fsdp_opts) */
     int unit_blocks;     /* --unit-blocks (fsdp_opts); 0 when not given */
     double bucket_mib;   /* --bucket-mib (fsdp_opts); -1 when not given */
-    struct ckptr_opts ckpt; /* ckpt.uri NULL: no checkpoints */
+    struct tckpt_opts ckpt; /* ckpt.uri NULL: no checkpoints */
 };
 
 /* Returns 0 to run, 1 when --help was printed, -1 with err on bad input. */

@@ -17,7 +17,7 @@ int fsdp_err(char *err, const char *fmt, ...)
     if (err) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err, ERR_LEN, fmt, ap);
+        vsnprintf(err, FSDP_ERR_LEN, fmt, ap);
         va_end(ap);
     }
     return -1;

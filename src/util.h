@@ -1,10 +1,22 @@
 /*
- * util.h - small helpers shared by the trainer's files: error strings, a
- * counter-based random number generator, and time.
+ * util.h - the base every folder builds on: the error convention, a
+ * counter-based random number generator, clocks, whole reads and writes,
+ * hex, and number parsing. It includes nothing of ours, so storage/, ckpt/,
+ * src/, recovery/ and tools/ may all include it (as zstd's lib/common sits
+ * under its compressor and decompressor); it is built as its own library.
  *
- * Errors: a fallible function takes `char *err` (ERR_LEN bytes) and returns a
- * negative value after filling it with one line that names what failed and
- * where. Callers either pass it up or print it; nothing below main exits.
+ * Errors, everywhere in the project:
+ *   - a fallible function returns an int: 0 (FSDP_OK) on success, a negative
+ *     enum fsdp_status on failure. FSDP_ERROR (-1) is a failure to report;
+ *     the other codes are outcomes a caller may act on (STORAGE_NOT_FOUND:
+ *     try the next step). All of them are in the one enum below, so no two
+ *     layers can give one value two meanings;
+ *   - it takes `char *err` of FSDP_ERR_LEN bytes and, on failure, fills it
+ *     with one line naming what failed and where (the object, the path, the
+ *     errno text), through fsdp_err;
+ *   - the caller passes err up unchanged, prefixes context, or prints it.
+ *     Nothing below main() exits or aborts, except assert() on a
+ *     programmer's error.
  */
 #ifndef FSDP_UTIL_H
 #define FSDP_UTIL_H
@@ -12,7 +24,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define ERR_LEN 512
+#define FSDP_ERR_LEN 512
+
+enum fsdp_status {
+    FSDP_OK = 0,
+    FSDP_ERROR = -1,
+    STORAGE_NOT_FOUND = -2, /* no such object (storage.h) */
+    STORAGE_EXISTS = -3,    /* put-if-absent found the key taken (storage.h) */
+    CKPT_NOT_LIVE = -40,    /* a fenced writer's late commit (ckpt.h) */
+    CKPT_CANNOT_JUDGE = -41, /* a step's seals cannot be read (ckpt.h) */
+    CKPT_DAMAGED = -42,      /* a manifest that fails its checks (ckpt.h) */
+    TCKPT_REFUSED = -50,     /* a checkpoint of another model (checkpoint.h) */
+};
 
 /* Formats the message into err (if non-NULL) and returns -1. */
 int fsdp_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -81,9 +81,9 @@ static int fail(char *err, enum op op, const char *key, int e)
     for (size_t i = 0; i < sizeof errnos / sizeof errnos[0]; i++)
         if (errnos[i].value == e)
             name = errnos[i].name;
-    snprintf(err, STORAGE_ERR_LEN, "%s %s: %s (%s, injected)", op_names[op], key, strerror(e),
+    fsdp_err(err, "%s %s: %s (%s, injected)", op_names[op], key, strerror(e),
              name);
-    return STORAGE_ERROR;
+    return FSDP_ERROR;
 }
 
 #define F(s) ((struct fault_store *)(s))
@@ -95,8 +95,8 @@ static int f_put_begin(struct storage *s, const char *key, struct storage_writer
         return fail(err, OP_PUT, key, e);
     struct fault_writer *w = calloc(1, sizeof *w);
     if (!w) {
-        snprintf(err, STORAGE_ERR_LEN, "storage: out of memory");
-        return STORAGE_ERROR;
+        fsdp_err(err, "storage: out of memory");
+        return FSDP_ERROR;
     }
     int rc = storage_put_begin(F(s)->inner, key, &w->inner, err);
     if (rc) {
@@ -176,7 +176,7 @@ static int f_del_many(struct storage *s, const char *const *keys, int n, char *e
 {
     for (int i = 0; i < n; i++)
         if (f_del(s, keys[i], err))
-            return STORAGE_ERROR;
+            return FSDP_ERROR;
     return 0;
 }
 
@@ -215,11 +215,11 @@ static int parse_rule(struct fault_store *f, char *tok, char *err)
     }
     if (strncmp(tok, "corrupt@", 8) == 0) {
         f->corrupt_nth = strtoul(tok + 8, NULL, 10);
-        return f->corrupt_nth ? 0 : STORAGE_ERROR;
+        return f->corrupt_nth ? 0 : FSDP_ERROR;
     }
     char *eq = strchr(tok, '=');
     if (!eq || f->nrules == (int)(sizeof f->rules / sizeof f->rules[0]))
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     *eq = 0;
     struct rule r = {.op = OP_N};
     for (int i = 0; i < OP_N; i++)
@@ -227,24 +227,24 @@ static int parse_rule(struct fault_store *f, char *tok, char *err)
             r.op = (enum op)i;
     char *at = strpbrk(eq + 1, "@%");
     if (r.op == OP_N || !at)
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     char mark = *at;
     *at = 0;
     for (size_t i = 0; i < sizeof errnos / sizeof errnos[0]; i++)
         if (strcmp(eq + 1, errnos[i].name) == 0)
             r.err = errnos[i].value;
     if (!r.err)
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     char *end;
     if (mark == '@') {
         r.nth = strtoul(at + 1, &end, 10);
         r.and_later = *end == '+';
         if (!r.nth || (*end && strcmp(end, "+") != 0))
-            return STORAGE_ERROR;
+            return FSDP_ERROR;
     } else {
         r.p = strtod(at + 1, &end);
         if (*end || r.p < 0 || r.p > 1)
-            return STORAGE_ERROR;
+            return FSDP_ERROR;
     }
     (void)err;
     f->rules[f->nrules++] = r;
@@ -255,8 +255,8 @@ int storage_fault_open(const char *spec, struct storage *inner, struct storage *
 {
     struct fault_store *f = calloc(1, sizeof *f);
     if (!f) {
-        snprintf(err, STORAGE_ERR_LEN, "storage: out of memory");
-        return STORAGE_ERROR;
+        fsdp_err(err, "storage: out of memory");
+        return FSDP_ERROR;
     }
     f->base.ops = &fault_ops;
     f->inner = inner;
@@ -268,10 +268,10 @@ int storage_fault_open(const char *spec, struct storage *inner, struct storage *
         char copy[128];
         snprintf(copy, sizeof copy, "%s", tok);
         if (parse_rule(f, tok, err)) {
-            snprintf(err, STORAGE_ERR_LEN, "storage: bad fault rule '%s' (expected OP=ERR@N, "
+            fsdp_err(err, "storage: bad fault rule '%s' (expected OP=ERR@N, "
                      "OP=ERR@N+, OP=ERR%%P, corrupt@N or seed=S)", copy);
             free(f);
-            return STORAGE_ERROR;
+            return FSDP_ERROR;
         }
     }
     *out = &f->base;

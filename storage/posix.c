@@ -54,14 +54,14 @@ static struct posix_store *P(struct storage *s) { return (struct posix_store *)s
 
 static int fail(char *err, const char *op, const char *path, int e)
 {
-    snprintf(err, STORAGE_ERR_LEN, "%s %s: %s", op, path, strerror(e));
-    return STORAGE_ERROR;
+    fsdp_err(err, "%s %s: %s", op, path, strerror(e));
+    return FSDP_ERROR;
 }
 
 static int oom(char *err)
 {
-    snprintf(err, STORAGE_ERR_LEN, "storage: out of memory");
-    return STORAGE_ERROR;
+    fsdp_err(err, "storage: out of memory");
+    return FSDP_ERROR;
 }
 
 /* "ROOT/" and the first len bytes of key: what messages name. */
@@ -85,10 +85,10 @@ static const char *kind_of(mode_t m)
 /* The one refusal of anything but a directory or a regular file. */
 static int refuse(char *err, const char *path, mode_t m)
 {
-    snprintf(err, STORAGE_ERR_LEN,
+    fsdp_err(err,
              "%s: is %s; a checkpoint store holds only directories and regular files", path,
              kind_of(m));
-    return STORAGE_ERROR;
+    return FSDP_ERROR;
 }
 
 /* What name in dir is, not followed: 0 with *sb, STORAGE_NOT_FOUND, or an
@@ -98,7 +98,7 @@ static int entry_stat(int dir, const char *name, const char *path, struct stat *
     if (fstatat(dir, name, sb, AT_SYMLINK_NOFOLLOW) == 0)
         return 0;
     if (errno == ENOENT) {
-        snprintf(err, STORAGE_ERR_LEN, "%s: not found", path);
+        fsdp_err(err, "%s: not found", path);
         return STORAGE_NOT_FOUND;
     }
     return fail(err, "stat", path, errno);
@@ -112,8 +112,8 @@ static int object_stat(int dir, const char *name, const char *path, struct stat 
     if (rc || S_ISREG(sb->st_mode))
         return rc;
     if (S_ISDIR(sb->st_mode)) {
-        snprintf(err, STORAGE_ERR_LEN, "%s: is a directory, not an object", path);
-        return STORAGE_ERROR;
+        fsdp_err(err, "%s: is a directory, not an object", path);
+        return FSDP_ERROR;
     }
     return refuse(err, path, sb->st_mode);
 }
@@ -122,7 +122,7 @@ static int object_stat(int dir, const char *name, const char *path, struct stat 
 static int key_ok(const char *key, char *err)
 {
     if (storage_key_check(key, err))
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     const char *why = strlen(key) > MAX_KEY ? "longer than 400 bytes" : NULL;
     for (const char *p = key; !why; p++) {
         size_t len = strcspn(p, "/");
@@ -133,8 +133,8 @@ static int key_ok(const char *key, char *err)
             break;
     }
     if (why)
-        snprintf(err, STORAGE_ERR_LEN, "storage: invalid key '%.100s...': %s", key, why);
-    return why ? STORAGE_ERROR : 0;
+        fsdp_err(err, "storage: invalid key '%.100s...': %s", key, why);
+    return why ? FSDP_ERROR : 0;
 }
 
 static int fsync_dir(const char *dir)
@@ -171,7 +171,7 @@ static int make_root(const char *dir, char *err)
         return S_ISDIR(st.st_mode) ? 0 : fail(err, "mkdir", dir, ENOTDIR);
     parent_of(dir, parent, sizeof parent);
     if (strcmp(parent, dir) != 0 && make_root(parent, err))
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     if (mkdir(dir, 0755) && errno != EEXIST)
         return fail(err, "mkdir", dir, errno);
     if (fsync_dir(parent))
@@ -197,7 +197,7 @@ static int root_dir(struct posix_store *s, int create, int *out, char *err)
     if (!rc && s->root_fd < 0) {
         s->root_fd = open(s->root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (s->root_fd < 0 && errno == ENOENT && !create) {
-            snprintf(err, STORAGE_ERR_LEN, "%s: not found", s->root);
+            fsdp_err(err, "%s: not found", s->root);
             rc = STORAGE_NOT_FOUND;
         } else if (s->root_fd < 0) {
             rc = fail(err, "open", s->root, errno);
@@ -240,8 +240,8 @@ static int open_subdir(int dir, const char *name, const char *path, int create, 
             return STORAGE_NOT_FOUND;
         if ((e == ELOOP || e == ENOTDIR) && fstatat(dir, name, &sb, AT_SYMLINK_NOFOLLOW) == 0) {
             if (S_ISREG(sb.st_mode)) {
-                snprintf(err, STORAGE_ERR_LEN, "%s: is a regular file, not a directory", path);
-                return STORAGE_ERROR;
+                fsdp_err(err, "%s: is a regular file, not a directory", path);
+                return FSDP_ERROR;
             }
             if (!S_ISDIR(sb.st_mode))
                 return refuse(err, path, sb.st_mode);
@@ -274,7 +274,7 @@ static int open_parent(struct posix_store *s, const char *key, int create, int *
     }
     if (rc == STORAGE_NOT_FOUND) {
         where(s, key, strlen(key), path, sizeof path);
-        snprintf(err, STORAGE_ERR_LEN, "%s: not found", path);
+        fsdp_err(err, "%s: not found", path);
     }
     if (rc)
         return rc;
@@ -432,7 +432,7 @@ static int move_no_replace(struct posix_writer *w, char *err)
     struct stat sb; /* what holds the name: an object, or something to refuse */
     rc = object_stat(w->dir, w->name, w->path, &sb, err);
     if (rc == 0 || rc == STORAGE_NOT_FOUND) {
-        snprintf(err, STORAGE_ERR_LEN, "%s already exists", w->path);
+        fsdp_err(err, "%s already exists", w->path);
         rc = STORAGE_EXISTS;
     }
     return rc;
@@ -477,7 +477,7 @@ static int open_object(struct posix_store *s, const char *key, int *out, char *p
     int e = errno;
     close(dir);
     if (fd < 0 && e == ENOENT) {
-        snprintf(err, STORAGE_ERR_LEN, "%s: not found", path);
+        fsdp_err(err, "%s: not found", path);
         return STORAGE_NOT_FOUND;
     }
     if (fd < 0 && e == ELOOP)
@@ -515,10 +515,10 @@ static int posix_get_range(struct storage *st, const char *key, uint64_t off, si
             break;
         }
         if (r == 0) {
-            snprintf(err, STORAGE_ERR_LEN,
+            fsdp_err(err,
                      "%s: truncated: wanted %zu bytes at offset %llu, found %zu", path, len,
                      (unsigned long long)off, done);
-            rc = STORAGE_ERROR;
+            rc = FSDP_ERROR;
             break;
         }
         done += (size_t)r;
@@ -529,7 +529,7 @@ static int posix_get_range(struct storage *st, const char *key, uint64_t off, si
 
 static void posix_prefetch(struct storage *st, const char *key, uint64_t off, uint64_t len)
 {
-    char path[2048], err[STORAGE_ERR_LEN];
+    char path[2048], err[FSDP_ERR_LEN];
     int fd = -1;
     if (open_object(P(st), key, &fd, path, sizeof path, err))
         return; /* a hint: the read that follows reports what is wrong */
@@ -595,9 +595,9 @@ static int walk_dir(struct walk *wk, int fd, size_t kl)
         size_t nl = strlen(name), el = kl + (kl ? 1 : 0) + nl;
         if (el > MAX_LISTED) {
             where(wk->s, wk->key, kl, path, sizeof wk->path);
-            snprintf(wk->err, STORAGE_ERR_LEN, "%s/%s: path longer than %d bytes in a store", path,
+            fsdp_err(wk->err, "%s/%s: path longer than %d bytes in a store", path,
                      name, MAX_LISTED);
-            rc = STORAGE_ERROR;
+            rc = FSDP_ERROR;
             break;
         }
         if (kl)
@@ -658,7 +658,7 @@ static int posix_list(struct storage *st, const char *prefix,
  * up to (not including) the root. */
 static void drop_empty_dirs(struct posix_store *s, const char *key)
 {
-    char dirkey[MAX_KEY + 1], err[STORAGE_ERR_LEN];
+    char dirkey[MAX_KEY + 1], err[FSDP_ERR_LEN];
     snprintf(dirkey, sizeof dirkey, "%s", key);
     for (char *slash; (slash = strrchr(dirkey, '/'));) {
         *slash = 0;
@@ -732,8 +732,8 @@ int storage_posix_open(const char *root, struct storage **out, char *err)
     while (n > 1 && root[n - 1] == '/')
         n--;
     if (n == 0 || n >= sizeof(((struct posix_store *)0)->root)) {
-        snprintf(err, STORAGE_ERR_LEN, "storage: bad path '%s'", root);
-        return STORAGE_ERROR;
+        fsdp_err(err, "storage: bad path '%s'", root);
+        return FSDP_ERROR;
     }
     struct posix_store *s = calloc(1, sizeof *s);
     if (!s)
@@ -754,8 +754,8 @@ int storage_posix_open(const char *root, struct storage **out, char *err)
     struct stat sb;
     int fd = -1, rc = 0;
     if (stat(s->root, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
-        snprintf(err, STORAGE_ERR_LEN, "%s: exists and is not a directory", s->root);
-        rc = STORAGE_ERROR;
+        fsdp_err(err, "%s: exists and is not a directory", s->root);
+        rc = FSDP_ERROR;
     } else if ((rc = root_dir(s, 0, &fd, err)) == STORAGE_NOT_FOUND) {
         rc = 0;
     }

@@ -50,12 +50,12 @@ struct s3_store {
 static int full_key(const struct s3_store *s, const char *key, char *out, size_t n, char *err)
 {
     if (storage_key_check(key, err))
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     size_t len = (size_t)snprintf(out, n, "%s%s%s", s->prefix, s->prefix[0] ? "/" : "", key);
     if (len > MAX_KEY || len >= n) {
-        snprintf(err, STORAGE_ERR_LEN, "storage: invalid key '%.100s...': s3://%s/%.100s... is "
+        fsdp_err(err, "storage: invalid key '%.100s...': s3://%s/%.100s... is "
                  "longer than S3's %d bytes", key, s->bucket, out, MAX_KEY);
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     }
     return 0;
 }
@@ -74,9 +74,9 @@ static int list_prefix_ok(const char *prefix, char *err)
         bad = storage_key_problem(dirs) != NULL;
     }
     if (bad)
-        snprintf(err, STORAGE_ERR_LEN, "storage: invalid listing prefix '%.200s' (a path of "
+        fsdp_err(err, "storage: invalid listing prefix '%.200s' (a path of "
                  "plain names: no '.', '..' or empty parts, no control characters)", prefix);
-    return bad ? STORAGE_ERROR : 0;
+    return bad ? FSDP_ERROR : 0;
 }
 
 /* ---- the writer ---------------------------------------------------------- */
@@ -99,7 +99,7 @@ struct s3_writer {
     struct slot *slots;
     int nslots, cur, next_part, failed;
     char (*etags)[128];
-    char err[STORAGE_ERR_LEN];
+    char err[FSDP_ERR_LEN];
 };
 
 static int simple(struct s3_store *s, struct s3_request *r, const char *op, char *err)
@@ -123,9 +123,9 @@ static int create_upload(struct s3_store *s, struct s3_writer *w, char *err)
         s3_xml_free(&x);
     }
     if (!rc && !w->upload_id[0]) {
-        snprintf(err, STORAGE_ERR_LEN, "s3 CreateMultipartUpload %s/%s: no UploadId in the answer",
+        fsdp_err(err, "s3 CreateMultipartUpload %s/%s: no UploadId in the answer",
                  s->bucket, w->key);
-        rc = STORAGE_ERROR;
+        rc = FSDP_ERROR;
     }
     if (!rc)
         sigv4_uri_encode(w->upload_id, strlen(w->upload_id), 0, w->upload_id_enc,
@@ -142,16 +142,16 @@ static int start_part(struct s3_store *s, struct s3_writer *w, struct slot *sl, 
     sl->req = (struct s3_request){.method = "PUT", .bucket = s->bucket, .key = w->key,
                                   .query = sl->query, .body = sl->buf, .body_len = sl->len};
     if (!sl->h && !(sl->h = curl_easy_init())) {
-        snprintf(err, STORAGE_ERR_LEN, "s3: out of curl handles");
-        return STORAGE_ERROR;
+        fsdp_err(err, "s3: out of curl handles");
+        return FSDP_ERROR;
     }
     if (s3_prepare(&s->c, sl->h, &sl->req, &sl->hdrs, err))
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     curl_easy_setopt(sl->h, CURLOPT_PRIVATE, sl);
     if (curl_multi_add_handle(s->c.multi, sl->h) != CURLM_OK) {
-        snprintf(err, STORAGE_ERR_LEN, "s3 UploadPart %s/%s part %d: cannot start the transfer",
+        fsdp_err(err, "s3 UploadPart %s/%s part %d: cannot start the transfer",
                  s->bucket, w->key, sl->part);
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     }
     return 0;
 }
@@ -166,7 +166,7 @@ static int drive(struct s3_store *s, struct s3_writer *w, int all, char *err)
         for (int i = 0; i < w->nslots; i++)
             busy += w->slots[i].part != 0 && i != w->cur;
         if (busy == 0 || (!all && busy < w->nslots - 1))
-            return w->failed ? STORAGE_ERROR : 0;
+            return w->failed ? FSDP_ERROR : 0;
         int running;
         curl_multi_perform(s->c.multi, &running);
         CURLMsg *m;
@@ -207,7 +207,7 @@ static int drive(struct s3_store *s, struct s3_writer *w, int all, char *err)
             sl->part = 0;
         }
         if (w->failed) {
-            snprintf(err, STORAGE_ERR_LEN, "%s", w->err);
+            fsdp_err(err, "%s", w->err);
             /* let the others finish or fail; the upload is aborted anyway */
         }
         if (running)
@@ -219,17 +219,17 @@ static int drive(struct s3_store *s, struct s3_writer *w, int all, char *err)
 static int ship(struct s3_store *s, struct s3_writer *w, char *err)
 {
     if (!w->upload_id[0] && create_upload(s, w, err))
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     if (w->next_part >= MAX_PARTS) {
-        snprintf(err, STORAGE_ERR_LEN, "s3 UploadPart %s/%s: more than %d parts of %zu MiB",
+        fsdp_err(err, "s3 UploadPart %s/%s: more than %d parts of %zu MiB",
                  s->bucket, w->key, MAX_PARTS, s->c.cfg.part_size >> 20);
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     }
     struct slot *sl = &w->slots[w->cur];
     sl->part = ++w->next_part;
     sl->attempt = 0;
     if (start_part(s, w, sl, err))
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     int free_slot = -1;
     for (;;) {
         for (int i = 0; i < w->nslots && free_slot < 0; i++)
@@ -239,17 +239,17 @@ static int ship(struct s3_store *s, struct s3_writer *w, char *err)
             break;
         w->cur = -1; /* every slot is in flight */
         if (drive(s, w, 0, err))
-            return STORAGE_ERROR;
+            return FSDP_ERROR;
     }
     w->cur = free_slot;
     struct slot *n = &w->slots[free_slot];
     if (!n->buf && !(n->buf = malloc(s->c.cfg.part_size))) {
-        snprintf(err, STORAGE_ERR_LEN, "s3: out of memory for a %zu-byte part",
+        fsdp_err(err, "s3: out of memory for a %zu-byte part",
                  s->c.cfg.part_size);
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     }
     n->len = 0;
-    return w->failed ? (snprintf(err, STORAGE_ERR_LEN, "%s", w->err), STORAGE_ERROR) : 0;
+    return w->failed ? (fsdp_err(err, "%s", w->err), FSDP_ERROR) : 0;
 }
 
 static void free_writer(struct s3_store *s, struct s3_writer *w)
@@ -273,7 +273,7 @@ static void abort_upload(struct s3_store *s, struct s3_writer *w)
 {
     if (!w->upload_id[0])
         return;
-    char q[1700], err[STORAGE_ERR_LEN];
+    char q[1700], err[FSDP_ERR_LEN];
     snprintf(q, sizeof q, "uploadId=%s", w->upload_id_enc);
     struct s3_request r = {.method = "DELETE", .bucket = s->bucket, .key = w->key, .query = q};
     s3_perform(&s->c, &r, "AbortMultipartUpload", err);
@@ -291,7 +291,7 @@ static int s3_put_begin(struct storage *st, const char *key, struct storage_writ
     snprintf(w->base.key, sizeof w->base.key, "%s", key);
     if (full_key(s, key, w->key, sizeof w->key, err)) {
         free(w);
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     }
     int nslots = s->c.cfg.parallel_parts + 1; /* one filling, the rest in flight */
     w->slots = calloc((size_t)nslots, sizeof *w->slots);
@@ -305,8 +305,8 @@ static int s3_put_begin(struct storage *st, const char *key, struct storage_writ
     *out = &w->base;
     return 0;
 oom:
-    snprintf(err, STORAGE_ERR_LEN, "s3: out of memory for a writer");
-    return STORAGE_ERROR;
+    fsdp_err(err, "s3: out of memory for a writer");
+    return FSDP_ERROR;
 }
 
 static int s3_write(struct storage_writer *wb, const void *buf, size_t n, char *err)
@@ -323,7 +323,7 @@ static int s3_write(struct storage_writer *wb, const void *buf, size_t n, char *
         p += take;
         n -= take;
         if (sl->len == s->c.cfg.part_size && ship(s, w, err))
-            return STORAGE_ERROR;
+            return FSDP_ERROR;
     }
     return 0;
 }
@@ -371,7 +371,7 @@ static int multipart_etag(const struct s3_writer *w, char *out, size_t n)
  * there with the ETag of exactly our parts. */
 static int completed_before(struct s3_store *s, struct s3_writer *w)
 {
-    char want[64], err[STORAGE_ERR_LEN];
+    char want[64], err[FSDP_ERR_LEN];
     if (multipart_etag(w, want, sizeof want))
         return 0;
     struct s3_request r = {.method = "HEAD", .bucket = s->bucket, .key = w->key};
@@ -402,9 +402,9 @@ static int complete(struct s3_store *s, struct s3_writer *w, char *err)
     char q[1700];
     struct s3_buf xml = {0};
     if (s3_complete_body((const char (*)[128])w->etags, w->next_part, &xml)) {
-        snprintf(err, STORAGE_ERR_LEN, "s3 CompleteMultipartUpload %s/%s: out of memory for "
+        fsdp_err(err, "s3 CompleteMultipartUpload %s/%s: out of memory for "
                  "the request body (or an ETag XML cannot carry)", s->bucket, w->key);
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     }
     snprintf(q, sizeof q, "uploadId=%s", w->upload_id_enc);
     struct s3_request r = {.method = "POST", .bucket = s->bucket, .key = w->key, .query = q,
@@ -454,14 +454,14 @@ static int s3_commit(struct storage_writer *wb, char *err)
         if (!rc)
             rc = drive(s, w, 1, err);
         if (!rc && w->failed)
-            rc = (snprintf(err, STORAGE_ERR_LEN, "%s", w->err), STORAGE_ERROR);
+            rc = (fsdp_err(err, "%s", w->err), FSDP_ERROR);
         if (!rc)
             rc = complete(s, w, err);
         if (rc)
             abort_upload(s, w);
     }
     free_writer(s, w);
-    return rc ? STORAGE_ERROR : 0;
+    return rc ? FSDP_ERROR : 0;
 }
 
 /* ---- reads, listing, deletion --------------------------------------------- */
@@ -472,7 +472,7 @@ static int s3_get_range(struct storage *st, const char *key, uint64_t off, size_
     struct s3_store *s = S(st);
     char k[1100], range[96];
     if (full_key(s, key, k, sizeof k, err))
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     if (len == 0)
         return 0;
     snprintf(range, sizeof range, "Range: bytes=%llu-%llu", (unsigned long long)off,
@@ -482,12 +482,12 @@ static int s3_get_range(struct storage *st, const char *key, uint64_t off, size_
     r.extra[0] = range;
     int rc = s3_perform(&s->c, &r, "GetObject", err);
     if (!rc && r.status == 404) {
-        snprintf(err, STORAGE_ERR_LEN, "s3://%s/%s: not found", s->bucket, k);
+        fsdp_err(err, "s3://%s/%s: not found", s->bucket, k);
         rc = STORAGE_NOT_FOUND;
     } else if (!rc && r.status == 416) {
-        snprintf(err, STORAGE_ERR_LEN, "s3://%s/%s: truncated: no bytes at %llu..%llu",
+        fsdp_err(err, "s3://%s/%s: truncated: no bytes at %llu..%llu",
                  s->bucket, k, (unsigned long long)off, (unsigned long long)(off + len));
-        rc = STORAGE_ERROR;
+        rc = FSDP_ERROR;
     } else if (!rc && r.status != 206 && !(r.status == 200 && off == 0)) {
         rc = s3_http_error(&r, "GetObject", err);
     }
@@ -500,11 +500,11 @@ static int s3_stat(struct storage *st, const char *key, uint64_t *size, char *er
     struct s3_store *s = S(st);
     char k[1100];
     if (full_key(s, key, k, sizeof k, err))
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     struct s3_request r = {.method = "HEAD", .bucket = s->bucket, .key = k};
     int rc = s3_perform(&s->c, &r, "HeadObject", err);
     if (!rc && r.status == 404) {
-        snprintf(err, STORAGE_ERR_LEN, "s3://%s/%s: not found", s->bucket, k);
+        fsdp_err(err, "s3://%s/%s: not found", s->bucket, k);
         rc = STORAGE_NOT_FOUND;
     } else if (!rc && r.status != 200) {
         rc = s3_http_error(&r, "HeadObject", err);
@@ -521,12 +521,12 @@ static int s3_list(struct storage *st, const char *prefix,
     struct s3_store *s = S(st);
     char full[1100], efull[3400], token[2048] = "", etok[6200], q[10000];
     if (list_prefix_ok(prefix, err))
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     if ((size_t)snprintf(full, sizeof full, "%s%s%s", s->prefix, s->prefix[0] ? "/" : "",
                          prefix) > MAX_KEY) {
-        snprintf(err, STORAGE_ERR_LEN, "storage: listing prefix '%.100s...' longer than S3's %d "
+        fsdp_err(err, "storage: listing prefix '%.100s...' longer than S3's %d "
                  "bytes", prefix, MAX_KEY);
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     }
     sigv4_uri_encode(full, strlen(full), 0, efull, sizeof efull);
     size_t strip = s->prefix[0] ? strlen(s->prefix) + 1 : 0;
@@ -543,8 +543,8 @@ static int s3_list(struct storage *st, const char *prefix,
             rc = s3_http_error(&r, "ListObjectsV2", err);
         struct s3_xml x = {0};
         if (!rc && s3_xml_parse(r.resp.p ? r.resp.p : "", r.resp.len, &x)) {
-            snprintf(err, STORAGE_ERR_LEN, "s3 ListObjectsV2 %s: unreadable XML", s->bucket);
-            rc = STORAGE_ERROR;
+            fsdp_err(err, "s3 ListObjectsV2 %s: unreadable XML", s->bucket);
+            rc = FSDP_ERROR;
         }
         s3_buf_free(&r.resp);
         if (rc)
@@ -560,9 +560,9 @@ static int s3_list(struct storage *st, const char *prefix,
                      key) {
                 /* only keys under our prefix: anything else is the server's error */
                 if (strip && (strncmp(key, s->prefix, strip - 1) != 0 || key[strip - 1] != '/')) {
-                    snprintf(err, STORAGE_ERR_LEN, "s3 ListObjectsV2 %s: the answer lists "
+                    fsdp_err(err, "s3 ListObjectsV2 %s: the answer lists "
                              "'%.200s', outside the prefix '%s/'", s->bucket, key, s->prefix);
-                    rc = STORAGE_ERROR;
+                    rc = FSDP_ERROR;
                 } else {
                     rc = fn(arg, key + strip, strtoull(it->text, NULL, 10));
                 }
@@ -578,10 +578,10 @@ static int s3_list(struct storage *st, const char *prefix,
         if (!truncated)
             return 0;
         if (!token[0]) {
-            snprintf(err, STORAGE_ERR_LEN,
+            fsdp_err(err,
                      "s3 ListObjectsV2 %s: truncated listing without a continuation token",
                      s->bucket);
-            return STORAGE_ERROR;
+            return FSDP_ERROR;
         }
     }
 }
@@ -591,7 +591,7 @@ static int s3_del(struct storage *st, const char *key, char *err)
     struct s3_store *s = S(st);
     char k[1100];
     if (full_key(s, key, k, sizeof k, err))
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     struct s3_request r = {.method = "DELETE", .bucket = s->bucket, .key = k};
     int rc = s3_perform(&s->c, &r, "DeleteObject", err);
     if (!rc && r.status != 204 && r.status != 200 && r.status != 404)
@@ -622,7 +622,7 @@ static int s3_del_many(struct storage *st, const char *const *keys, int n, char 
     for (int i = 0; i < n; i++) { /* every key checked before anything is deleted */
         char k[1100];
         if (full_key(s, keys[i], k, sizeof k, err))
-            return STORAGE_ERROR;
+            return FSDP_ERROR;
     }
     for (int at = 0; at < n; at += 1000) {
         int m = n - at < 1000 ? n - at : 1000;
@@ -632,9 +632,9 @@ static int s3_del_many(struct storage *st, const char *const *keys, int n, char 
         if (s3_delete_body(s->prefix, keys + at, m, &xml) ||
             !EVP_Digest(xml.p, xml.len, md5, &mdlen, EVP_md5(), NULL) || mdlen != 16) {
             s3_buf_free(&xml);
-            snprintf(err, STORAGE_ERR_LEN, "s3 DeleteObjects %s: cannot build the request "
+            fsdp_err(err, "s3 DeleteObjects %s: cannot build the request "
                      "(out of memory, or OpenSSL failed)", s->bucket);
-            return STORAGE_ERROR;
+            return FSDP_ERROR;
         }
         char b64[32], hdr[64];
         EVP_EncodeBlock((unsigned char *)b64, md5, 16);
@@ -647,15 +647,15 @@ static int s3_del_many(struct storage *st, const char *const *keys, int n, char 
             rc = s3_http_error(&r, "DeleteObjects", err);
         if (!rc && r.resp.p && strstr(r.resp.p, "<Error>")) {
             struct s3_xml x;
-            snprintf(err, STORAGE_ERR_LEN, "s3 DeleteObjects %s: an error in the answer",
+            fsdp_err(err, "s3 DeleteObjects %s: an error in the answer",
                      s->bucket);
             if (s3_xml_parse(r.resp.p, r.resp.len, &x) == 0) {
                 const char *key = s3_xml_first(&x, "Key"), *code = s3_xml_first(&x, "Code");
-                snprintf(err, STORAGE_ERR_LEN, "s3 DeleteObjects %s: %s: %s", s->bucket,
+                fsdp_err(err, "s3 DeleteObjects %s: %s: %s", s->bucket,
                          key ? key : "?", code ? code : "error");
                 s3_xml_free(&x);
             }
-            rc = STORAGE_ERROR;
+            rc = FSDP_ERROR;
         }
         s3_buf_free(&r.resp);
         s3_buf_free(&xml);
@@ -673,7 +673,7 @@ static int s3_del_many(struct storage *st, const char *const *keys, int n, char 
  * (the generation record carries a nonce) so that equal bytes mean "ours". */
 static int holds_exactly(struct storage *st, const char *key, const void *buf, size_t n)
 {
-    char err[STORAGE_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     uint64_t size;
     if (st->ops->stat(st, key, &size, err) || size != n)
         return 0;
@@ -689,7 +689,7 @@ static int s3_put_if_absent(struct storage *st, const char *key, const void *buf
     struct s3_store *s = S(st);
     char k[1100];
     if (full_key(s, key, k, sizeof k, err))
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     struct s3_request r = {.method = "PUT", .bucket = s->bucket, .key = k, .body = buf,
                            .body_len = n};
     r.extra[0] = "If-None-Match: *";
@@ -698,7 +698,7 @@ static int s3_put_if_absent(struct storage *st, const char *key, const void *buf
         if (r.attempts > 1 && holds_exactly(st, key, buf, n)) {
             rc = 0;
         } else {
-            snprintf(err, STORAGE_ERR_LEN, "s3://%s/%s already exists", s->bucket, k);
+            fsdp_err(err, "s3://%s/%s already exists", s->bucket, k);
             rc = STORAGE_EXISTS;
         }
     } else if (!rc && r.status != 200) {
@@ -742,14 +742,14 @@ int storage_s3_open(const char *uri, struct storage **out, char *err)
     for (size_t i = 0; ok && i < bl; i++)
         ok = (alnum(p[i]) || p[i] == '-' || p[i] == '.') && !(p[i] == '.' && p[i + 1] == '.');
     if (!ok) {
-        snprintf(err, STORAGE_ERR_LEN, "storage: '%s': a bucket name is 3-63 of a-z 0-9 . -, "
+        fsdp_err(err, "storage: '%s': a bucket name is 3-63 of a-z 0-9 . -, "
                  "starting and ending with a letter or digit, without '..'", uri);
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     }
     struct s3_store *s = calloc(1, sizeof *s);
     if (!s) {
-        snprintf(err, STORAGE_ERR_LEN, "storage: out of memory");
-        return STORAGE_ERROR;
+        fsdp_err(err, "storage: out of memory");
+        return FSDP_ERROR;
     }
     memcpy(s->bucket, p, bl);
     if (slash) {
@@ -759,22 +759,22 @@ int storage_s3_open(const char *uri, struct storage **out, char *err)
             pl--;
         if (pl >= sizeof s->prefix) {
             free(s);
-            snprintf(err, STORAGE_ERR_LEN, "storage: '%s': prefix too long", uri);
-            return STORAGE_ERROR;
+            fsdp_err(err, "storage: '%s': prefix too long", uri);
+            return FSDP_ERROR;
         }
         memcpy(s->prefix, pre, pl);
         /* a prefix is a path of plain names: s3://b/../x would leave the bucket */
         const char *why = pl ? storage_key_problem(s->prefix) : NULL;
         if (why) {
-            snprintf(err, STORAGE_ERR_LEN, "storage: '%s': the prefix has %s (a bucket prefix "
+            fsdp_err(err, "storage: '%s': the prefix has %s (a bucket prefix "
                      "is a path of plain names)", uri, why);
             free(s);
-            return STORAGE_ERROR;
+            return FSDP_ERROR;
         }
     }
     if (s3_client_init(&s->c, err)) {
         free(s);
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     }
     s->base.ops = &s3_ops;
     snprintf(s->base.uri, sizeof s->base.uri, "s3://%s%s%s", s->bucket, s->prefix[0] ? "/" : "",

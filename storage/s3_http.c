@@ -121,10 +121,10 @@ int s3_config_load(struct s3_config *c, char *err)
     if (!c->region[0])
         snprintf(c->region, sizeof c->region, "us-east-1");
     if (!c->access_key[0] || !c->secret_key[0]) {
-        snprintf(err, STORAGE_ERR_LEN,
+        fsdp_err(err,
                  "s3: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
                  "AWS_PROFILE with ~/.aws/credentials");
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     }
     const char *ep = getenv("AWS_ENDPOINT_URL_S3");
     if (!ep || !*ep)
@@ -137,9 +137,9 @@ int s3_config_load(struct s3_config *c, char *err)
     const char *sep = strstr(ep, "://");
     if (!sep || (size_t)(sep - ep) >= sizeof c->scheme ||
         (strncmp(ep, "http", 4) != 0)) {
-        snprintf(err, STORAGE_ERR_LEN, "s3: endpoint '%s' is not http://HOST[:PORT] or https://",
+        fsdp_err(err, "s3: endpoint '%s' is not http://HOST[:PORT] or https://",
                  ep);
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     }
     snprintf(c->scheme, sizeof c->scheme, "%.*s", (int)(sep - ep), ep);
     snprintf(c->host, sizeof c->host, "%s", sep + 3);
@@ -147,8 +147,8 @@ int s3_config_load(struct s3_config *c, char *err)
     if (slash)
         *slash = 0;
     if (!c->host[0] || (strcmp(c->scheme, "http") && strcmp(c->scheme, "https"))) {
-        snprintf(err, STORAGE_ERR_LEN, "s3: endpoint '%s' is not http:// or https://", ep);
-        return STORAGE_ERROR;
+        fsdp_err(err, "s3: endpoint '%s' is not http:// or https://", ep);
+        return FSDP_ERROR;
     }
     if ((v = getenv("AWS_CA_BUNDLE")))
         snprintf(c->ca_bundle, sizeof c->ca_bundle, "%s", v);
@@ -274,12 +274,12 @@ int s3_client_init(struct s3_client *c, char *err)
 {
     memset(c, 0, sizeof *c);
     if (s3_config_load(&c->cfg, err))
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     static int global;
     if (!global && curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
         s3_client_free(c);
-        snprintf(err, STORAGE_ERR_LEN, "s3: cannot initialise libcurl");
-        return STORAGE_ERROR;
+        fsdp_err(err, "s3: cannot initialise libcurl");
+        return FSDP_ERROR;
     }
     global = 1;
     pthread_mutex_init(&c->mu, NULL);
@@ -288,8 +288,8 @@ int s3_client_init(struct s3_client *c, char *err)
     c->multi = curl_multi_init();
     if (!c->nidle || !c->multi) {
         s3_client_free(c);
-        snprintf(err, STORAGE_ERR_LEN, "s3: cannot initialise libcurl");
-        return STORAGE_ERROR;
+        fsdp_err(err, "s3: cannot initialise libcurl");
+        return FSDP_ERROR;
     }
     curl_multi_setopt(c->multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)c->cfg.parallel_parts);
     return 0;
@@ -478,16 +478,16 @@ int s3_prepare(struct s3_client *c, CURL *h, struct s3_request *r, struct curl_s
         snprintf(path, sizeof path, "/%s%s%s", r->bucket, r->key ? "/" : "", r->key ? r->key : "");
     }
     if (sigv4_uri_encode(path, strlen(path), 1, epath, sizeof epath) < 0) {
-        snprintf(err, STORAGE_ERR_LEN, "s3: key too long: %s", path);
-        return STORAGE_ERROR;
+        fsdp_err(err, "s3: key too long: %s", path);
+        return FSDP_ERROR;
     }
     snprintf(url, sizeof url, "%s://%s%s%s%s", cfg->scheme, host, epath,
              r->query && *r->query ? "?" : "", r->query ? r->query : "");
     amz_now(date);
     /* the real payload hash on every request; UNSIGNED-PAYLOAD is never used */
     if (sha256_hex(r->body ? r->body : "", r->body ? r->body_len : 0, sha)) {
-        snprintf(err, STORAGE_ERR_LEN, "s3: cannot hash a request body (OpenSSL failed)");
-        return STORAGE_ERROR;
+        fsdp_err(err, "s3: cannot hash a request body (OpenSSL failed)");
+        return FSDP_ERROR;
     }
 
     struct sigv4_kv kv[6];
@@ -511,8 +511,8 @@ int s3_prepare(struct s3_client *c, CURL *h, struct s3_request *r, struct curl_s
                              cfg->session_token[0] ? cfg->session_token : NULL, 1};
     static __thread struct sigv4_output out;
     if (sigv4_sign(&in, &out)) {
-        snprintf(err, STORAGE_ERR_LEN, "s3: cannot sign a request (too large, or OpenSSL failed)");
-        return STORAGE_ERROR;
+        fsdp_err(err, "s3: cannot sign a request (too large, or OpenSSL failed)");
+        return FSDP_ERROR;
     }
     char line[8192];
     struct curl_slist *l = NULL;
@@ -581,8 +581,8 @@ int s3_prepare(struct s3_client *c, CURL *h, struct s3_request *r, struct curl_s
 oom:
     curl_easy_reset(h); /* it must not keep a pointer to the list freed here */
     curl_slist_free_all(l);
-    snprintf(err, STORAGE_ERR_LEN, "s3: out of memory for a request");
-    return STORAGE_ERROR;
+    fsdp_err(err, "s3: out of memory for a request");
+    return FSDP_ERROR;
 }
 
 static int retryable_code(const char *code)
@@ -663,9 +663,9 @@ int s3_perform(struct s3_client *c, struct s3_request *r, const char *op, char *
     char why[256] = "", obj[1200];
     CURL *h = take_handle(c);
     if (!h) {
-        snprintf(err, STORAGE_ERR_LEN, "s3 %s %s: out of memory for a curl handle", op,
+        fsdp_err(err, "s3 %s %s: out of memory for a curl handle", op,
                  what(r, obj, sizeof obj));
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     }
     for (int attempt = 0; attempt < c->cfg.max_attempts; attempt++) {
         if (attempt)
@@ -674,7 +674,7 @@ int s3_perform(struct s3_client *c, struct s3_request *r, const char *op, char *
         struct curl_slist *hdrs = NULL;
         if (s3_prepare(c, h, r, &hdrs, err)) {
             give_handle(c, h);
-            return STORAGE_ERROR;
+            return FSDP_ERROR;
         }
         CURLcode cc = curl_easy_perform(h);
         int retry;
@@ -688,9 +688,9 @@ int s3_perform(struct s3_client *c, struct s3_request *r, const char *op, char *
             break;
     }
     give_handle(c, h);
-    snprintf(err, STORAGE_ERR_LEN, "s3 %s %s: %s (after %d attempt%s)", op,
+    fsdp_err(err, "s3 %s %s: %s (after %d attempt%s)", op,
              what(r, obj, sizeof obj), why, r->attempts, r->attempts > 1 ? "s" : "");
-    return STORAGE_ERROR;
+    return FSDP_ERROR;
 }
 
 int s3_http_error(const struct s3_request *r, const char *op, char *err)
@@ -708,7 +708,7 @@ int s3_http_error(const struct s3_request *r, const char *op, char *err)
     const char *code = r->code[0]                         ? r->code
                        : strcmp(r->method, "HEAD") == 0 ? "(a HEAD answer has no error body)"
                                                         : "(no S3 error code)";
-    snprintf(err, STORAGE_ERR_LEN, "s3 %s %s: HTTP %ld %s%s", op, what(r, obj, sizeof obj),
+    fsdp_err(err, "s3 %s %s: HTTP %ld %s%s", op, what(r, obj, sizeof obj),
              r->status, code, msg);
-    return STORAGE_ERROR;
+    return FSDP_ERROR;
 }

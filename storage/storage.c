@@ -14,20 +14,20 @@ int storage_open(const char *uri, struct storage **out, char *err)
 {
     *out = NULL;
     if (!uri || !*uri) {
-        snprintf(err, STORAGE_ERR_LEN, "storage: empty URI");
-        return STORAGE_ERROR;
+        fsdp_err(err, "storage: empty URI");
+        return FSDP_ERROR;
     }
     if (strncmp(uri, "fault:", 6) == 0) {
         const char *semi = strchr(uri + 6, ';');
         if (!semi) {
-            snprintf(err, STORAGE_ERR_LEN, "storage: '%s': expected fault:SPEC;URI", uri);
-            return STORAGE_ERROR;
+            fsdp_err(err, "storage: '%s': expected fault:SPEC;URI", uri);
+            return FSDP_ERROR;
         }
         char spec[512];
         size_t n = (size_t)(semi - (uri + 6));
         if (n >= sizeof spec) {
-            snprintf(err, STORAGE_ERR_LEN, "storage: fault spec too long");
-            return STORAGE_ERROR;
+            fsdp_err(err, "storage: fault spec too long");
+            return FSDP_ERROR;
         }
         memcpy(spec, uri + 6, n);
         spec[n] = 0;
@@ -46,9 +46,9 @@ int storage_open(const char *uri, struct storage **out, char *err)
         return storage_posix_open(uri + 7, out, err);
     const char *colon = strstr(uri, "://");
     if (colon) {
-        snprintf(err, STORAGE_ERR_LEN, "storage: '%s': unsupported scheme '%.*s' (paths, file:// "
+        fsdp_err(err, "storage: '%s': unsupported scheme '%.*s' (paths, file:// "
                  "and s3:// are supported)", uri, (int)(colon - uri), uri);
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     }
     return storage_posix_open(uri, out, err);
 }
@@ -124,14 +124,14 @@ int storage_get_all(struct storage *s, const char *key, size_t max, void **buf, 
     if (rc)
         return rc;
     if (size > max) {
-        snprintf(err, STORAGE_ERR_LEN, "%s/%s: %llu bytes, more than the %zu allowed", s->uri,
+        fsdp_err(err, "%s/%s: %llu bytes, more than the %zu allowed", s->uri,
                  key, (unsigned long long)size, max);
-        return STORAGE_ERROR;
+        return FSDP_ERROR;
     }
     char *p = malloc((size_t)size + 1);
     if (!p) {
-        snprintf(err, STORAGE_ERR_LEN, "%s/%s: out of memory", s->uri, key);
-        return STORAGE_ERROR;
+        fsdp_err(err, "%s/%s: out of memory", s->uri, key);
+        return FSDP_ERROR;
     }
     if ((rc = storage_get_range(s, key, 0, (size_t)size, p, err))) {
         free(p);
@@ -165,7 +165,7 @@ int storage_delete_many(struct storage *s, const char *const *keys, int n, char 
         return s->ops->del_many(s, keys, n, err);
     for (int i = 0; i < n; i++)
         if (storage_delete(s, keys[i], err))
-            return STORAGE_ERROR;
+            return FSDP_ERROR;
     return 0;
 }
 
@@ -209,8 +209,8 @@ int storage_key_check(const char *key, char *err)
     for (; key[i] && i + 1 < sizeof shown; i++)
         shown[i] = (unsigned char)key[i] < 0x20 || key[i] == 0x7f ? '?' : key[i];
     shown[i] = 0;
-    snprintf(err, STORAGE_ERR_LEN,
+    fsdp_err(err,
              "storage: invalid key '%s%s': %s (keys are relative paths of plain names)", shown,
              key[i] ? "..." : "", why);
-    return STORAGE_ERROR;
+    return FSDP_ERROR;
 }

@@ -26,14 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define STORAGE_ERR_LEN 512
-
-enum {
-    STORAGE_OK = 0,
-    STORAGE_ERROR = -1,
-    STORAGE_NOT_FOUND = -2,
-    STORAGE_EXISTS = -3,
-};
+#include "util.h"
 
 struct storage;
 
@@ -109,7 +102,7 @@ int storage_put_if_absent(struct storage *s, const char *key, const void *buf, s
  * "..", no control characters. NULL when key follows it, else what is
  * wrong ("a '..' part"); backends add their own length limits. */
 const char *storage_key_problem(const char *key);
-/* 0, or STORAGE_ERROR with "storage: invalid key 'KEY': PROBLEM (...)". */
+/* 0, or FSDP_ERROR with "storage: invalid key 'KEY': PROBLEM (...)". */
 int storage_key_check(const char *key, char *err);
 
 /* backends */

@@ -149,7 +149,7 @@ static int load_newest(struct storage *st, struct ckpt_manifest *m, char *err)
     }
     free(steps);
     if (!found)
-        snprintf(err, CKPT_ERR_LEN, "%s: no committed checkpoint", st->uri);
+        fsdp_err(err, "%s: no committed checkpoint", st->uri);
     return rc ? -1 : 0;
 }
 
@@ -174,7 +174,7 @@ static double mib(uint64_t b) { return (double)b / 1048576.0; }
 
 static int cmd_ls(const char *uri)
 {
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct storage *st;
     if (open_store(uri, &st, err))
         return die(err);
@@ -218,7 +218,7 @@ static int cmd_ls(const char *uri)
 
 static int cmd_inspect(const char *arg, int as_json)
 {
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct storage *st;
     struct ckpt_manifest m;
     if (load(arg, &st, &m, err))
@@ -288,7 +288,7 @@ static uint64_t stored_bytes(const struct ckpt_manifest *m)
 
 static int cmd_verify(const char *arg, int threads)
 {
-    char err[CKPT_ERR_LEN], dir[32];
+    char err[FSDP_ERR_LEN], dir[32];
     struct storage *st;
     struct ckpt_manifest m;
     if (load(arg, &st, &m, err))
@@ -332,7 +332,7 @@ static int print_digest(void *arg, const char *tensor, const char *kind, const c
 
 static int cmd_digest(const char *arg)
 {
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct storage *st;
     struct ckpt_manifest m;
     if (load(arg, &st, &m, err))
@@ -351,7 +351,7 @@ static int cmd_digest(const char *arg)
 static int cmd_reshard(const char *src_arg, const char *dst_uri, int world,
                        const struct ckpt_write_opts *o)
 {
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct storage *st, *dst;
     struct ckpt_manifest m;
     if (load(src_arg, &st, &m, err))
@@ -382,7 +382,7 @@ struct export_opts {
 
 static int cmd_export(const char *src_arg, const char *out, const struct export_opts *x)
 {
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct storage *st;
     struct ckpt_manifest m;
     if (load(src_arg, &st, &m, err))
@@ -415,7 +415,7 @@ static const char *const dim_flags[5] = {"--layers", "--dim", "--heads", "--seq"
 static int cmd_import(const char *in, const char *dst_uri, const char *preset, const int *dims,
                       int layout, int world, const struct ckpt_write_opts *o)
 {
-    char err[CKPT_ERR_LEN], tmp[4096] = "";
+    char err[FSDP_ERR_LEN], tmp[4096] = "";
     struct model_config cfg;
     struct model_layout m;
     if (layout == LAYOUT_HF && hf_read_config(in, &cfg, err))
@@ -448,11 +448,11 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, c
         snprintf(tmp, sizeof tmp, "%s/fsdp-ckpt-import-XXXXXX", t && *t ? t : "/tmp");
         fd = mkstemp(tmp);
         if (fd < 0)
-            rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: cannot create: %s", tmp, strerror(errno));
+            rc = -1, fsdp_err(err, "%s: cannot create: %s", tmp, strerror(errno));
         else if (unlink(tmp) || /* nothing to leave behind, whatever happens next */
                  (rc = layout == LAYOUT_HF ? hf_to_native(in, &m, fd, err)
                                            : llmc_to_native(in, &m, fd, err)) != 0)
-            rc = -1, snprintf(err + strlen(err), CKPT_ERR_LEN - strlen(err), "%s",
+            rc = -1, snprintf(err + strlen(err), FSDP_ERR_LEN - strlen(err), "%s",
                               *err ? "" : "cannot unlink the temporary file");
         snprintf(tmp, sizeof tmp, "/proc/self/fd/%d", fd); /* st_import opens it by path */
         path = tmp;
@@ -480,7 +480,7 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, c
 static int cmd_cp(const char *src_arg, const char *dst_uri, const struct ckpt_write_opts *o,
                   int rewrite_opts)
 {
-    char err[CKPT_ERR_LEN], uri[1024];
+    char err[FSDP_ERR_LEN], uri[1024];
     uint64_t step;
     int has_step;
     split_uri(src_arg, uri, sizeof uri, &step, &has_step);
@@ -578,7 +578,7 @@ static int digests_of(const char *arg, struct digests *d, char *err)
 
 static int cmd_diff(const char *a, const char *b)
 {
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct digests da = {0}, db = {0};
     if (digests_of(a, &da, err) || digests_of(b, &db, err)) {
         free(da.lines);
@@ -601,7 +601,7 @@ static int cmd_diff(const char *a, const char *b)
 
 static int cmd_prune(const char *uri, long long keep)
 {
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct storage *st;
     if (open_store(uri, &st, err))
         return die(err);
@@ -657,7 +657,7 @@ static int cmd_convert(int argc, char **argv)
     int npos = 0, all = 0, rewrite_opts = 0, dtype_given = 0, shard_given = 0, dims[5] = {0};
     struct export_opts x = {0, LAYOUT_NATIVE, HF_F32, 5000000000ull};
     struct ckpt_write_opts o = CKPT_WRITE_DEFAULTS;
-    char err[CKPT_ERR_LEN], msg[CKPT_ERR_LEN + 64];
+    char err[FSDP_ERR_LEN], msg[FSDP_ERR_LEN + 64];
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         int has_value = i + 1 < argc;

@@ -94,7 +94,7 @@ static int write_json(const char *dir, const char *name, json_t *doc, char *err)
     char path[4096];
     struct outfile o;
     if (!text) {
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory", name);
+        fsdp_err(err, "%s: out of memory", name);
         return -1;
     }
     snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -157,7 +157,7 @@ static int write_shard(struct ckpt_reader *r, const char *dir, const char *file,
     char *head = st_header_bytes(h, &hlen);
     json_decref(h);
     if (!head) {
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory for its header", file);
+        fsdp_err(err, "%s: out of memory for its header", file);
         return -1;
     }
     char path[4096];
@@ -183,17 +183,17 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
     long long layers = cfg_int(m, "layers"), dim = cfg_int(m, "dim"), heads = cfg_int(m, "heads"),
               seq = cfg_int(m, "seq"), vocab = cfg_int(m, "vocab");
     if (layers < 1 || dim < 1 || heads < 1 || seq < 1 || vocab < 1) {
-        snprintf(err, CKPT_ERR_LEN, "export --layout hf: the manifest's model lacks layers, dim, "
+        fsdp_err(err, "export --layout hf: the manifest's model lacks layers, dim, "
                                     "heads, seq or vocab");
         return -1;
     }
     if (mkdir(dir, 0755) && errno != EEXIST) {
-        snprintf(err, CKPT_ERR_LEN, "%s: cannot create: %s", dir, strerror(errno));
+        fsdp_err(err, "%s: cannot create: %s", dir, strerror(errno));
         return -1;
     }
     struct stat sb;
     if (lstat(dir, &sb) || !S_ISDIR(sb.st_mode)) {
-        snprintf(err, CKPT_ERR_LEN, "%s: not a directory", dir);
+        fsdp_err(err, "%s: not a directory", dir);
         return -1;
     }
     DIR *d = opendir(dir); /* nothing is overwritten, no stale shard left beside new ones */
@@ -204,7 +204,7 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
     if (d)
         closedir(d);
     if (!empty) {
-        snprintf(err, CKPT_ERR_LEN, "%s: exists and is not empty (export --layout hf writes a "
+        fsdp_err(err, "%s: exists and is not empty (export --layout hf writes a "
                                     "new directory)", dir);
         return -1;
     }
@@ -213,7 +213,7 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
         nt += m->units[u].ntensors;
     struct hf_tensor *ts = calloc((size_t)nt + 1, sizeof *ts);
     if (!ts) {
-        snprintf(err, CKPT_ERR_LEN, "export: out of memory");
+        fsdp_err(err, "export: out of memory");
         return -1;
     }
     uint64_t largest = 0, in_shard = 0, total = 0;
@@ -245,7 +245,7 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
     unsigned char *bytes = malloc((size_t)largest * 4 + 4);
     int rc = src && tr && bytes ? 0 : -1;
     if (rc)
-        snprintf(err, CKPT_ERR_LEN, "export: out of memory for a tensor of %llu elements",
+        fsdp_err(err, "export: out of memory for a tensor of %llu elements",
                  (unsigned long long)largest);
     json_t *map = json_object(); /* every tensor's file, as written */
     int index_written = 0;
@@ -318,7 +318,7 @@ static int open_in(int dfd, const char *dir, const char *name, uint64_t *size, c
     int fd = openat(dfd, name, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat sb;
     if (fd < 0 || fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
-        snprintf(err, CKPT_ERR_LEN, "%s/%s: %s", dir, name,
+        fsdp_err(err, "%s/%s: %s", dir, name,
                  fd < 0 ? strerror(errno) : "not a regular file");
         if (fd >= 0)
             close(fd);
@@ -337,15 +337,15 @@ static json_t *read_json(int dfd, const char *dir, const char *name, char *err)
     char *text = size <= (64u << 20) ? malloc((size_t)size + 1) : NULL;
     json_t *doc = NULL;
     if (!text)
-        snprintf(err, CKPT_ERR_LEN, "%s/%s: %llu bytes, more than the 64 MiB allowed", dir, name,
+        fsdp_err(err, "%s/%s: %llu bytes, more than the 64 MiB allowed", dir, name,
                  (unsigned long long)size);
     else if (pread(fd, text, (size_t)size, 0) != (ssize_t)size)
-        snprintf(err, CKPT_ERR_LEN, "%s/%s: cannot read", dir, name);
+        fsdp_err(err, "%s/%s: cannot read", dir, name);
     else {
         json_error_t je;
         doc = json_loadb(text, (size_t)size, JSON_REJECT_DUPLICATES, &je);
         if (!json_is_object(doc)) {
-            snprintf(err, CKPT_ERR_LEN, "%s/%s: not a JSON object: %s", dir, name, je.text);
+            fsdp_err(err, "%s/%s: not a JSON object: %s", dir, name, je.text);
             json_decref(doc);
             doc = NULL;
         }
@@ -359,7 +359,7 @@ int hf_read_config(const char *dir, struct model_config *cfg, char *err)
 {
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0) {
-        snprintf(err, CKPT_ERR_LEN, "%s: not a directory: %s", dir, strerror(errno));
+        fsdp_err(err, "%s: not a directory: %s", dir, strerror(errno));
         return -1;
     }
     json_t *c = read_json(dfd, dir, "config.json", err);
@@ -374,19 +374,19 @@ int hf_read_config(const char *dir, struct model_config *cfg, char *err)
         json_t *x = json_object_get(c, keys[i]);
         v[i] = json_is_integer(x) ? (long long)json_integer_value(x) : -1;
         if (v[i] < 1 || v[i] > hi[i])
-            rc = -1, snprintf(err, CKPT_ERR_LEN, "%s/config.json: %s must be an integer in 1..%lld",
+            rc = -1, fsdp_err(err, "%s/config.json: %s must be an integer in 1..%lld",
                               dir, keys[i], hi[i]);
     }
     const char *type = json_string_value(json_object_get(c, "model_type"));
     const char *act = json_string_value(json_object_get(c, "activation_function"));
     json_t *eps = json_object_get(c, "layer_norm_epsilon"), *tie = json_object_get(c, "tie_word_embeddings");
     if (!rc && type && strcmp(type, "gpt2") != 0)
-        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s/config.json: model_type '%.40s', not gpt2", dir, type);
+        rc = -1, fsdp_err(err, "%s/config.json: model_type '%.40s', not gpt2", dir, type);
     if (!rc && act && strcmp(act, "gelu_new") != 0) /* absent: GPT2Config's gelu_new */
-        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s/config.json: activation_function '%.40s'; this "
+        rc = -1, fsdp_err(err, "%s/config.json: activation_function '%.40s'; this "
                                              "trainer's GELU is gelu_new (tanh)", dir, act);
     if (!rc && eps && (!json_is_number(eps) || fabs(json_number_value(eps) - 1e-5) > 1e-12))
-        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s/config.json: layer_norm_epsilon must be 1e-5 "
+        rc = -1, fsdp_err(err, "%s/config.json: layer_norm_epsilon must be 1e-5 "
                                              "(this trainer's LayerNorm)", dir);
     static const struct {
         const char *key;
@@ -397,12 +397,12 @@ int hf_read_config(const char *dir, struct model_config *cfg, char *err)
     for (int i = 0; !rc && i < 3; i++) {
         json_t *x = json_object_get(c, flags[i].key);
         if (x && (!json_is_boolean(x) || json_is_true(x) != flags[i].want))
-            rc = -1, snprintf(err, CKPT_ERR_LEN, "%s/config.json: %s must be %s (this "
+            rc = -1, fsdp_err(err, "%s/config.json: %s must be %s (this "
                                                  "trainer's attention)", dir, flags[i].key,
                               flags[i].want ? "true" : "false");
     }
     if (!rc && tie && !json_is_true(tie))
-        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s/config.json: tie_word_embeddings false; this "
+        rc = -1, fsdp_err(err, "%s/config.json: tie_word_embeddings false; this "
                                              "trainer's head is tied to wte", dir);
     json_decref(c);
     if (rc)
@@ -455,14 +455,14 @@ static int list_files(int dfd, const char *dir, struct hf_file **out, int *n, js
             return -1;
         map = json_object_get(*index, "weight_map");
         if (!json_is_object(map) || json_object_size(map) == 0) {
-            snprintf(err, CKPT_ERR_LEN, "%s/model.safetensors.index.json: no weight_map", dir);
+            fsdp_err(err, "%s/model.safetensors.index.json: no weight_map", dir);
             return -1;
         }
     }
     size_t cap = single ? 1 : json_object_size(map);
     struct hf_file *f = calloc(cap, sizeof *f);
     if (!f) {
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory", dir);
+        fsdp_err(err, "%s: out of memory", dir);
         return -1;
     }
     const char *key;
@@ -474,7 +474,7 @@ static int list_files(int dfd, const char *dir, struct hf_file **out, int *n, js
         {
             const char *file = json_string_value(v);
             if (!file || !plain_file_name(file)) {
-                snprintf(err, CKPT_ERR_LEN, "%s/model.safetensors.index.json: %.80s: file "
+                fsdp_err(err, "%s/model.safetensors.index.json: %.80s: file "
                                             "'%.80s' is not a plain file name in the directory",
                          dir, key, file ? file : "(not a string)");
                 break;
@@ -482,7 +482,7 @@ static int list_files(int dfd, const char *dir, struct hf_file **out, int *n, js
             if (json_object_get(seen, file))
                 continue;
             if (*n >= HF_MAX_FILES) {
-                snprintf(err, CKPT_ERR_LEN, "%s/model.safetensors.index.json: more than %d files",
+                fsdp_err(err, "%s/model.safetensors.index.json: more than %d files",
                          dir, HF_MAX_FILES);
                 break;
             }
@@ -520,7 +520,7 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
 {
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0) {
-        snprintf(err, CKPT_ERR_LEN, "%s: not a directory: %s", dir, strerror(errno));
+        fsdp_err(err, "%s: not a directory: %s", dir, strerror(errno));
         return -1;
     }
     struct hf_file *f = NULL;
@@ -540,7 +540,7 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
     const struct st_entry **at = calloc((size_t)nt + 1, sizeof *at);
     int *in = calloc((size_t)nt + 1, sizeof *in);
     if (!rc && (!at || !in))
-        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: out of memory", dir);
+        rc = -1, fsdp_err(err, "%s: out of memory", dir);
     for (int i = 0; !rc && i < nf; i++)
         for (int j = 0; j < f[i].h.n; j++) {
             const struct st_entry *e = &f[i].h.e[j];
@@ -595,7 +595,7 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
             problems++;
         }
     if (!rc && problems)
-        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: %d problem%s; nothing imported", dir, problems,
+        rc = -1, fsdp_err(err, "%s: %d problem%s; nothing imported", dir, problems,
                           problems > 1 ? "s" : "");
     /* the native file: our names, F32, (out, in), the padded rows zero */
     uint64_t largest = 0;
@@ -604,7 +604,7 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
     float *dst = malloc((size_t)largest * 4 + 4), *tmp = malloc((size_t)largest * 4 + 4);
     unsigned char *raw = malloc((size_t)largest * 4 + 4);
     if (!rc && (!dst || !tmp || !raw))
-        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: out of memory", dir);
+        rc = -1, fsdp_err(err, "%s: out of memory", dir);
     if (!rc)
         rc = st_write_native_header(out_fd, m, err);
     for (int t = 0; !rc && t < nt; t++) {
@@ -613,7 +613,7 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
         size_t bytes = (size_t)(e->end - e->begin);
         int size = strcmp(e->dtype, "F32") == 0 ? 4 : 2, f16 = strcmp(e->dtype, "F16") == 0;
         if (fsdp_pread_all(f[in[t]].fd, raw, bytes, e->begin)) {
-            rc = -1, snprintf(err, CKPT_ERR_LEN, "%s/%s: %s: cannot read", dir, f[in[t]].name,
+            rc = -1, fsdp_err(err, "%s/%s: %s: cannot read", dir, f[in[t]].name,
                               e->name);
             break;
         }
@@ -630,7 +630,7 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
             memcpy(dst, tmp, (size_t)n * 4);
         }
         if (fsdp_write_all(out_fd, dst, (size_t)T->numel * 4))
-            rc = -1, snprintf(err, CKPT_ERR_LEN, "import: cannot write a temporary file: %s",
+            rc = -1, fsdp_err(err, "import: cannot write a temporary file: %s",
                               strerror(errno));
     }
     free(dst);

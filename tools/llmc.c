@@ -68,7 +68,7 @@ int llmc_export(struct ckpt_reader *r, const char *path, int bf16, char *err)
     long long L = cfg_int(m, "layers"), C = cfg_int(m, "dim"), NH = cfg_int(m, "heads"),
               T = cfg_int(m, "seq"), V = cfg_int(m, "vocab"), Vp = cfg_int(m, "vocab_pad");
     if (L < 1 || C < 1 || NH < 1 || T < 1 || V < 1 || Vp < V || Vp > INT32_MAX) {
-        snprintf(err, CKPT_ERR_LEN, "export --layout llmc: the manifest's model lacks layers, "
+        fsdp_err(err, "export --layout llmc: the manifest's model lacks layers, "
                                     "dim, heads, seq, vocab or vocab_pad");
         return -1;
     }
@@ -84,7 +84,7 @@ int llmc_export(struct ckpt_reader *r, const char *path, int bf16, char *err)
     struct outfile o;
     int rc = buf && half ? 0 : -1, opened = 0;
     if (rc)
-        snprintf(err, CKPT_ERR_LEN, "export: out of memory");
+        fsdp_err(err, "export: out of memory");
     if (!rc && (rc = outfile_open(&o, path, err)) == 0) {
         opened = 1;
         rc = outfile_write(&o, head, sizeof head, err);
@@ -96,7 +96,7 @@ int llmc_export(struct ckpt_reader *r, const char *path, int bf16, char *err)
             name_of(g, l, name, sizeof name);
             const struct ckpt_tensor *t = find(m, name, &unit);
             if (!t) {
-                snprintf(err, CKPT_ERR_LEN, "export --layout llmc: the checkpoint has no %s",
+                fsdp_err(err, "export --layout llmc: the checkpoint has no %s",
                          name);
                 rc = -1;
                 break;
@@ -133,18 +133,18 @@ static int open_file(const char *path, struct llmc_file *f, struct model_config 
     f->fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat sb;
     if (f->fd < 0 || fstat(f->fd, &sb) || !S_ISREG(sb.st_mode)) {
-        snprintf(err, CKPT_ERR_LEN, "%s: %s", path,
+        fsdp_err(err, "%s: %s", path,
                  f->fd < 0 ? strerror(errno) : "not a regular file");
         return -1;
     }
     f->size = (uint64_t)sb.st_size;
     if (f->size < sizeof f->h || pread(f->fd, f->h, sizeof f->h, 0) != (ssize_t)sizeof f->h) {
-        snprintf(err, CKPT_ERR_LEN, "%s: shorter than llm.c's 1024-byte header", path);
+        fsdp_err(err, "%s: shorter than llm.c's 1024-byte header", path);
         return -1;
     }
     const int32_t *h = f->h;
     if (h[0] != LLMC_MAGIC || (h[1] != LLMC_FP32 && h[1] != LLMC_BF16)) {
-        snprintf(err, CKPT_ERR_LEN, "%s: not an llm.c model file (magic %d, version %d; want "
+        fsdp_err(err, "%s: not an llm.c model file (magic %d, version %d; want "
                                     "%d and 3 or 5)", path, h[0], h[1], LLMC_MAGIC);
         return -1;
     }
@@ -152,7 +152,7 @@ static int open_file(const char *path, struct llmc_file *f, struct model_config 
     if (h[2] < 1 || h[2] > 65536 || h[3] < 2 || h[3] > 65536 || h[4] < 1 || h[4] > 256 ||
         h[5] < 1 || h[5] > 1024 || h[6] < 1 || h[6] > 16384 || h[7] < h[3] ||
         h[7] > (h[3] + 127) / 128 * 128) { /* llm.c pads V to a multiple of 128 */
-        snprintf(err, CKPT_ERR_LEN, "%s: header sizes out of bounds (maxT %d, V %d, L %d, NH %d, "
+        fsdp_err(err, "%s: header sizes out of bounds (maxT %d, V %d, L %d, NH %d, "
                                     "C %d, Vp %d)", path, h[2], h[3], h[4], h[5], h[6], h[7]);
         return -1;
     }
@@ -164,7 +164,7 @@ static int open_file(const char *path, struct llmc_file *f, struct model_config 
                                                          L * (12 * C * C + 13 * C);
     uint64_t want = sizeof f->h + n * (h[1] == LLMC_BF16 ? 2 : 4);
     if (f->size != want) {
-        snprintf(err, CKPT_ERR_LEN, "%s: %llu bytes; its header describes %llu", path,
+        fsdp_err(err, "%s: %llu bytes; its header describes %llu", path,
                  (unsigned long long)f->size, (unsigned long long)want);
         return -1;
     }
@@ -187,7 +187,7 @@ int llmc_to_native(const char *path, const struct model_layout *m, int out_fd, c
     int rc = open_file(path, &f, &cfg, err);
     if (!rc && (cfg.layers != m->cfg.layers || cfg.dim != m->cfg.dim ||
                 cfg.heads != m->cfg.heads || cfg.seq != m->cfg.seq || cfg.vocab != m->cfg.vocab))
-        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: changed since its header was read", path);
+        rc = -1, fsdp_err(err, "%s: changed since its header was read", path);
     int size = f.h[1] == LLMC_BF16 ? 2 : 4;
     uint64_t C = (uint64_t)cfg.dim, Vp_file = rc ? 0 : (uint64_t)f.h[7];
     /* where each group starts in the file, and one layer's share of it */
@@ -199,7 +199,7 @@ int llmc_to_native(const char *path, const struct model_layout *m, int out_fd, c
         for (int i = 0; i < m->ntensors && !t; i++)
             t = strcmp(m->tensors[i].name, name) == 0 ? &m->tensors[i] : NULL;
         if (!t) {
-            rc = -1, snprintf(err, CKPT_ERR_LEN, "import: the model has no %s", name);
+            rc = -1, fsdp_err(err, "import: the model has no %s", name);
             break;
         }
         per[g] = g == 0 ? Vp_file * C : t->numel;
@@ -212,7 +212,7 @@ int llmc_to_native(const char *path, const struct model_layout *m, int out_fd, c
     float *dst = malloc((size_t)largest * 4 + 4);
     unsigned char *raw = malloc((size_t)largest * 4 + 4);
     if (!rc && (!dst || !raw))
-        rc = -1, snprintf(err, CKPT_ERR_LEN, "import: out of memory");
+        rc = -1, fsdp_err(err, "import: out of memory");
     if (!rc)
         rc = st_write_native_header(out_fd, m, err);
     for (int i = 0; !rc && i < m->ntensors; i++) { /* our layout's order */
@@ -226,13 +226,13 @@ int llmc_to_native(const char *path, const struct model_layout *m, int out_fd, c
                 layer >= 0 && layer < cfg.layers)
                 g = k;
         if (g < 0) {
-            rc = -1, snprintf(err, CKPT_ERR_LEN, "import: %s has no place in llm.c's file", t->name);
+            rc = -1, fsdp_err(err, "import: %s has no place in llm.c's file", t->name);
             break;
         }
         uint64_t n = per[g] < t->numel ? per[g] : t->numel; /* wte: the rows both have */
         uint64_t off = start[g] + (uint64_t)layer * per[g] * (uint64_t)size;
         if (fsdp_pread_all(f.fd, raw, (size_t)(n * (uint64_t)size), off)) {
-            rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: %s: cannot read", path, t->name);
+            rc = -1, fsdp_err(err, "%s: %s: cannot read", path, t->name);
             break;
         }
         memset(dst, 0, (size_t)t->numel * 4);
@@ -243,7 +243,7 @@ int llmc_to_native(const char *path, const struct model_layout *m, int out_fd, c
                 dst[k] = fsdp_bf16_widen((uint16_t)(raw[2 * k] | raw[2 * k + 1] << 8));
         }
         if (fsdp_write_all(out_fd, dst, (size_t)t->numel * 4))
-            rc = -1, snprintf(err, CKPT_ERR_LEN, "import: cannot write a temporary file: %s",
+            rc = -1, fsdp_err(err, "import: cannot write a temporary file: %s",
                               strerror(errno));
     }
     free(dst);

@@ -18,7 +18,7 @@ int outfile_open(struct outfile *o, const char *path, char *err)
     snprintf(o->tmp, sizeof o->tmp, "%s.tmp.%d", path, (int)getpid());
     o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (o->fd < 0) {
-        snprintf(err, CKPT_ERR_LEN, "%s: cannot create: %s", o->tmp, strerror(errno));
+        fsdp_err(err, "%s: cannot create: %s", o->tmp, strerror(errno));
         return -1;
     }
     return 0;
@@ -28,7 +28,7 @@ int outfile_write(struct outfile *o, const void *p, size_t n, char *err)
 {
     if (fsdp_write_all(o->fd, p, n) == 0)
         return 0;
-    snprintf(err, CKPT_ERR_LEN, "%s: write failed: %s", o->tmp, strerror(errno));
+    fsdp_err(err, "%s: write failed: %s", o->tmp, strerror(errno));
     return -1;
 }
 
@@ -42,7 +42,7 @@ int outfile_close(struct outfile *o, int ok, char *err)
     int rc = fsync(o->fd);
     rc |= close(o->fd);
     if (rc || rename(o->tmp, o->path)) {
-        snprintf(err, CKPT_ERR_LEN, "%s: cannot finish: %s", o->path, strerror(errno));
+        fsdp_err(err, "%s: cannot finish: %s", o->path, strerror(errno));
         unlink(o->tmp);
         return -1;
     }

@@ -56,7 +56,7 @@ int st_export(struct ckpt_reader *r, const char *path, int all, char *err)
     if (!head || !buf) {
         free(head);
         free(buf);
-        snprintf(err, CKPT_ERR_LEN, "export: out of memory");
+        fsdp_err(err, "export: out of memory");
         return -1;
     }
     int rc = outfile_open(&o, path, err) ? -1 : outfile_write(&o, head, hlen, err);
@@ -75,9 +75,9 @@ int st_export(struct ckpt_reader *r, const char *path, int all, char *err)
     if (o.fd >= 0 && outfile_close(&o, !rc, err) && !rc)
         rc = -1;
     if (rc) {
-        char sub[CKPT_ERR_LEN];
+        char sub[FSDP_ERR_LEN];
         snprintf(sub, sizeof sub, "%s", err);
-        snprintf(err, CKPT_ERR_LEN, "export to %s: %s", path, sub);
+        fsdp_err(err, "export to %s: %s", path, sub);
     }
     return rc ? -1 : 0;
 }
@@ -103,7 +103,7 @@ int st_write_native_header(int fd, const struct model_layout *m, char *err)
     json_decref(h);
     int rc = !b || fsdp_write_all(fd, b, len) ? -1 : 0;
     if (rc)
-        snprintf(err, CKPT_ERR_LEN, "import: cannot write a temporary file: %s",
+        fsdp_err(err, "import: cannot write a temporary file: %s",
                  b ? strerror(errno) : "out of memory");
     free(b);
     return rc;
@@ -148,21 +148,21 @@ int st_header_parse(const char *path, int fd, uint64_t fsize, struct st_header *
     memset(out, 0, sizeof *out);
     unsigned char lenb[8];
     if (fsize < 8 || pread(fd, lenb, 8, 0) != 8) {
-        snprintf(err, CKPT_ERR_LEN, "%s: not a safetensors file (shorter than 8 bytes)", path);
+        fsdp_err(err, "%s: not a safetensors file (shorter than 8 bytes)", path);
         return -1;
     }
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--)
         n = n << 8 | lenb[i];
     if (n > MAX_HEADER || n > fsize - 8) {
-        snprintf(err, CKPT_ERR_LEN, "%s: header length %llu does not fit the %llu-byte file", path,
+        fsdp_err(err, "%s: header length %llu does not fit the %llu-byte file", path,
                  (unsigned long long)n, (unsigned long long)fsize);
         return -1;
     }
     char *doc = malloc((size_t)n + 1);
     if (!doc || pread(fd, doc, (size_t)n, 8) != (ssize_t)n) {
         free(doc);
-        snprintf(err, CKPT_ERR_LEN, "%s: cannot read the header", path);
+        fsdp_err(err, "%s: cannot read the header", path);
         return -1;
     }
     json_error_t je;
@@ -170,7 +170,7 @@ int st_header_parse(const char *path, int fd, uint64_t fsize, struct st_header *
     free(doc);
     if (!json_is_object(h)) {
         json_decref(h);
-        snprintf(err, CKPT_ERR_LEN, "%s: header is not a JSON object: %s", path, je.text);
+        fsdp_err(err, "%s: header is not a JSON object: %s", path, je.text);
         return -1;
     }
     const uint64_t data = 8 + n, dsize = fsize - data;
@@ -178,7 +178,7 @@ int st_header_parse(const char *path, int fd, uint64_t fsize, struct st_header *
     struct st_entry *e = calloc(cap ? cap : 1, sizeof *e);
     if (!e) {
         json_decref(h);
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory for %zu header entries", path, cap);
+        fsdp_err(err, "%s: out of memory for %zu header entries", path, cap);
         return -1;
     }
     int ne = 0, mine = 0; /* mine: this file's problems */
@@ -221,7 +221,7 @@ int st_header_parse(const char *path, int fd, uint64_t fsize, struct st_header *
     if (!sorted) {
         free(e);
         json_decref(h);
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory", path);
+        fsdp_err(err, "%s: out of memory", path);
         return -1;
     }
     memcpy(sorted, e, sizeof *e * (size_t)ne);
@@ -305,7 +305,7 @@ static int read_header(const char *path, int fd, uint64_t fsize, const struct mo
     char *found = calloc((size_t)m->ntensors + 1, 1);
     if (!found) {
         st_header_free(&h);
-        snprintf(err, CKPT_ERR_LEN, "%s: out of memory", path);
+        fsdp_err(err, "%s: out of memory", path);
         return -1;
     }
     for (int i = 0; i < h.n; i++) {
@@ -341,7 +341,7 @@ static int read_header(const char *path, int fd, uint64_t fsize, const struct mo
     free(found);
     st_header_free(&h);
     if (problems) {
-        snprintf(err, CKPT_ERR_LEN, "%s: %d problem%s; nothing imported", path, problems,
+        fsdp_err(err, "%s: %d problem%s; nothing imported", path, problems,
                  problems > 1 ? "s" : "");
         return -1;
     }
@@ -387,16 +387,16 @@ int st_import(const char *path, const char *source, const struct model_layout *m
      * file is refused below */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
-        snprintf(err, CKPT_ERR_LEN, "%s: cannot open: %s", path, strerror(errno));
+        fsdp_err(err, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
     struct stat sb;
     uint64_t *offsets = calloc((size_t)m->ntensors, sizeof *offsets);
     int rc = fstat(fd, &sb) || !offsets ? -1 : 0;
     if (rc)
-        snprintf(err, CKPT_ERR_LEN, "%s: cannot stat", path);
+        fsdp_err(err, "%s: cannot stat", path);
     else if (!S_ISREG(sb.st_mode))
-        rc = -1, snprintf(err, CKPT_ERR_LEN, "%s: not a regular file", path);
+        rc = -1, fsdp_err(err, "%s: not a regular file", path);
     if (!rc)
         rc = read_header(path, fd, (uint64_t)sb.st_size, m, model_name, offsets, err);
     struct ckpt_manifest out = {0};
@@ -415,7 +415,7 @@ int st_import(const char *path, const char *source, const struct model_layout *m
     struct ckpt_codec *codec = ckpt_codec_new(o->chunk_bytes);
     float *buf = malloc(PIECE * sizeof *buf);
     if (!rc && (model_ckpt_units(m, world, &out) || !out.shards || !secs || !codec || !buf)) {
-        snprintf(err, CKPT_ERR_LEN, "import: out of memory");
+        fsdp_err(err, "import: out of memory");
         rc = -1;
     }
     for (int r = 0; !rc && r < world; r++) {
@@ -437,7 +437,7 @@ int st_import(const char *path, const char *source, const struct model_layout *m
                 if (secs[s].kind != CKPT_PARAM)
                     memset(buf, 0, (size_t)n * sizeof *buf); /* fresh optimizer state */
                 else if (read_params(fd, m, offsets, secs[s].unit, secs[s].lo + x, n, buf)) {
-                    snprintf(err, CKPT_ERR_LEN, "%s: read failed: %s", path, strerror(errno));
+                    fsdp_err(err, "%s: read failed: %s", path, strerror(errno));
                     rc = -1;
                     break;
                 }
@@ -457,7 +457,7 @@ int st_import(const char *path, const char *source, const struct model_layout *m
         rc = ckpt_commit_step(dst, &out, tag, &res, err);
         ckpt_commit_result_free(&res);
     } else { /* this writer's own shards, nothing else */
-        char sub[CKPT_ERR_LEN];
+        char sub[FSDP_ERR_LEN];
         ckpt_discard_own(dst, 0, world, tag, sub);
     }
     out.nshards = out.shards ? world : 0;

@@ -44,7 +44,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         s.nchunks = (int)((uint32_t)index[12] | (uint32_t)index[13] << 8 |
                           (uint32_t)index[14] << 16 | (uint32_t)(index[15] & 0x7f) << 24);
     struct ckpt_chunk *t = NULL;
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     err[0] = 0;
     if (ckpt_index_decode(index, len, &s, chunk_bytes, &t, err) == 0) {
         uint64_t raw = 0, stored = 0;

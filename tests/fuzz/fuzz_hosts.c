@@ -24,7 +24,7 @@ static void parse(const char *buf, size_t len, int max)
 {
     struct host h[SUPER_MAX_HOSTS];
     int nh = -1, total = -1;
-    char err[SUPER_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     err[0] = 0;
     if (super_parse_hosts(buf, len, "hosts", h, max, &nh, &total, err, sizeof err) != 0) {
         FUZZ_CHECK(strncmp(err, "hosts:", 6) == 0 && strchr(err, '\n') == NULL);

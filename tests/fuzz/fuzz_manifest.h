@@ -13,7 +13,7 @@ static inline int fuzz_one_line(const char *s) { return strchr(s, '\n') == NULL;
 /* A refusal comes with a message: one NUL-terminated line. */
 static inline void fuzz_manifest_refused(const char *err)
 {
-    const char *end = memchr(err, 0, CKPT_ERR_LEN);
+    const char *end = memchr(err, 0, FSDP_ERR_LEN);
     FUZZ_CHECK(end != NULL);
     FUZZ_CHECK(err[0] != 0);
     /* printed as one line by every program (jansson's message quotes input
@@ -26,7 +26,7 @@ static inline void fuzz_manifest_refused(const char *err)
  * (the same bytes). */
 static inline void fuzz_manifest_accepted(const struct ckpt_manifest *m)
 {
-    char err[CKPT_ERR_LEN] = "";
+    char err[FSDP_ERR_LEN] = "";
     FUZZ_CHECK(ckpt_manifest_check(m, err) == 0);
     FUZZ_CHECK(m->world >= 1 && m->nshards == m->world && m->nunits >= 1);
     FUZZ_CHECK(m->version == 1 || m->version == CKPT_FORMAT_VERSION);

@@ -19,7 +19,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct ckpt_manifest m;
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     err[0] = 0;
     if (ckpt_manifest_parse((const char *)data, size, &m, err) == 0) {
         fuzz_manifest_accepted(&m);

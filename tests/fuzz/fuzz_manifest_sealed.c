@@ -59,7 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!sealed)
         return 0;
     struct ckpt_manifest m;
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     err[0] = 0;
     if (ckpt_manifest_parse(sealed, strlen(sealed), &m, err) == 0) {
         fuzz_manifest_accepted(&m);

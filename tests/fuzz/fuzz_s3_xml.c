@@ -94,9 +94,9 @@ static void error_answer(const uint8_t *data, size_t size, const char *code)
     r.resp.p = fuzz_strndup(data, size);
     r.resp.len = size;
     r.resp.cap = size + 1;
-    char err[STORAGE_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     err[0] = 0;
-    FUZZ_CHECK(s3_http_error(&r, "GetObject", err) == STORAGE_ERROR);
+    FUZZ_CHECK(s3_http_error(&r, "GetObject", err) == FSDP_ERROR);
     FUZZ_CHECK(err[0] != 0 && memchr(err, 0, sizeof err) != NULL);
     s3_buf_free(&r.resp);
 }

@@ -46,7 +46,7 @@ static void read_as(const uint8_t *data, size_t size, uint64_t fsize)
 {
     fuzz_memfd_fill(fd, data, size, (size_t)fsize);
     memset(offsets, 0xff, (size_t)layout.ntensors * sizeof *offsets);
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     err[0] = 0;
     if (st_read_header("fuzz.safetensors", fd, fsize, &layout, "tiny", offsets, err) != 0) {
         FUZZ_CHECK(err[0] != 0 && memchr(err, 0, sizeof err) != NULL);

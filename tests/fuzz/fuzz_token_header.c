@@ -32,7 +32,7 @@ static void use(const struct token_file *f, size_t size, int vocab)
         FUZZ_CHECK(f->tokens[i] < vocab);
     /* a short context, so that small files hold samples */
     struct sample_stream s;
-    char err[ERR_LEN];
+    char err[FSDP_ERR_LEN];
     if (sample_stream_init(&s, f, 4, 1, err) != 0)
         return;
     int32_t in[4], tg[4];
@@ -50,7 +50,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static const int vocabs[] = {256, 50257};
     for (size_t v = 0; v < sizeof vocabs / sizeof vocabs[0]; v++) {
         struct token_file f;
-        char err[ERR_LEN];
+        char err[FSDP_ERR_LEN];
         err[0] = 0;
         if (token_file_open(&f, path, vocabs[v], err) == 0) {
             use(&f, size, vocabs[v]);

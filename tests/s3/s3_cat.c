@@ -24,7 +24,7 @@ static int on_key(void *arg, const char *key, uint64_t size)
 
 int main(int argc, char **argv)
 {
-    char err[STORAGE_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct storage *st;
     if (argc < 4 || storage_open(argv[2], &st, err)) {
         fprintf(stderr, "s3_cat: %s\n", argc < 4 ? "usage: s3_cat get|put|stat|list URI KEY" : err);

@@ -91,7 +91,7 @@ static int write_step(struct storage *st, uint64_t step, int codec, size_t chunk
 /* The test's own clean-up: every object of one step. */
 static void remove_step(struct storage *st, uint64_t step)
 {
-    char err[CKPT_ERR_LEN], dir[32], key[128];
+    char err[FSDP_ERR_LEN], dir[32], key[128];
     struct ckpt_step_objects *s;
     int n;
     REQUIRE(ckpt_list_step_objects(st, &s, &n, err) == 0, "%s", err);
@@ -159,7 +159,7 @@ static int read_back_with(struct storage *st, uint64_t step, int world, int thre
                     uint64_t x = rank * per[u] + i;
                     float want = x < numel[u] ? state[u][k][x] : 0.0f;
                     if (memcmp(&buf[u][k * per[u] + i], &want, 4) != 0) {
-                        snprintf(err, CKPT_ERR_LEN, "unit %d kind %d element %llu differs", u,
+                        fsdp_err(err, "unit %d kind %d element %llu differs", u,
                                  k, (unsigned long long)x);
                         ok = 0;
                         break;
@@ -181,7 +181,7 @@ static int read_back_matches(struct storage *st, uint64_t step, int world, char 
 
 static void round_trip_every_codec_chunk_size_and_world(void)
 {
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct storage *st;
     REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
     const int codecs[] = {CKPT_CODEC_RAW, CKPT_CODEC_ZSTD, CKPT_CODEC_ZSTD_SHUFFLE4};
@@ -227,7 +227,7 @@ static void count_bad(void *arg, const char *msg)
 
 static void flipped_byte_is_named(int hash)
 {
-    char err[CKPT_ERR_LEN], path[600];
+    char err[FSDP_ERR_LEN], path[600];
     struct storage *st;
     REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
     REQUIRE(write_step_hashed(st, 100, CKPT_CODEC_ZSTD_SHUFFLE4, 1000, hash, err) == 0, "%s",
@@ -282,7 +282,7 @@ static void a_flipped_byte_is_named_by_shard_and_chunk(void)
  * digest), and expects the parser to refuse it naming the problem. */
 static void inconsistent_manifests_are_refused(void)
 {
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct storage *st;
     REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
     REQUIRE(write_step(st, 200, CKPT_CODEC_ZSTD, 1000, err) == 0, "%s", err);
@@ -319,7 +319,7 @@ static void inconsistent_manifests_are_refused(void)
 
 static void mutated_manifests_never_crash_the_parser(void)
 {
-    char err[CKPT_ERR_LEN], path[600];
+    char err[FSDP_ERR_LEN], path[600];
     snprintf(path, sizeof path, "%s/step-00000200/MANIFEST.json", root);
     FILE *f = fopen(path, "rb");
     REQUIRE(f != NULL, "open %s", path);
@@ -354,7 +354,7 @@ static void mutated_manifests_never_crash_the_parser(void)
  * verify name the index, and no chunk is trusted. */
 static void a_damaged_chunk_index_is_named(void)
 {
-    char err[CKPT_ERR_LEN], path[600];
+    char err[FSDP_ERR_LEN], path[600];
     struct storage *st;
     REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
     REQUIRE(write_step(st, 300, CKPT_CODEC_ZSTD, 1000, err) == 0, "%s", err);
@@ -419,7 +419,7 @@ static void malformed_chunk_indexes_are_refused(void)
             b[cases[i].at] = cases[i].to;
         s.index_off = cases[i].index_off ? cases[i].index_off : 90;
         struct ckpt_chunk *t = NULL;
-        char err[CKPT_ERR_LEN] = "";
+        char err[FSDP_ERR_LEN] = "";
         int rc = ckpt_index_decode(b, cases[i].len ? cases[i].len : len, &s, 64, &t, err);
         if (!cases[i].needle)
             CHECK(rc == 0 && t && t[2].raw_off == 128 && t[2].stored_off == 60, "%s: %s",
@@ -436,7 +436,7 @@ static void malformed_chunk_indexes_are_refused(void)
  * before a byte is written (a reader would refuse its manifest). */
 static void too_many_chunks_are_refused_up_front(void)
 {
-    char err[CKPT_ERR_LEN] = "";
+    char err[FSDP_ERR_LEN] = "";
     struct storage *st;
     REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
     struct ckpt_codec *c = ckpt_codec_new(4);
@@ -461,7 +461,7 @@ static void too_many_chunks_are_refused_up_front(void)
  * any thread count (a pool fetches what it is given). */
 static void small_reads_fetch_each_chunk_once(void)
 {
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct storage *st;
     REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
     REQUIRE(write_step(st, 900, CKPT_CODEC_RAW, 400, err) == 0, "%s", err); /* 100 floats */

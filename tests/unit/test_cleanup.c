@@ -81,7 +81,7 @@ static int commit_step(struct storage *st, uint64_t step, int world, const char 
 
 static int put(struct storage *st, const char *key)
 {
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     return storage_put(st, key, "x", 1, err);
 }
 
@@ -94,7 +94,7 @@ static int exists(const char *root, const char *key)
 
 static void claim_generations(struct storage *st, int n)
 {
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     for (int i = 0; i < n; i++) {
         uint64_t g;
         CHECK(ckpt_fence_claim(st, &g, err) == 0, "%s", err);
@@ -103,7 +103,7 @@ static void claim_generations(struct storage *st, int n)
 
 static void retention_keeps_the_newest_k_and_every_step_above_upto(void)
 {
-    char err[CKPT_ERR_LEN], *root = new_root();
+    char err[FSDP_ERR_LEN], *root = new_root();
     struct storage *st;
     REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
     claim_generations(st, 1);
@@ -131,7 +131,7 @@ static void retention_keeps_the_newest_k_and_every_step_above_upto(void)
 
 static void garbage_goes_only_when_its_generation_is_fenced(void)
 {
-    char err[CKPT_ERR_LEN], *root = new_root();
+    char err[FSDP_ERR_LEN], *root = new_root();
     struct storage *st;
     REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
     claim_generations(st, 3);
@@ -168,7 +168,7 @@ static void garbage_goes_only_when_its_generation_is_fenced(void)
 
 static void a_losing_writers_shards_in_a_committed_step_go_the_winners_stay(void)
 {
-    char err[CKPT_ERR_LEN], *root = new_root();
+    char err[FSDP_ERR_LEN], *root = new_root();
     struct storage *st;
     REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
     claim_generations(st, 2);
@@ -203,7 +203,7 @@ static void a_losing_writers_shards_in_a_committed_step_go_the_winners_stay(void
 
 static void discard_own_removes_exactly_this_writers_shards(void)
 {
-    char err[CKPT_ERR_LEN], *root = new_root();
+    char err[FSDP_ERR_LEN], *root = new_root();
     struct storage *st;
     REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
     REQUIRE(commit_step(st, 0, 2, "g0-00000000000000aa", err) == 0, "%s", err);
@@ -272,7 +272,7 @@ static const struct storage_ops counting_ops = {.scheme = "count",
 
 static void thousands_of_incomplete_steps_take_one_listing(void)
 {
-    char err[CKPT_ERR_LEN], *root = new_root();
+    char err[FSDP_ERR_LEN], *root = new_root();
     struct storage *st;
     REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
     claim_generations(st, 2);
@@ -302,7 +302,7 @@ static void thousands_of_incomplete_steps_take_one_listing(void)
 
 static void junk_generation_names_are_refused_not_parsed_loosely(void)
 {
-    char err[CKPT_ERR_LEN], *root = new_root();
+    char err[FSDP_ERR_LEN], *root = new_root();
     struct storage *st;
     REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
     claim_generations(st, 1);
@@ -357,7 +357,7 @@ static void shard_names_parse_strictly(void)
 
 static void only_steps_that_load_count_toward_keep(void)
 {
-    char err[CKPT_ERR_LEN], *root = new_root();
+    char err[FSDP_ERR_LEN], *root = new_root();
     struct storage *st;
     REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
     claim_generations(st, 1);
@@ -403,7 +403,7 @@ static int prepare_step(struct storage *st, uint64_t step, int world, const char
 
 static void a_commit_whose_shards_were_removed_is_withdrawn(void)
 {
-    char err[CKPT_ERR_LEN], *root = new_root();
+    char err[FSDP_ERR_LEN], *root = new_root();
     struct storage *st;
     REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
     struct ckpt_manifest m;
@@ -425,7 +425,7 @@ static void a_commit_whose_shards_were_removed_is_withdrawn(void)
 
 static void another_writers_commit_stays_and_ours_goes(void)
 {
-    char err[CKPT_ERR_LEN], *root = new_root();
+    char err[FSDP_ERR_LEN], *root = new_root();
     struct storage *st;
     REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
     struct ckpt_manifest m;
@@ -454,7 +454,7 @@ struct lossy {
 static int l_pia(struct storage *s, const char *key, const void *buf, size_t n, char *err)
 {
     storage_put_if_absent(INNER(s), key, buf, n, err);
-    snprintf(err, STORAGE_ERR_LEN, "%s: connection reset (the answer was lost)", key);
+    fsdp_err(err, "%s: connection reset (the answer was lost)", key);
     return ((struct lossy *)s)->answer;
 }
 static const struct storage_ops lossy_ops = {.scheme = "lossy",
@@ -467,10 +467,10 @@ static const struct storage_ops lossy_ops = {.scheme = "lossy",
 
 static void a_commit_whose_answer_was_lost_is_found_to_be_ours(void)
 {
-    char err[CKPT_ERR_LEN], *root = new_root();
+    char err[FSDP_ERR_LEN], *root = new_root();
     struct storage *st;
     REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
-    int answers[] = {STORAGE_ERROR, STORAGE_EXISTS};
+    int answers[] = {FSDP_ERROR, STORAGE_EXISTS};
     for (int i = 0; i < 2; i++) {
         struct ckpt_manifest m;
         REQUIRE(prepare_step(st, 7 + (uint64_t)i, 2, "g1-00000000000000aa", &m, err) == 0, "%s",
@@ -497,7 +497,7 @@ static void a_commit_whose_answer_was_lost_is_found_to_be_ours(void)
  * claimed and sealed the store (step 3 then); its shards survive. */
 static void a_commit_landing_after_a_newer_seal_does_not_count(void)
 {
-    char err[CKPT_ERR_LEN], *root = new_root();
+    char err[FSDP_ERR_LEN], *root = new_root();
     struct storage *st;
     REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
     claim_generations(st, 1);
@@ -529,7 +529,7 @@ static void a_commit_landing_after_a_newer_seal_does_not_count(void)
  * current generation's clean-up removes one it meets. */
 static void a_late_commit_is_dead_until_the_current_generation_removes_it(void)
 {
-    char err[CKPT_ERR_LEN], *root = new_root();
+    char err[FSDP_ERR_LEN], *root = new_root();
     struct storage *st;
     REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
     claim_generations(st, 1);
@@ -575,7 +575,7 @@ static void a_late_commit_is_dead_until_the_current_generation_removes_it(void)
  * commit of a listed step number, landed later, is not live. */
 static void a_seal_names_the_writer_not_only_the_step(void)
 {
-    char err[CKPT_ERR_LEN], *root = new_root();
+    char err[FSDP_ERR_LEN], *root = new_root();
     struct storage *st;
     REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
     claim_generations(st, 1);
@@ -593,7 +593,7 @@ static void a_seal_names_the_writer_not_only_the_step(void)
 /* Seals that cannot be read decide nothing: not dead, not live. */
 static void an_unreadable_seal_decides_nothing(void)
 {
-    char err[CKPT_ERR_LEN], *root = new_root();
+    char err[FSDP_ERR_LEN], *root = new_root();
     struct storage *st;
     REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
     claim_generations(st, 1);
@@ -614,7 +614,7 @@ static void an_unreadable_seal_decides_nothing(void)
  * not sealed it yet is not reported committed. */
 static void a_commit_under_a_newer_claim_is_not_reported_committed(void)
 {
-    char err[CKPT_ERR_LEN], *root = new_root();
+    char err[FSDP_ERR_LEN], *root = new_root();
     struct storage *st;
     REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
     claim_generations(st, 1);

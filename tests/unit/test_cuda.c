@@ -309,7 +309,7 @@ struct rig {
 
 static int rig_init(struct rig *r, const struct fsdp_kernels *k, int bf16)
 {
-    char err[ERR_LEN];
+    char err[FSDP_ERR_LEN];
     if (model_layout_init(&r->m, &ecfg, err) != 0)
         return -1;
     fsdp_comm_local_init(&r->comm);
@@ -355,7 +355,7 @@ static void rig_free(struct rig *r)
 static float *step_grads(const struct fsdp_kernels *k, int bf16, double *loss)
 {
     struct rig r;
-    char err[ERR_LEN];
+    char err[FSDP_ERR_LEN];
     if (rig_init(&r, k, bf16) != 0)
         return NULL;
     fsdp_zero_grad(&r.e);
@@ -378,7 +378,7 @@ static void engine_gradients_match_the_cpu(int bf16)
     REQUIRE(gc && gg, "a step failed");
     CHECK(fabs(lc - lg) <= 1e-5 * fabs(lc), "loss: cpu %.9g gpu %.9g", lc, lg);
     struct model_layout m;
-    char err[ERR_LEN];
+    char err[FSDP_ERR_LEN];
     model_layout_init(&m, &ecfg, err);
     struct fsdp_comm comm;
     fsdp_comm_local_init(&comm);
@@ -414,7 +414,7 @@ static void engine_gradients_match_the_cpu_bf16(void) { engine_gradients_match_t
 static void every_gradient_matches_finite_differences_on_the_gpu(void)
 {
     struct rig r;
-    char err[ERR_LEN];
+    char err[FSDP_ERR_LEN];
     REQUIRE(rig_init(&r, gpu, 0) == 0, "rig");
     double base;
     fsdp_zero_grad(&r.e);
@@ -455,7 +455,7 @@ static void two_gpu_steps_give_the_same_bits(void)
     float *a = step_grads(gpu, 0, &l1), *b = step_grads(gpu, 0, &l2);
     REQUIRE(a && b, "a step failed");
     struct model_layout m;
-    char err[ERR_LEN];
+    char err[FSDP_ERR_LEN];
     model_layout_init(&m, &ecfg, err);
     size_t n = 0;
     struct fsdp_comm comm;

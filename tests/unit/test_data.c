@@ -46,7 +46,7 @@ static const char *write_tokens(const char *name, size_t n, int32_t count, int32
 static int open_fails_with(const char *path, int vocab, const char *needle)
 {
     struct token_file f;
-    char err[ERR_LEN] = "";
+    char err[FSDP_ERR_LEN] = "";
     if (token_file_open(&f, path, vocab, err) == 0) {
         token_file_close(&f);
         return 0;
@@ -57,7 +57,7 @@ static int open_fails_with(const char *path, int vocab, const char *needle)
 static void token_file_round_trips(void)
 {
     uint16_t toks[] = {0, 72, 105, 0, 255};
-    char path[256], err[ERR_LEN];
+    char path[256], err[FSDP_ERR_LEN];
     snprintf(path, sizeof path, "%s/rt.bin", dir);
     REQUIRE(token_file_write(path, toks, 5, err) == 0, "%s", err);
     struct token_file f;
@@ -101,7 +101,7 @@ static void special_files_are_refused_as_token_files_without_blocking(void)
 static int write_refused(const char *path, mode_t type)
 {
     uint16_t toks[] = {0, 1, 2};
-    char err[ERR_LEN] = "";
+    char err[FSDP_ERR_LEN] = "";
     struct stat st;
     int rc = token_file_write(path, toks, 3, err);
     if (rc == 0 || !strstr(err, path) || !strstr(err, "not a regular file; refusing to replace"))
@@ -128,7 +128,7 @@ static void outputs_that_are_not_regular_files_are_never_replaced(void)
     /* a device node of our own (a copy of /dev/null), where we may make one */
     if (mknod(dev, S_IFCHR | 0666, makedev(1, 3)) == 0)
         CHECK(write_refused(dev, S_IFCHR), "a character device");
-    char err[ERR_LEN];
+    char err[FSDP_ERR_LEN];
     CHECK(token_file_check_output(fifo, err) != 0 && token_file_check_output(target, err) == 0,
           "the check alone");
 }
@@ -138,7 +138,7 @@ static void stream_is_a_seeded_permutation_per_epoch(void)
     const int T = 4;
     const size_t n = 1 + 50 * T; /* 50 samples */
     uint16_t *toks = calloc(n, sizeof *toks);
-    char path[256], err[ERR_LEN];
+    char path[256], err[FSDP_ERR_LEN];
     snprintf(path, sizeof path, "%s/stream.bin", dir);
     REQUIRE(token_file_write(path, toks, n, err) == 0, "%s", err);
     struct token_file f;

@@ -132,7 +132,7 @@ static void ref_forward(const struct ref *r, const int32_t *tok, double *logits)
 
 static void forward_matches_reference_gpt2(void)
 {
-    char err[ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct model_layout m;
     struct fsdp_comm comm;
     struct fsdp_engine e;

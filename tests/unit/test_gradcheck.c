@@ -41,7 +41,7 @@ static int unit_blocks; /* fsdp_opts.unit_blocks for the next rig */
 static int rig_init_opts(struct rig *r, const struct fsdp_kernels *k, enum fsdp_shard shard,
                          int recompute_every, int bf16)
 {
-    char err[ERR_LEN];
+    char err[FSDP_ERR_LEN];
     if (model_layout_init(&r->m, &cfg, err) != 0)
         return -1;
     fsdp_comm_local_init(&r->comm);
@@ -79,7 +79,7 @@ static void rig_free(struct rig *r)
 static double loss_of(struct rig *r)
 {
     double s = 0;
-    char err[ERR_LEN];
+    char err[FSDP_ERR_LEN];
     fsdp_params_changed(&r->e); /* a parameter was edited in place */
     if (fsdp_forward(&r->e, B, T, &s, err) != 0)
         return NAN;
@@ -90,7 +90,7 @@ static double loss_of(struct rig *r)
 static double gradcheck(const struct fsdp_kernels *k, enum fsdp_shard shard, double *rel)
 {
     struct rig r;
-    char err[ERR_LEN];
+    char err[FSDP_ERR_LEN];
     if (rig_init(&r, k, shard) != 0)
         return INFINITY;
     fsdp_zero_grad(&r.e);
@@ -129,7 +129,7 @@ static double gradcheck(const struct fsdp_kernels *k, enum fsdp_shard shard, dou
 static void check_all_tensors(enum fsdp_shard shard)
 {
     struct model_layout m;
-    char err[ERR_LEN];
+    char err[FSDP_ERR_LEN];
     REQUIRE(model_layout_init(&m, &cfg, err) == 0, "%s", err);
     double *rel = calloc((size_t)m.ntensors, sizeof *rel);
     gradcheck(fsdp_kernels_cpu(), shard, rel);
@@ -162,7 +162,7 @@ static float *grads_with(int recompute_every, enum fsdp_shard shard, int bf16, i
                          size_t *n, size_t *act)
 {
     struct rig r;
-    char err[ERR_LEN];
+    char err[FSDP_ERR_LEN];
     double loss;
     if (rig_init_opts(&r, fsdp_kernels_cpu(), shard, recompute_every, bf16) != 0)
         return NULL;
@@ -299,7 +299,7 @@ static void layernorm_backward_wrong(float *dinp, float *dw, float *db, const fl
 static double worst_with(struct fsdp_kernels *k)
 {
     struct model_layout m;
-    char err[ERR_LEN];
+    char err[FSDP_ERR_LEN];
     model_layout_init(&m, &cfg, err);
     double *rel = calloc((size_t)m.ntensors, sizeof *rel);
     double worst = gradcheck(k, FSDP_SHARD_FULL, rel);

@@ -32,7 +32,7 @@ static void a_good_shard_entry_parses(void)
     json_t *j = good_shard();
     REQUIRE(j, "the test's JSON does not parse");
     struct ckpt_shard s;
-    char err[CKPT_ERR_LEN] = "";
+    char err[FSDP_ERR_LEN] = "";
     CHECK(ckpt_shard_from_json(j, &s, err) == 0, "%s", err);
     CHECK(s.nchunks == 2 && s.index_off == 48 && s.index_len == 112 && s.digest[1] == 0x11 &&
               !s.chunks,
@@ -53,7 +53,7 @@ static int refused(int in_index, const char *key, json_t *value, const char *nee
         return 0;
     json_object_set_new(in_index ? json_object_get(j, "index") : j, key, value);
     struct ckpt_shard s;
-    char err[CKPT_ERR_LEN] = "";
+    char err[FSDP_ERR_LEN] = "";
     int rc = ckpt_shard_from_json(j, &s, err);
     json_decref(j);
     if (rc == 0) {
@@ -135,7 +135,7 @@ static int v1_refused(const char *arr, size_t i, const char *key, json_t *value,
     char *doc = sealed(j);
     json_decref(j);
     struct ckpt_manifest m;
-    char err[CKPT_ERR_LEN] = "";
+    char err[FSDP_ERR_LEN] = "";
     int rc = ckpt_manifest_parse(doc, strlen(doc), &m, err);
     free(doc);
     if (rc == 0) {
@@ -157,7 +157,7 @@ static void a_good_format1_manifest_parses(void)
     char *doc = sealed(j);
     json_decref(j);
     struct ckpt_manifest m;
-    char err[CKPT_ERR_LEN] = "";
+    char err[FSDP_ERR_LEN] = "";
     CHECK(ckpt_manifest_parse(doc, strlen(doc), &m, err) == 0, "%s", err);
     CHECK(m.version == 1 && m.chunk_bytes == 48 && m.shards[0].nchunks == 2 &&
               m.shards[0].chunks[1].codec == CKPT_CODEC_ZSTD,

@@ -297,7 +297,7 @@ static void complete_multipart_bodies_carry_any_etag(void)
 
 static void delete_many_sends_hostile_keys_byte_exact_with_their_md5(void)
 {
-    char err[STORAGE_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct storage *st;
     REQUIRE(storage_open("s3://bucket/pre&fix", &st, err) == 0, "%s", err);
     enum { N = 10 };
@@ -331,16 +331,16 @@ static void bucket_prefixes_with_dot_segments_are_refused_naming_the_uri(void)
         "s3://bucket//x",   "s3://bucket/a//b",      "s3://../x",       "s3://.../x",
         "s3://a..b/x",      "s3://.bucket/x",        "s3://bucket-/x"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        char err[STORAGE_ERR_LEN] = "";
+        char err[FSDP_ERR_LEN] = "";
         struct storage *st = NULL;
         int before = requests();
-        CHECK(storage_open(bad[i], &st, err) == STORAGE_ERROR && strstr(err, bad[i]) &&
+        CHECK(storage_open(bad[i], &st, err) == FSDP_ERROR && strstr(err, bad[i]) &&
                   requests() == before,
               "%s: %s", bad[i], err);
         if (st)
             storage_close(st);
     }
-    char err[STORAGE_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct storage *st = NULL;
     CHECK(storage_open("s3://bucket/../x", &st, err) != 0 && strstr(err, "'..' part"), "%s", err);
     if (st)
@@ -352,7 +352,7 @@ static void bucket_prefixes_with_dot_segments_are_refused_naming_the_uri(void)
 
 static void keys_with_dot_segments_are_refused_before_any_request(void)
 {
-    char err[STORAGE_ERR_LEN], buf[4];
+    char err[FSDP_ERR_LEN], buf[4];
     struct storage *st;
     REQUIRE(storage_open("s3://bucket/p", &st, err) == 0, "%s", err);
     const char *bad[] = {"../x", "a/../../x", "a/./b", "./a", "a/..",
@@ -362,7 +362,7 @@ static void keys_with_dot_segments_are_refused_before_any_request(void)
         const char *k = bad[i];
         uint64_t size;
         struct storage_writer *w = NULL;
-#define REFUSED(call) (err[0] = 0, (call) == STORAGE_ERROR && strstr(err, "invalid key"))
+#define REFUSED(call) (err[0] = 0, (call) == FSDP_ERROR && strstr(err, "invalid key"))
         CHECK(REFUSED(storage_stat(st, k, &size, err)), "stat '%s': %s", k, err);
         CHECK(REFUSED(storage_get_range(st, k, 0, 4, buf, err)), "get '%s': %s", k, err);
         CHECK(REFUSED(storage_get_range(st, k, 0, 0, buf, err)), "empty get '%s': %s", k, err);
@@ -374,7 +374,7 @@ static void keys_with_dot_segments_are_refused_before_any_request(void)
 #undef REFUSED
     }
     int n = 0;
-    CHECK(storage_list(st, "../", NULL, &n, err) == STORAGE_ERROR && strstr(err, "'../'"),
+    CHECK(storage_list(st, "../", NULL, &n, err) == FSDP_ERROR && strstr(err, "'../'"),
           "list ../: %s", err);
     CHECK(requests() == before, "%d requests were sent", requests() - before);
     storage_close(st);
@@ -382,7 +382,7 @@ static void keys_with_dot_segments_are_refused_before_any_request(void)
 
 static void paths_are_sent_exactly_as_signed(void)
 {
-    char err[STORAGE_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct s3_client c;
     REQUIRE(s3_client_init(&c, err) == 0, "%s", err);
     /* the backend never makes such a key; curl must still not rewrite one */
@@ -450,7 +450,7 @@ struct request_run {
     struct s3_client *c;
     int rc;
     long status;
-    char err[STORAGE_ERR_LEN];
+    char err[FSDP_ERR_LEN];
 };
 
 static void get_once(void *arg)
@@ -465,7 +465,7 @@ static void get_once(void *arg)
 
 static void curl_allocation_failures_are_errors_never_half_signed_requests(void)
 {
-    char err[STORAGE_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct s3_client c;
     REQUIRE(s3_client_init(&c, err) == 0, "%s", err);
     struct request_run run = {.c = &c};
@@ -500,7 +500,7 @@ struct burst {
 static void *get_many(void *arg)
 {
     struct burst *b = arg;
-    char err[STORAGE_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     for (int i = 0; i < 25; i++) {
         struct s3_request r = {.method = "GET", .bucket = "bucket", .key = "step-1/x",
                                .query = ""};
@@ -514,7 +514,7 @@ static void *get_many(void *arg)
  * each request takes a curl handle of its own and gives it back. */
 static void requests_from_four_threads_at_once_each_get_their_answer(void)
 {
-    char err[STORAGE_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct s3_client c;
     REQUIRE(s3_client_init(&c, err) == 0, "%s", err);
     int before = requests();

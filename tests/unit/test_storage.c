@@ -35,14 +35,14 @@ static int count_files(const char *dir)
 
 static void setup(void)
 {
-    char err[STORAGE_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     REQUIRE(mkdtemp(root) != NULL, "mkdtemp");
     REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
 }
 
 static void object_is_invisible_until_commit(void)
 {
-    char err[STORAGE_ERR_LEN], buf[16];
+    char err[FSDP_ERR_LEN], buf[16];
     uint64_t size;
     struct storage_writer *w;
     REQUIRE(storage_put_begin(st, "a/b/obj", &w, err) == 0, "%s", err);
@@ -54,14 +54,14 @@ static void object_is_invisible_until_commit(void)
           (unsigned long long)size);
     CHECK(storage_get_range(st, "a/b/obj", 6, 5, buf, err) == 0 && memcmp(buf, "world", 5) == 0,
           "ranged read");
-    CHECK(storage_get_range(st, "a/b/obj", 8, 5, buf, err) == STORAGE_ERROR &&
+    CHECK(storage_get_range(st, "a/b/obj", 8, 5, buf, err) == FSDP_ERROR &&
               strstr(err, "truncated"),
           "read past the end: %s", err);
 }
 
 static void abort_leaves_nothing(void)
 {
-    char err[STORAGE_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct storage_writer *w;
     int before = count_files(root);
     REQUIRE(storage_put_begin(st, "c/aborted", &w, err) == 0, "%s", err);
@@ -72,7 +72,7 @@ static void abort_leaves_nothing(void)
 
 static void put_if_absent_never_replaces(void)
 {
-    char err[STORAGE_ERR_LEN], buf[8];
+    char err[FSDP_ERR_LEN], buf[8];
     REQUIRE(storage_put_if_absent(st, "m/MANIFEST", "first", 5, err) == 0, "%s", err);
     CHECK(storage_put_if_absent(st, "m/MANIFEST", "second", 6, err) == STORAGE_EXISTS,
           "second writer was not refused");
@@ -100,7 +100,7 @@ static int on_key(void *arg, const char *key, uint64_t size)
 
 static void list_by_prefix_and_delete(void)
 {
-    char err[STORAGE_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     REQUIRE(storage_put(st, "step-1/x", "1", 1, err) == 0, "%s", err);
     REQUIRE(storage_put(st, "step-1/y", "2", 1, err) == 0, "%s", err);
     REQUIRE(storage_put(st, "step-2/x", "3", 1, err) == 0, "%s", err);
@@ -120,12 +120,12 @@ static void list_by_prefix_and_delete(void)
 
 static void keys_cannot_escape_the_root(void)
 {
-    char err[STORAGE_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     const char *bad[] = {"../x", "a/../../x", "/etc/passwd", "a//b", "", "a/..",
                          "./x", "a/./b", "a/.", "a/", "a\nb"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         uint64_t size;
-        CHECK(storage_stat(st, bad[i], &size, err) == STORAGE_ERROR && strstr(err, "invalid key"),
+        CHECK(storage_stat(st, bad[i], &size, err) == FSDP_ERROR && strstr(err, "invalid key"),
               "key '%s' was accepted", bad[i]);
     }
 }
@@ -153,7 +153,7 @@ static int refused_naming(int rc, const char *err, const char *path, const char 
 {
     char want[700];
     snprintf(want, sizeof want, "%s: is %s" REFUSAL, path, what);
-    if (rc == STORAGE_ERROR && strstr(err, want))
+    if (rc == FSDP_ERROR && strstr(err, want))
         return 1;
     fprintf(stderr, "  rc %d, err '%s'; wanted '%s'\n", rc, err, want);
     return 0;
@@ -169,7 +169,7 @@ static int count_keys(void *arg, const char *key, uint64_t size)
 /* Every operation on key refuses with path named as what. */
 static void every_operation_refuses(const char *key, const char *path, const char *what)
 {
-    char err[STORAGE_ERR_LEN] = "", buf[16];
+    char err[FSDP_ERR_LEN] = "", buf[16];
     uint64_t size;
     struct storage_writer *w = NULL;
     int n = 0;
@@ -189,7 +189,7 @@ static void every_operation_refuses(const char *key, const char *path, const cha
 
 static void a_symlinked_step_directory_is_refused_and_its_target_untouched(void)
 {
-    char err[STORAGE_ERR_LEN], link[600], target[600], before[8192], after[8192];
+    char err[FSDP_ERR_LEN], link[600], target[600], before[8192], after[8192];
     REQUIRE(mkdtemp(outside) != NULL, "mkdtemp");
     snprintf(target, sizeof target, "%s/step-00000007", outside);
     REQUIRE(mkdir(target, 0755) == 0, "mkdir %s", target);
@@ -258,7 +258,7 @@ static void a_fifo_leaf_is_refused_without_blocking(void)
 
 static void a_fifo_under_a_listed_prefix_fails_the_listing(void)
 {
-    char err[STORAGE_ERR_LEN], fifo[600];
+    char err[FSDP_ERR_LEN], fifo[600];
     REQUIRE(storage_put(st, "lst/a", "1", 1, err) == 0, "%s", err);
     snprintf(fifo, sizeof fifo, "%s/lst/p", root);
     REQUIRE(mkfifo(fifo, 0644) == 0, "mkfifo %s", fifo);
@@ -276,7 +276,7 @@ static void a_fifo_under_a_listed_prefix_fails_the_listing(void)
 
 static void a_root_that_is_a_symlink_is_the_users_choice(void)
 {
-    char err[STORAGE_ERR_LEN], link[600], real[600], buf[4];
+    char err[FSDP_ERR_LEN], link[600], real[600], buf[4];
     struct storage *s;
     snprintf(real, sizeof real, "%s/real-root", outside);
     snprintf(link, sizeof link, "%s/linked-root", outside);
@@ -292,7 +292,7 @@ static void a_root_that_is_a_symlink_is_the_users_choice(void)
 
 static void a_root_created_by_the_first_write(void)
 {
-    char err[STORAGE_ERR_LEN], path[600];
+    char err[FSDP_ERR_LEN], path[600];
     struct storage *s;
     uint64_t size;
     int n = 0;
@@ -310,23 +310,23 @@ static void a_root_created_by_the_first_write(void)
 
 static void fault_wrapper_injects_errors(void)
 {
-    char err[STORAGE_ERR_LEN], uri[600];
+    char err[FSDP_ERR_LEN], uri[600];
     struct storage *f;
     snprintf(uri, sizeof uri, "fault:write=ENOSPC@2,put_if_absent=EIO@1;%s", root);
     REQUIRE(storage_open(uri, &f, err) == 0, "%s", err);
     struct storage_writer *w;
     REQUIRE(storage_put_begin(f, "f/obj", &w, err) == 0, "%s", err);
     CHECK(storage_write(w, "a", 1, err) == 0, "first write failed");
-    CHECK(storage_write(w, "b", 1, err) == STORAGE_ERROR &&
+    CHECK(storage_write(w, "b", 1, err) == FSDP_ERROR &&
               strstr(err, "No space left on device") && strstr(err, "f/obj"),
           "second write: %s", err);
     storage_writer_abort(w);
-    CHECK(storage_put_if_absent(f, "f/m", "x", 1, err) == STORAGE_ERROR &&
+    CHECK(storage_put_if_absent(f, "f/m", "x", 1, err) == FSDP_ERROR &&
               strstr(err, "Input/output error"),
           "put_if_absent: %s", err);
     CHECK(storage_put_if_absent(f, "f/m", "x", 1, err) == 0, "second put_if_absent: %s", err);
     storage_close(f);
-    CHECK(storage_open("fault:write=EBOGUS@1;/tmp", &f, err) == STORAGE_ERROR &&
+    CHECK(storage_open("fault:write=EBOGUS@1;/tmp", &f, err) == FSDP_ERROR &&
               strstr(err, "bad fault rule"),
           "a bad rule was accepted");
 }
@@ -335,7 +335,7 @@ static void fault_wrapper_injects_errors(void)
  * and reads them back whole and at the block-unaligned tail. */
 static void round_trip(struct storage *s, const char *key, size_t n)
 {
-    char err[STORAGE_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     unsigned char *data = malloc(n + 1), *back = malloc(n + 1);
     REQUIRE(data && back, "out of memory");
     for (size_t i = 0; i < n; i++)
@@ -367,7 +367,7 @@ static void objects_of_any_size_round_trip_with_and_without_direct_io(void)
     const size_t sizes[] = {0, 1, 4095, 4096, 4097, (8u << 20) - 1, 8u << 20,
                             (8u << 20) + 1, (21u << 20) + 12345};
     for (int direct = 1; direct >= 0; direct--) {
-        char err[STORAGE_ERR_LEN], key[64];
+        char err[FSDP_ERR_LEN], key[64];
         struct storage *s;
         setenv("FSDP_DIRECT_IO", direct ? "1" : "0", 1);
         REQUIRE(storage_open(root, &s, err) == 0, "%s", err);

@@ -728,14 +728,14 @@ static void a_kill_order_kills_the_rank(void)
 static int hosts(const char *text, struct host *h, int *nh, int *total, char *err)
 {
     return super_parse_hosts(text, strlen(text), "hosts", h, SUPER_MAX_HOSTS, nh, total, err,
-                             SUPER_ERR_LEN);
+                             FSDP_ERR_LEN);
 }
 
 static void host_lines_in_every_form(void)
 {
     struct host h[SUPER_MAX_HOSTS];
     int nh, total;
-    char err[SUPER_ERR_LEN] = "";
+    char err[FSDP_ERR_LEN] = "";
     const char *text = "# the fleet\n"
                        "node-1 4\n"
                        "  node-2\tslots=2   # two\r\n"
@@ -771,14 +771,14 @@ static void bad_host_lines_are_named_by_file_and_line(void)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct host h[SUPER_MAX_HOSTS];
         int nh, total;
-        char err[SUPER_ERR_LEN] = "";
+        char err[FSDP_ERR_LEN] = "";
         int rc = hosts(bad[i].text, h, &nh, &total, err);
         CHECK(rc == -1 && strstr(err, bad[i].want), "case %zu: rc %d, '%s'", i, rc, err);
     }
     static const char nul[] = "ok 1\n\nx\0y 1\n";
     struct host h[SUPER_MAX_HOSTS];
     int nh, total;
-    char err[SUPER_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     CHECK(super_parse_hosts(nul, sizeof nul - 1, "hosts", h, SUPER_MAX_HOSTS, &nh, &total, err,
                             sizeof err) == -1 &&
               strstr(err, "hosts:3: a NUL byte"),
@@ -798,7 +798,7 @@ static void the_slot_total_cannot_overflow(void)
         at += (size_t)snprintf(text + at, sizeof text - at, "h%d %d\n", i, SUPER_MAX_SLOTS);
     struct host h[SUPER_MAX_HOSTS];
     int nh, total;
-    char err[SUPER_ERR_LEN] = "";
+    char err[FSDP_ERR_LEN] = "";
     REQUIRE(hosts(text, h, &nh, &total, err) == 0, "%s", err);
     CHECK(nh == SUPER_MAX_HOSTS && total == SUPER_MAX_HOSTS * SUPER_MAX_SLOTS, "%d", total);
     snprintf(text + at, sizeof text - at, "one-more 1\n");
@@ -813,7 +813,7 @@ static void a_missing_host_file_is_an_error(void)
 {
     struct host h[SUPER_MAX_HOSTS];
     int nh, total;
-    char err[SUPER_ERR_LEN] = "";
+    char err[FSDP_ERR_LEN] = "";
     CHECK(super_read_hosts("/nonexistent/hosts", h, SUPER_MAX_HOSTS, &nh, &total, err,
                            sizeof err) == -1 &&
               strstr(err, "/nonexistent/hosts"),
@@ -877,7 +877,7 @@ static void any_bytes_become_a_json_string(void)
 static void chaos_faults_land_on_increasing_steps_within_the_run(void)
 {
     struct super_opts o = {.np = 2, .min_np = 1, .ckpt = "ck", .hosts = "h", .train_steps = 1000};
-    char err[SUPER_ERR_LEN] = "";
+    char err[FSDP_ERR_LEN] = "";
     for (uint64_t seed = 1; seed <= 20; seed++) {
         struct chaos c;
         char spec[128];
@@ -917,13 +917,13 @@ static void chaos_specs_that_cannot_be_planned_are_refused(void)
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct chaos c;
-        char err[SUPER_ERR_LEN] = "";
+        char err[FSDP_ERR_LEN] = "";
         CHECK(chaos_init(&c, bad[i].spec, &o, err, sizeof err) == -1 && strstr(err, bad[i].want),
               "%s: '%s'", bad[i].spec, err);
         chaos_free(&c);
     }
     struct chaos c;
-    char err[SUPER_ERR_LEN] = "";
+    char err[FSDP_ERR_LEN] = "";
     CHECK(chaos_init(&c, "kill=86", &o, err, sizeof err) == 0, "86 fit: %s", err);
     chaos_free(&c);
     o.train_steps = 3; /* a step for the fault, but none to hold on after it */

@@ -299,7 +299,7 @@ static int has_ipv6_loopback(void)
 static void listening_on_an_address_advertises_it(void)
 {
     struct super_net n;
-    char err[SUPER_ERR_LEN] = "", addr[300];
+    char err[FSDP_ERR_LEN] = "", addr[300];
     const char *note;
     struct host h[1] = {{"node1", 1}};
     REQUIRE(net_listen(&n, "127.0.0.1:0", err, sizeof err) == 0, "%s", err);
@@ -329,7 +329,7 @@ static void listening_on_an_address_advertises_it(void)
 static void every_interface_advertises_loopback_when_every_host_is_this_one(void)
 {
     struct super_net n;
-    char err[SUPER_ERR_LEN] = "", addr[300], me[256] = "";
+    char err[FSDP_ERR_LEN] = "", addr[300], me[256] = "";
     const char *note;
     gethostname(me, sizeof me - 1);
     REQUIRE(net_listen(&n, NULL, err, sizeof err) == 0, "%s", err);
@@ -380,7 +380,7 @@ static void hosts_of_this_machine_are_told_apart_from_others(void)
 static void a_bad_listen_address_is_refused(void)
 {
     struct super_net n;
-    char err[SUPER_ERR_LEN] = "";
+    char err[FSDP_ERR_LEN] = "";
     CHECK(net_listen(&n, "ctl:99999", err, sizeof err) == -1 && strstr(err, "--listen"), "%s", err);
     CHECK(net_listen(&n, "192.0.2.1:0", err, sizeof err) == -1 && strstr(err, "192.0.2.1"),
           "an address not of this host: %s", err);

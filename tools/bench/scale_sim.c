@@ -79,7 +79,7 @@ static void build(const struct model_layout *ml, int world, int version, uint64_
                   struct ckpt_manifest *m, struct ckpt_chunk **shared)
 {
     *shared = NULL;
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     memset(m, 0, sizeof *m);
     m->version = version;
     m->step = 1;
@@ -182,7 +182,7 @@ static void commit_phase(const struct model_layout *ml, int world, int version, 
     for (int r = 0; r < world; r++)
         ckpt_shard_free(&m.shards[r]);
     /* rank 0: the records into the manifest, checked, serialised */
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     double t0 = now();
     for (int r = 0; r < world; r++) {
         json_error_t je;
@@ -329,7 +329,7 @@ static void load_phase(const struct model_layout *ml, int world, int version, ui
     size_t doc_len = strlen(doc);
     unshare(&built, shared);
     ckpt_manifest_free(&built);
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     struct storage *st;
     if (storage_open(dir, &st, err))
         fail(dir, err);
@@ -419,7 +419,7 @@ int main(int argc, char **argv)
     }
     struct model_config cfg;
     struct model_layout ml;
-    char err[CKPT_ERR_LEN];
+    char err[FSDP_ERR_LEN];
     if (!model || !phase || world < 1 || world > 32768 || (version != 1 && version != 2) ||
         chunk_mib < 1 || chunk_mib > 256 || model_by_name(model, &cfg))
         fail("usage", "--model gpt2-124m|7b|70b|120b --world N --format 1|2 --phase "
