@@ -12,7 +12,7 @@ PKGS="build-essential pkg-config meson ninja-build python3 curl
       python3-numpy python3-matplotlib libmicrohttpd-dev prometheus
       awscli ceph-mon ceph-osd radosgw ceph-common
       fortunes-min fortunes
-      iproute2 procps clang libclang-rt-14-dev
+      iproute2 procps clang libclang-rt-14-dev clang-format
       qemu-user"
 if [ "${1:-}" = "--bench" ]; then
     PKGS="$PKGS python3-torch"
