@@ -40,10 +40,13 @@ enum fsdp_status {
 /* Formats the message into err (if non-NULL) and returns -1. */
 int fsdp_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* splitmix64's increment: 2^64 divided by the golden ratio, odd. */
+#define FSDP_MIX64_GAMMA 0x9e3779b97f4a7c15ULL
+
 /* splitmix64: a bijective 64-bit mixer; the basis of every random stream here. */
 static inline uint64_t fsdp_mix64(uint64_t x)
 {
-    x += 0x9e3779b97f4a7c15ULL;
+    x += FSDP_MIX64_GAMMA;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
     return x ^ (x >> 31);
@@ -55,13 +58,13 @@ struct fsdp_rng {
     uint64_t state;
 };
 
+/* splitmix64's stream: the state steps by the mixer's own increment, so the
+ * next value is fsdp_mix64 of the state before the step. */
 static inline uint64_t fsdp_rng_next(struct fsdp_rng *r)
 {
-    r->state += 0x9e3779b97f4a7c15ULL;
     uint64_t x = r->state;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
+    r->state += FSDP_MIX64_GAMMA;
+    return fsdp_mix64(x);
 }
 
 /* Uniform in [0, 1) with 24 random bits, exactly representable as float. */
