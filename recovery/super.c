@@ -1247,8 +1247,7 @@ static int job_id(struct super *s)
     } else if (getrandom(d, 16, 0) != 16) {
         return -1;
     }
-    for (int i = 0; i < 16; i++)
-        snprintf(s->job_id + 2 * i, 3, "%02x", d[i]);
+    fsdp_hex(d, 16, s->job_id);
     return 0;
 }
 

@@ -91,6 +91,16 @@ double fsdp_now(void);
 /* Seconds since the Unix epoch (the wall clock: it may jump). */
 double fsdp_unix_now(void);
 
+/* The 2n lowercase hex digits of p[0..n) and a NUL into out (2n + 1 bytes). */
+void fsdp_hex(const void *p, size_t n, char *out);
+/* The n bytes written as exactly 2n lowercase hex digits in s (the form
+ * fsdp_hex writes) into out; -1 for anything else (NULL, another length,
+ * an uppercase digit), with out left partly written. */
+int fsdp_unhex(const char *s, size_t n, void *out);
+/* The SHA-256 of p[0..n) as 64 lowercase hex digits and a NUL; -1 when
+ * OpenSSL fails (its one-shot calls allocate inside). */
+int fsdp_sha256_hex(const void *p, size_t n, char out[65]);
+
 /* Parses a whole decimal string into a number in [lo, hi]; -1 if it is not one. */
 int fsdp_parse_i64(const char *s, long long lo, long long hi, long long *out);
 int fsdp_parse_f64(const char *s, double *out);
