@@ -270,7 +270,7 @@ void agent_probe(const struct agent *a, const char *const *names, int n, double 
 
     struct probe_run run[SUPER_MAX_HOSTS];
     n = n > SUPER_MAX_HOSTS ? SUPER_MAX_HOSTS : n;
-    double start = super_now(), kill_at = start + bound + 1;
+    double start = fsdp_now(), kill_at = start + bound + 1;
     for (int i = 0; i < n; i++) {
         struct probe_run *r = &run[i];
         *r = (struct probe_run){.fd = -1};
@@ -303,7 +303,7 @@ void agent_probe(const struct agent *a, const char *const *names, int n, double 
             if (r->pid && waitpid(r->pid, &r->status, WNOHANG) == r->pid) {
                 read_err(r); /* what it wrote before it ended */
                 r->pid = 0;
-                out[i].took = super_now() - start;
+                out[i].took = fsdp_now() - start;
                 verdict(a, r, bound, &out[i]);
                 if (r->fd >= 0) { /* something it started still holds the pipe */
                     close(r->fd);
@@ -316,7 +316,7 @@ void agent_probe(const struct agent *a, const char *const *names, int n, double 
         }
         if (!running)
             break;
-        double now = super_now();
+        double now = fsdp_now();
         if (now >= kill_at) {
             for (int i = 0; i < n; i++) {
                 struct probe_run *r = &run[i];
@@ -330,7 +330,7 @@ void agent_probe(const struct agent *a, const char *const *names, int n, double 
                     close(r->fd);
                 r->pid = 0;
                 r->killed = 1;
-                out[i].took = super_now() - start;
+                out[i].took = fsdp_now() - start;
                 verdict(a, r, bound, &out[i]);
             }
             break;

@@ -238,8 +238,8 @@ static int capacity(struct super *s, struct host *h, int *nh)
  * they matter most). */
 static void nap_rendering(struct super *s, double sec)
 {
-    double end = super_now() + sec;
-    for (double left = sec; left > 0; left = end - super_now()) {
+    double end = fsdp_now() + sec;
+    for (double left = sec; left > 0; left = end - fsdp_now()) {
         render_metrics(s, 0);
         struct pollfd p = {.fd = -1};
         poll(&p, 0, (int)((left < 0.25 ? left : 0.25) * 1000) + 1);
@@ -366,7 +366,7 @@ static int leave_out_noticed(struct super *s, struct host *h, int *nh, struct ho
 static int wait_capacity(struct super *s, struct host *h, int *nh)
 {
     int said_cap = -1, said_offered = -1;
-    double until = super_now() + s->o.capacity_timeout;
+    double until = fsdp_now() + s->o.capacity_timeout;
     for (;;) {
         int offered = capacity(s, h, nh), cap = offered;
         s->nleft = 0;
@@ -395,7 +395,7 @@ static int wait_capacity(struct super *s, struct host *h, int *nh)
         }
         if (got_signal)
             return -1;
-        if (super_now() >= until) {
+        if (fsdp_now() >= until) {
             say("no capacity: %s offered %d of the %d slots needed for %.0f s "
                 "(--capacity-timeout); giving up",
                 s->o.hosts, cap, s->o.min_np, s->o.capacity_timeout);
@@ -553,7 +553,7 @@ static int launch(struct super *s, int np, const struct host *hosts, int nh)
     fcntl(errpipe[0], F_SETFL, O_NONBLOCK);
     s->job.generation = s->generation;
     s->job.np = np;
-    s->job.launched = super_now();
+    s->job.launched = fsdp_now();
     pid_t pid = fork();
     if (pid == 0)
         exec_mpirun(s, argv, errpipe[1]);
@@ -631,7 +631,7 @@ static void on_event(struct super *s, const struct hbmsg *m)
             histogram_observe(&s->save_s, x);
         if (hbmsg_event_u64(m, "bytes", &bytes) == 0)
             s->bytes_written += bytes;
-        s->commit_at = super_now();
+        s->commit_at = fsdp_now();
         s->last_committed = step;
         ev_emit("checkpoint_committed", "{s:I, s:I}", "step", (json_int_t)step, "generation",
                 (json_int_t)s->job.generation);
@@ -654,7 +654,7 @@ static void on_event(struct super *s, const struct hbmsg *m)
 static void on_beat(struct super *s, const struct hbmsg *m)
 {
     struct rank_state *r = &s->job.ranks[m->rank];
-    double now = super_now();
+    double now = fsdp_now();
     if (!r->seen || r->progress != m->progress || r->step != m->step) {
         if (m->rank == 0 && r->seen && m->step > r->step && m->phase == HB_TRAIN && r->step > 0) {
             s->step_time_sum += now - r->last_change;
@@ -764,7 +764,7 @@ static int rank_failed(struct super *s, int pass, int r, double now, char *why, 
 static int check_job(struct super *s, char *why, size_t n, int *done)
 {
     struct job *j = &s->job;
-    double now = super_now();
+    double now = fsdp_now();
     *done = 0;
     int cause = mpirun_ended(s, why, n, done);
     if (cause >= 0 || *done)
@@ -873,7 +873,7 @@ static void watch(struct super *s, struct outcome *out, int *preempt_from_signal
         link_drain(&s->link, &s->job, on_msg, s);
         job_drain_stderr(&s->job);
         reap_children(&s->job);
-        double now = super_now();
+        double now = fsdp_now();
         account_progress(s, now);
         render_metrics(s, 1);
         int from_signal = got_signal != 0;
@@ -920,7 +920,7 @@ static void account_failure(struct super *s)
             reached = s->job.ranks[r].step;
     if (reached > s->last_committed)
         s->steps_lost += reached - s->last_committed;
-    s->fail_at = super_now();
+    s->fail_at = fsdp_now();
 }
 
 /* ---- metrics (--metrics) ---------------------------------------------------------- */
@@ -936,7 +936,7 @@ static void counter(char *b, size_t n, size_t *len, const char *name, const char
  * four times a second (a scrape gets the latest). */
 static void render_metrics(struct super *s, int now_or_later)
 {
-    double now = super_now();
+    double now = fsdp_now();
     if (!s->metrics || (now_or_later && now < s->next_metrics))
         return;
     s->next_metrics = now + 0.25;
@@ -996,7 +996,7 @@ static void render_metrics(struct super *s, int now_or_later)
 static void summary(struct super *s, const char *end)
 {
     render_metrics(s, 0);
-    double wall = super_now() - s->start;
+    double wall = fsdp_now() - s->start;
     double step_s = s->step_count ? s->step_time_sum / (double)s->step_count : 0;
     double productive = step_s * (double)s->final_step;
     int restarts = 0;
@@ -1056,8 +1056,8 @@ static uint64_t reached_step(const struct job *j)
  * chance; wait for that, at most the grace period, reading its output. */
 static void let_mpirun_finish(struct super *s)
 {
-    double until = super_now() + s->o.grace;
-    while (!s->job.exited && s->job.err_fd >= 0 && super_now() < until) {
+    double until = fsdp_now() + s->o.grace;
+    while (!s->job.exited && s->job.err_fd >= 0 && fsdp_now() < until) {
         struct pollfd p = {.fd = s->job.err_fd, .events = POLLIN};
         poll(&p, 1, 50);
         job_drain_stderr(&s->job);
@@ -1148,7 +1148,7 @@ static int end_launch(struct super *s, struct outcome *out, int preempt_from_sig
         ev_emit("restart", "{s:s, s:I}", "cause", cause_names[why], "step",
                 (json_int_t)s->last_committed);
         chaos_launch_ended(&s->chaos, cause_names[why], &s->job);
-        s->fail_at = super_now();
+        s->fail_at = fsdp_now();
         return NEXT_LAUNCH; /* relaunch on what the host file still offers */
     }
     /* a failure */
@@ -1313,7 +1313,7 @@ int main(int argc, char **argv)
     }
     if ((rc = set_up(&s)) != 0)
         goto out;
-    s.start = super_now();
+    s.start = fsdp_now();
     ev_emit("start", "{s:i, s:s, s:b, s:i, s:i, s:f}", "heartbeat_port", s.link.net.port, "family",
             s.link.net.family == AF_INET6 ? "ipv6" : "ipv4", "every_interface", s.link.net.wildcard,
             "np", s.o.np, "min_np", s.o.min_np, "rank_silence_s", s.o.rank_silence);
