@@ -1103,55 +1103,66 @@ static int store_taken(struct super *s, uint64_t *owner)
     return rc == 0 && cur > s->generation;
 }
 
-/* After a launch: finished, relaunch, or give up. */
-static int end_launch(struct super *s, struct outcome *out, int preempt_from_signal)
+/* Every rank said it was done, with no preemption under way: 1 when they
+ * all finished, or all stopped before --steps (a time limit or
+ * --stop-at-step: resumable, nothing to relaunch), said and summed up.
+ * 0 when some stopped early: that counts as a preemption (out->cause). */
+static int ranks_ended(struct super *s, struct outcome *out, uint64_t reached)
 {
-    uint64_t reached = reached_step(&s->job);
-    teardown(s, out->cause);
-    if (out->done && !out->preempting) {
-        int all_done = 1, all_stopped = s->job.np > 0;
-        for (int r = 0; r < s->job.np; r++) {
-            all_done &= s->job.ranks[r].phase == HB_DONE;
-            all_stopped &= s->job.ranks[r].phase == HB_STOPPED;
-        }
-        if (all_stopped) { /* a time limit or --stop-at-step: resumable, nothing to relaunch */
-            s->final_step = reached;
-            chaos_launch_ended(&s->chaos, "stopped", &s->job);
-            say("the ranks stopped at step %llu before --steps (a time limit or "
-                "--stop-at-step), after checkpoint step %llu; the same command continues",
-                (unsigned long long)reached, (unsigned long long)s->last_committed);
-            ev_emit("stopped", "{s:I}", "step", (json_int_t)reached);
-            summary(s, "stopped");
-            return STOP_OK;
-        }
-        if (all_done || s->job.np == 0) {
-            s->final_step = reached;
-            chaos_launch_ended(&s->chaos, "finished", &s->job);
-            say("training finished at step %llu", (unsigned long long)reached);
-            ev_emit("finished", "{s:I}", "step", (json_int_t)reached);
-            summary(s, "finished");
-            return STOP_OK;
-        }
-        snprintf(out->why, sizeof out->why, "the ranks stopped early (preempted by someone else?)");
-        out->cause = C_PREEMPT;
+    int all_done = 1, all_stopped = s->job.np > 0;
+    for (int r = 0; r < s->job.np; r++) {
+        all_done &= s->job.ranks[r].phase == HB_DONE;
+        all_stopped &= s->job.ranks[r].phase == HB_STOPPED;
     }
-    if (out->preempting && (out->done || out->cause == C_PREEMPT)) {
+    if (all_stopped) {
         s->final_step = reached;
-        if (preempt_from_signal) {
-            say("stopped after the emergency checkpoint (step %llu); resumable",
-                (unsigned long long)s->last_committed);
-            summary(s, "preempted");
-            return STOP_OK;
-        }
-        int why = out->planned ? out->planned : C_PREEMPT;
-        s->by_cause[why]++;
-        ev_emit("restart", "{s:s, s:I}", "cause", cause_names[why], "step",
-                (json_int_t)s->last_committed);
-        chaos_launch_ended(&s->chaos, cause_names[why], &s->job);
-        s->fail_at = fsdp_now();
-        return NEXT_LAUNCH; /* relaunch on what the host file still offers */
+        chaos_launch_ended(&s->chaos, "stopped", &s->job);
+        say("the ranks stopped at step %llu before --steps (a time limit or "
+            "--stop-at-step), after checkpoint step %llu; the same command continues",
+            (unsigned long long)reached, (unsigned long long)s->last_committed);
+        ev_emit("stopped", "{s:I}", "step", (json_int_t)reached);
+        summary(s, "stopped");
+        return 1;
     }
-    /* a failure */
+    if (all_done || s->job.np == 0) {
+        s->final_step = reached;
+        chaos_launch_ended(&s->chaos, "finished", &s->job);
+        say("training finished at step %llu", (unsigned long long)reached);
+        ev_emit("finished", "{s:I}", "step", (json_int_t)reached);
+        summary(s, "finished");
+        return 1;
+    }
+    snprintf(out->why, sizeof out->why, "the ranks stopped early (preempted by someone else?)");
+    out->cause = C_PREEMPT;
+    return 0;
+}
+
+/* A preemption that ran its course: after fsdp-super's own SIGTERM the
+ * job stops (resumable); after a notice or a planned one it relaunches on
+ * what the host file still offers. */
+static int end_preempted(struct super *s, const struct outcome *out, uint64_t reached,
+                         int preempt_from_signal)
+{
+    s->final_step = reached;
+    if (preempt_from_signal) {
+        say("stopped after the emergency checkpoint (step %llu); resumable",
+            (unsigned long long)s->last_committed);
+        summary(s, "preempted");
+        return STOP_OK;
+    }
+    int why = out->planned ? out->planned : C_PREEMPT;
+    s->by_cause[why]++;
+    ev_emit("restart", "{s:s, s:I}", "cause", cause_names[why], "step",
+            (json_int_t)s->last_committed);
+    chaos_launch_ended(&s->chaos, cause_names[why], &s->job);
+    s->fail_at = fsdp_now();
+    return NEXT_LAUNCH;
+}
+
+/* A failure: stop if another launcher has taken the store or after too
+ * many restarts in a row; otherwise back off and relaunch. */
+static int end_failed(struct super *s, const struct outcome *out, uint64_t reached)
+{
     say("generation %llu failed: %s; stopped every process of the job",
         (unsigned long long)s->generation, out->why);
     job_show_hidden_tail(&s->job, s->ev_on);
@@ -1183,6 +1194,18 @@ static int end_launch(struct super *s, struct outcome *out, int preempt_from_sig
     chaos_launch_ended(&s->chaos, cause_names[out->cause], &s->job);
     nap_rendering(s, wait);
     return NEXT_LAUNCH;
+}
+
+/* After a launch: finished, relaunch, or give up. */
+static int end_launch(struct super *s, struct outcome *out, int preempt_from_signal)
+{
+    uint64_t reached = reached_step(&s->job);
+    teardown(s, out->cause);
+    if (out->done && !out->preempting && ranks_ended(s, out, reached))
+        return STOP_OK;
+    if (out->preempting && (out->done || out->cause == C_PREEMPT))
+        return end_preempted(s, out, reached, preempt_from_signal);
+    return end_failed(s, out, reached);
 }
 
 /* ---- set-up ------------------------------------------------------------------------- */
