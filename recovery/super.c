@@ -1137,9 +1137,9 @@ static int ranks_ended(struct super *s, struct outcome *out, uint64_t reached)
     return 0;
 }
 
-/* A preemption that ran its course: after fsdp-super's own SIGTERM the
- * job stops (resumable); after a notice or a planned one it relaunches on
- * what the host file still offers. */
+/* A preemption that ran its course: when fsdp-super itself was signalled
+ * the job stops there (resumable); after a notice, or a planned one, it
+ * relaunches on what the host file still offers. */
 static int end_preempted(struct super *s, const struct outcome *out, uint64_t reached,
                          int preempt_from_signal)
 {
