@@ -9,7 +9,6 @@
 
 #include <ctype.h>
 #include <inttypes.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,26 +93,7 @@ int ckpt_tag_generation(const char *tag, uint64_t *gen)
     return tag ? parse_tag(tag, gen) : -1;
 }
 
-void ckpt_hex(const unsigned char sha[32], char out[65])
-{
-    for (int i = 0; i < 32; i++)
-        snprintf(out + 2 * i, 3, "%02x", sha[i]);
-}
-
-static int unhex(const char *s, unsigned char out[32])
-{
-    if (!s || strlen(s) != 64)
-        return -1;
-    for (int i = 0; i < 32; i++) {
-        unsigned v;
-        char b[3] = {s[2 * i], s[2 * i + 1], 0};
-        if (sscanf(b, "%2x", &v) != 1 || !strchr("0123456789abcdef", b[0]) ||
-            !strchr("0123456789abcdef", b[1]))
-            return -1;
-        out[i] = (unsigned char)v;
-    }
-    return 0;
-}
+void ckpt_hex(const unsigned char sha[32], char out[65]) { fsdp_hex(sha, 32, out); }
 
 void ckpt_shard_free(struct ckpt_shard *s)
 {
@@ -203,12 +183,9 @@ static int canonical_digest(json_t *j, char hex[65])
     json_decref(copy);
     if (!doc)
         return -1;
-    unsigned char sha[32];
-    unsigned int len = 32;
-    EVP_Digest(doc, strlen(doc), sha, &len, EVP_sha256(), NULL);
+    int rc = fsdp_sha256_hex(doc, strlen(doc), hex);
     free(doc);
-    ckpt_hex(sha, hex);
-    return 0;
+    return rc;
 }
 
 static int seal(json_t *j)
@@ -343,7 +320,7 @@ static int shard_common(json_t *j, struct ckpt_shard *s, char *err)
         get_u64(j, "stored_size", UINT64_MAX >> 1, &s->stored_size, err) ||
         get_str(j, "sha256", hex, sizeof hex, err))
         return -1;
-    if (unhex(hex, s->digest))
+    if (fsdp_unhex(hex, 32, s->digest))
         return bad(err, "a shard's sha256 is not 64 hex digits");
     return 0;
 }
@@ -418,7 +395,7 @@ static int shard_from_json_v1(json_t *j, const struct ckpt_manifest *m, int r,
             get_u64(x, "raw_length", CKPT_MAX_CHUNK_BYTES, &c->raw_len, err) ||
             get_u64(x, "stored_offset", UINT64_MAX >> 1, &c->stored_off, err) ||
             get_u64(x, "stored_length", 2ULL * CKPT_MAX_CHUNK_BYTES, &c->stored_len, err) ||
-            get_str(x, "sha256", hex, sizeof hex, err) || unhex(hex, c->digest))
+            get_str(x, "sha256", hex, sizeof hex, err) || fsdp_unhex(hex, 32, c->digest))
             return bad(err, "a chunk entry is malformed");
     }
     return 0;

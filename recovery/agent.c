@@ -248,13 +248,11 @@ static void verdict(const struct agent *a, const struct probe_run *r, int bound,
                  WTERMSIG(r->status));
 }
 
-void agent_probe(const struct agent *a, const char *const *names, int n, double timeout,
-                 struct probe *out)
+/* The agent's command line with a slot for the host name, whose index is
+ * returned: the agent's words, ssh's options (connect, "ConnectTimeout=N"),
+ * the host, the probe command. */
+static int probe_argv(const struct agent *a, char *connect, char **argv)
 {
-    int bound = timeout < 1 ? 1 : (int)(timeout + 0.999); /* ssh takes whole seconds */
-    char connect[48];
-    snprintf(connect, sizeof connect, "ConnectTimeout=%d", bound);
-    char *argv[AGENT_MAX_WORDS + 8];
     int k = 0;
     for (int w = 0; w < a->nwords; w++)
         argv[k++] = a->word[w];
@@ -267,72 +265,107 @@ void agent_probe(const struct agent *a, const char *const *names, int n, double 
     int host_at = k++;
     argv[k++] = a->probe[0] ? (char *)a->probe : "true";
     argv[k] = NULL;
+    return host_at;
+}
+
+/* Starts one probe, its stderr on a non-blocking pipe; a failure to start
+ * it is its verdict (r->pid stays 0). */
+static void probe_start(char **argv, struct probe_run *r, struct probe *out)
+{
+    *r = (struct probe_run){.fd = -1};
+    *out = (struct probe){0};
+    int pfd[2];
+    if (pipe2(pfd, O_CLOEXEC)) {
+        snprintf(out->why, sizeof out->why, "cannot probe: pipe: %s", strerror(errno));
+        return;
+    }
+    r->pid = fork();
+    if (r->pid == 0)
+        exec_probe(argv, pfd[1]);
+    close(pfd[1]);
+    if (r->pid < 0) {
+        snprintf(out->why, sizeof out->why, "cannot probe: fork: %s", strerror(errno));
+        r->pid = 0;
+        close(pfd[0]);
+        return;
+    }
+    setpgid(r->pid, r->pid); /* also here: the kill may come before the child ran */
+    r->fd = pfd[0];
+    fcntl(r->fd, F_SETFL, O_NONBLOCK);
+}
+
+/* Gives each probe that has ended its verdict, and puts the pipes of those
+ * still running into p (*np of them); returns how many still run. */
+static int probe_reap(const struct agent *a, struct probe_run *run, int n, int bound, double start,
+                      struct probe *out, struct pollfd *p, int *np)
+{
+    int running = 0;
+    *np = 0;
+    for (int i = 0; i < n; i++) {
+        struct probe_run *r = &run[i];
+        if (r->pid && waitpid(r->pid, &r->status, WNOHANG) == r->pid) {
+            read_err(r); /* what it wrote before it ended */
+            r->pid = 0;
+            out[i].took = fsdp_now() - start;
+            verdict(a, r, bound, &out[i]);
+            if (r->fd >= 0) { /* something it started still holds the pipe */
+                close(r->fd);
+                r->fd = -1;
+            }
+        }
+        running += r->pid != 0;
+        if (r->pid && r->fd >= 0)
+            p[(*np)++] = (struct pollfd){.fd = r->fd, .events = POLLIN};
+    }
+    return running;
+}
+
+/* Past the bound: kills every probe still running, with whatever its
+ * agent started, and gives it its verdict. */
+static void probe_kill_all(const struct agent *a, struct probe_run *run, int n, int bound,
+                           double start, struct probe *out)
+{
+    for (int i = 0; i < n; i++) {
+        struct probe_run *r = &run[i];
+        if (!r->pid)
+            continue;
+        kill(-r->pid, SIGKILL);
+        kill(r->pid, SIGKILL);
+        waitpid(r->pid, &r->status, 0);
+        read_err(r);
+        if (r->fd >= 0)
+            close(r->fd);
+        r->pid = 0;
+        r->killed = 1;
+        out[i].took = fsdp_now() - start;
+        verdict(a, r, bound, &out[i]);
+    }
+}
+
+void agent_probe(const struct agent *a, const char *const *names, int n, double timeout,
+                 struct probe *out)
+{
+    int bound = timeout < 1 ? 1 : (int)(timeout + 0.999); /* ssh takes whole seconds */
+    char connect[48];
+    snprintf(connect, sizeof connect, "ConnectTimeout=%d", bound);
+    char *argv[AGENT_MAX_WORDS + 8];
+    int host_at = probe_argv(a, connect, argv);
 
     struct probe_run run[SUPER_MAX_HOSTS];
     n = n > SUPER_MAX_HOSTS ? SUPER_MAX_HOSTS : n;
-    double start = super_now(), kill_at = start + bound + 1;
+    double start = fsdp_now(), kill_at = start + bound + 1;
     for (int i = 0; i < n; i++) {
-        struct probe_run *r = &run[i];
-        *r = (struct probe_run){.fd = -1};
-        out[i] = (struct probe){0};
-        int pfd[2];
-        if (pipe2(pfd, O_CLOEXEC)) {
-            snprintf(out[i].why, sizeof out[i].why, "cannot probe: pipe: %s", strerror(errno));
-            continue;
-        }
         argv[host_at] = (char *)names[i];
-        r->pid = fork();
-        if (r->pid == 0)
-            exec_probe(argv, pfd[1]);
-        close(pfd[1]);
-        if (r->pid < 0) {
-            snprintf(out[i].why, sizeof out[i].why, "cannot probe: fork: %s", strerror(errno));
-            r->pid = 0;
-            close(pfd[0]);
-            continue;
-        }
-        setpgid(r->pid, r->pid); /* also here: the kill may come before the child ran */
-        r->fd = pfd[0];
-        fcntl(r->fd, F_SETFL, O_NONBLOCK);
+        probe_start(argv, &run[i], &out[i]);
     }
     for (;;) {
         struct pollfd p[SUPER_MAX_HOSTS];
-        int np = 0, running = 0;
-        for (int i = 0; i < n; i++) {
-            struct probe_run *r = &run[i];
-            if (r->pid && waitpid(r->pid, &r->status, WNOHANG) == r->pid) {
-                read_err(r); /* what it wrote before it ended */
-                r->pid = 0;
-                out[i].took = super_now() - start;
-                verdict(a, r, bound, &out[i]);
-                if (r->fd >= 0) { /* something it started still holds the pipe */
-                    close(r->fd);
-                    r->fd = -1;
-                }
-            }
-            running += r->pid != 0;
-            if (r->pid && r->fd >= 0)
-                p[np++] = (struct pollfd){.fd = r->fd, .events = POLLIN};
-        }
-        if (!running)
+        int np;
+        if (!probe_reap(a, run, n, bound, start, out, p, &np))
             break;
-        double now = super_now();
+        double now = fsdp_now();
         if (now >= kill_at) {
-            for (int i = 0; i < n; i++) {
-                struct probe_run *r = &run[i];
-                if (!r->pid)
-                    continue;
-                kill(-r->pid, SIGKILL);
-                kill(r->pid, SIGKILL);
-                waitpid(r->pid, &r->status, 0);
-                read_err(r);
-                if (r->fd >= 0)
-                    close(r->fd);
-                r->pid = 0;
-                r->killed = 1;
-                out[i].took = super_now() - start;
-                verdict(a, r, bound, &out[i]);
-            }
+            probe_kill_all(a, run, n, bound, start, out);
             break;
         }
         int wait_ms = (int)((kill_at - now) * 1000) + 1;

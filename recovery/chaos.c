@@ -362,7 +362,7 @@ static int stopped_to_commit(const struct job *j)
         return 0;
     if (r0->local)
         return j->env.state(r0->pid) == 'T';
-    return super_now() - r0->last_seen > 1.0;
+    return fsdp_now() - r0->last_seen > 1.0;
 }
 
 int chaos_tick(struct chaos *c, struct job *j)

@@ -14,16 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 static FILE *events;
-
-double super_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 int ev_open(const char *path)
 {
@@ -104,11 +96,7 @@ void ev_emit(const char *event, const char *fmt, ...)
         va_end(ap);
         bad = !fields;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    json_t *line =
-        events ? json_pack("{s:f, s:s}", "t", (double)ts.tv_sec + ts.tv_nsec * 1e-9, "event", event)
-               : NULL;
+    json_t *line = events ? json_pack("{s:f, s:s}", "t", fsdp_unix_now(), "event", event) : NULL;
     if (!line) {
         json_decref(fields);
         return;

@@ -113,14 +113,14 @@ int job_teardown(struct job *j, double grace)
     /* a stopped process would sit on SIGTERM until continued */
     signal_all(sid, SIGCONT);
     signal_all(sid, SIGTERM);
-    double until = super_now() + grace;
-    while (super_now() < until && job_pids(sid, pids, 1024) > 0) {
+    double until = fsdp_now() + grace;
+    while (fsdp_now() < until && job_pids(sid, pids, 1024) > 0) {
         reap_children(j);
         nap(0.05);
     }
-    until = super_now() + 20;
+    until = fsdp_now() + 20;
     int left;
-    while ((left = job_pids(sid, pids, 1024)) > 0 && super_now() < until) {
+    while ((left = job_pids(sid, pids, 1024)) > 0 && fsdp_now() < until) {
         signal_all(sid, SIGKILL);
         reap_children(j);
         nap(0.05);

@@ -238,8 +238,8 @@ static int capacity(struct super *s, struct host *h, int *nh)
  * they matter most). */
 static void nap_rendering(struct super *s, double sec)
 {
-    double end = super_now() + sec;
-    for (double left = sec; left > 0; left = end - super_now()) {
+    double end = fsdp_now() + sec;
+    for (double left = sec; left > 0; left = end - fsdp_now()) {
         render_metrics(s, 0);
         struct pollfd p = {.fd = -1};
         poll(&p, 0, (int)((left < 0.25 ? left : 0.25) * 1000) + 1);
@@ -366,7 +366,7 @@ static int leave_out_noticed(struct super *s, struct host *h, int *nh, struct ho
 static int wait_capacity(struct super *s, struct host *h, int *nh)
 {
     int said_cap = -1, said_offered = -1;
-    double until = super_now() + s->o.capacity_timeout;
+    double until = fsdp_now() + s->o.capacity_timeout;
     for (;;) {
         int offered = capacity(s, h, nh), cap = offered;
         s->nleft = 0;
@@ -395,7 +395,7 @@ static int wait_capacity(struct super *s, struct host *h, int *nh)
         }
         if (got_signal)
             return -1;
-        if (super_now() >= until) {
+        if (fsdp_now() >= until) {
             say("no capacity: %s offered %d of the %d slots needed for %.0f s "
                 "(--capacity-timeout); giving up",
                 s->o.hosts, cap, s->o.min_np, s->o.capacity_timeout);
@@ -553,7 +553,7 @@ static int launch(struct super *s, int np, const struct host *hosts, int nh)
     fcntl(errpipe[0], F_SETFL, O_NONBLOCK);
     s->job.generation = s->generation;
     s->job.np = np;
-    s->job.launched = super_now();
+    s->job.launched = fsdp_now();
     pid_t pid = fork();
     if (pid == 0)
         exec_mpirun(s, argv, errpipe[1]);
@@ -631,7 +631,7 @@ static void on_event(struct super *s, const struct hbmsg *m)
             histogram_observe(&s->save_s, x);
         if (hbmsg_event_u64(m, "bytes", &bytes) == 0)
             s->bytes_written += bytes;
-        s->commit_at = super_now();
+        s->commit_at = fsdp_now();
         s->last_committed = step;
         ev_emit("checkpoint_committed", "{s:I, s:I}", "step", (json_int_t)step, "generation",
                 (json_int_t)s->job.generation);
@@ -654,7 +654,7 @@ static void on_event(struct super *s, const struct hbmsg *m)
 static void on_beat(struct super *s, const struct hbmsg *m)
 {
     struct rank_state *r = &s->job.ranks[m->rank];
-    double now = super_now();
+    double now = fsdp_now();
     if (!r->seen || r->progress != m->progress || r->step != m->step) {
         if (m->rank == 0 && r->seen && m->step > r->step && m->phase == HB_TRAIN && r->step > 0) {
             s->step_time_sum += now - r->last_change;
@@ -764,7 +764,7 @@ static int rank_failed(struct super *s, int pass, int r, double now, char *why, 
 static int check_job(struct super *s, char *why, size_t n, int *done)
 {
     struct job *j = &s->job;
-    double now = super_now();
+    double now = fsdp_now();
     *done = 0;
     int cause = mpirun_ended(s, why, n, done);
     if (cause >= 0 || *done)
@@ -873,7 +873,7 @@ static void watch(struct super *s, struct outcome *out, int *preempt_from_signal
         link_drain(&s->link, &s->job, on_msg, s);
         job_drain_stderr(&s->job);
         reap_children(&s->job);
-        double now = super_now();
+        double now = fsdp_now();
         account_progress(s, now);
         render_metrics(s, 1);
         int from_signal = got_signal != 0;
@@ -920,7 +920,7 @@ static void account_failure(struct super *s)
             reached = s->job.ranks[r].step;
     if (reached > s->last_committed)
         s->steps_lost += reached - s->last_committed;
-    s->fail_at = super_now();
+    s->fail_at = fsdp_now();
 }
 
 /* ---- metrics (--metrics) ---------------------------------------------------------- */
@@ -936,7 +936,7 @@ static void counter(char *b, size_t n, size_t *len, const char *name, const char
  * four times a second (a scrape gets the latest). */
 static void render_metrics(struct super *s, int now_or_later)
 {
-    double now = super_now();
+    double now = fsdp_now();
     if (!s->metrics || (now_or_later && now < s->next_metrics))
         return;
     s->next_metrics = now + 0.25;
@@ -996,7 +996,7 @@ static void render_metrics(struct super *s, int now_or_later)
 static void summary(struct super *s, const char *end)
 {
     render_metrics(s, 0);
-    double wall = super_now() - s->start;
+    double wall = fsdp_now() - s->start;
     double step_s = s->step_count ? s->step_time_sum / (double)s->step_count : 0;
     double productive = step_s * (double)s->final_step;
     int restarts = 0;
@@ -1056,8 +1056,8 @@ static uint64_t reached_step(const struct job *j)
  * chance; wait for that, at most the grace period, reading its output. */
 static void let_mpirun_finish(struct super *s)
 {
-    double until = super_now() + s->o.grace;
-    while (!s->job.exited && s->job.err_fd >= 0 && super_now() < until) {
+    double until = fsdp_now() + s->o.grace;
+    while (!s->job.exited && s->job.err_fd >= 0 && fsdp_now() < until) {
         struct pollfd p = {.fd = s->job.err_fd, .events = POLLIN};
         poll(&p, 1, 50);
         job_drain_stderr(&s->job);
@@ -1103,55 +1103,66 @@ static int store_taken(struct super *s, uint64_t *owner)
     return rc == 0 && cur > s->generation;
 }
 
-/* After a launch: finished, relaunch, or give up. */
-static int end_launch(struct super *s, struct outcome *out, int preempt_from_signal)
+/* Every rank said it was done, with no preemption under way: 1 when they
+ * all finished, or all stopped before --steps (a time limit or
+ * --stop-at-step: resumable, nothing to relaunch), said and summed up.
+ * 0 when some stopped early: that counts as a preemption (out->cause). */
+static int ranks_ended(struct super *s, struct outcome *out, uint64_t reached)
 {
-    uint64_t reached = reached_step(&s->job);
-    teardown(s, out->cause);
-    if (out->done && !out->preempting) {
-        int all_done = 1, all_stopped = s->job.np > 0;
-        for (int r = 0; r < s->job.np; r++) {
-            all_done &= s->job.ranks[r].phase == HB_DONE;
-            all_stopped &= s->job.ranks[r].phase == HB_STOPPED;
-        }
-        if (all_stopped) { /* a time limit or --stop-at-step: resumable, nothing to relaunch */
-            s->final_step = reached;
-            chaos_launch_ended(&s->chaos, "stopped", &s->job);
-            say("the ranks stopped at step %llu before --steps (a time limit or "
-                "--stop-at-step), after checkpoint step %llu; the same command continues",
-                (unsigned long long)reached, (unsigned long long)s->last_committed);
-            ev_emit("stopped", "{s:I}", "step", (json_int_t)reached);
-            summary(s, "stopped");
-            return STOP_OK;
-        }
-        if (all_done || s->job.np == 0) {
-            s->final_step = reached;
-            chaos_launch_ended(&s->chaos, "finished", &s->job);
-            say("training finished at step %llu", (unsigned long long)reached);
-            ev_emit("finished", "{s:I}", "step", (json_int_t)reached);
-            summary(s, "finished");
-            return STOP_OK;
-        }
-        snprintf(out->why, sizeof out->why, "the ranks stopped early (preempted by someone else?)");
-        out->cause = C_PREEMPT;
+    int all_done = 1, all_stopped = s->job.np > 0;
+    for (int r = 0; r < s->job.np; r++) {
+        all_done &= s->job.ranks[r].phase == HB_DONE;
+        all_stopped &= s->job.ranks[r].phase == HB_STOPPED;
     }
-    if (out->preempting && (out->done || out->cause == C_PREEMPT)) {
+    if (all_stopped) {
         s->final_step = reached;
-        if (preempt_from_signal) {
-            say("stopped after the emergency checkpoint (step %llu); resumable",
-                (unsigned long long)s->last_committed);
-            summary(s, "preempted");
-            return STOP_OK;
-        }
-        int why = out->planned ? out->planned : C_PREEMPT;
-        s->by_cause[why]++;
-        ev_emit("restart", "{s:s, s:I}", "cause", cause_names[why], "step",
-                (json_int_t)s->last_committed);
-        chaos_launch_ended(&s->chaos, cause_names[why], &s->job);
-        s->fail_at = super_now();
-        return NEXT_LAUNCH; /* relaunch on what the host file still offers */
+        chaos_launch_ended(&s->chaos, "stopped", &s->job);
+        say("the ranks stopped at step %llu before --steps (a time limit or "
+            "--stop-at-step), after checkpoint step %llu; the same command continues",
+            (unsigned long long)reached, (unsigned long long)s->last_committed);
+        ev_emit("stopped", "{s:I}", "step", (json_int_t)reached);
+        summary(s, "stopped");
+        return 1;
     }
-    /* a failure */
+    if (all_done || s->job.np == 0) {
+        s->final_step = reached;
+        chaos_launch_ended(&s->chaos, "finished", &s->job);
+        say("training finished at step %llu", (unsigned long long)reached);
+        ev_emit("finished", "{s:I}", "step", (json_int_t)reached);
+        summary(s, "finished");
+        return 1;
+    }
+    snprintf(out->why, sizeof out->why, "the ranks stopped early (preempted by someone else?)");
+    out->cause = C_PREEMPT;
+    return 0;
+}
+
+/* A preemption that ran its course: when fsdp-super itself was signalled
+ * the job stops there (resumable); after a notice, or a planned one, it
+ * relaunches on what the host file still offers. */
+static int end_preempted(struct super *s, const struct outcome *out, uint64_t reached,
+                         int preempt_from_signal)
+{
+    s->final_step = reached;
+    if (preempt_from_signal) {
+        say("stopped after the emergency checkpoint (step %llu); resumable",
+            (unsigned long long)s->last_committed);
+        summary(s, "preempted");
+        return STOP_OK;
+    }
+    int why = out->planned ? out->planned : C_PREEMPT;
+    s->by_cause[why]++;
+    ev_emit("restart", "{s:s, s:I}", "cause", cause_names[why], "step",
+            (json_int_t)s->last_committed);
+    chaos_launch_ended(&s->chaos, cause_names[why], &s->job);
+    s->fail_at = fsdp_now();
+    return NEXT_LAUNCH;
+}
+
+/* A failure: stop if another launcher has taken the store or after too
+ * many restarts in a row; otherwise back off and relaunch. */
+static int end_failed(struct super *s, const struct outcome *out, uint64_t reached)
+{
     say("generation %llu failed: %s; stopped every process of the job",
         (unsigned long long)s->generation, out->why);
     job_show_hidden_tail(&s->job, s->ev_on);
@@ -1183,6 +1194,18 @@ static int end_launch(struct super *s, struct outcome *out, int preempt_from_sig
     chaos_launch_ended(&s->chaos, cause_names[out->cause], &s->job);
     nap_rendering(s, wait);
     return NEXT_LAUNCH;
+}
+
+/* After a launch: finished, relaunch, or give up. */
+static int end_launch(struct super *s, struct outcome *out, int preempt_from_signal)
+{
+    uint64_t reached = reached_step(&s->job);
+    teardown(s, out->cause);
+    if (out->done && !out->preempting && ranks_ended(s, out, reached))
+        return STOP_OK;
+    if (out->preempting && (out->done || out->cause == C_PREEMPT))
+        return end_preempted(s, out, reached, preempt_from_signal);
+    return end_failed(s, out, reached);
 }
 
 /* ---- set-up ------------------------------------------------------------------------- */
@@ -1247,8 +1270,7 @@ static int job_id(struct super *s)
     } else if (getrandom(d, 16, 0) != 16) {
         return -1;
     }
-    for (int i = 0; i < 16; i++)
-        snprintf(s->job_id + 2 * i, 3, "%02x", d[i]);
+    fsdp_hex(d, 16, s->job_id);
     return 0;
 }
 
@@ -1314,7 +1336,7 @@ int main(int argc, char **argv)
     }
     if ((rc = set_up(&s)) != 0)
         goto out;
-    s.start = super_now();
+    s.start = fsdp_now();
     ev_emit("start", "{s:i, s:s, s:b, s:i, s:i, s:f}", "heartbeat_port", s.link.net.port, "family",
             s.link.net.family == AF_INET6 ? "ipv6" : "ipv4", "every_interface", s.link.net.wildcard,
             "np", s.o.np, "min_np", s.o.min_np, "rank_silence_s", s.o.rank_silence);

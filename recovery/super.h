@@ -140,7 +140,6 @@ void ev_emit(const char *event, const char *fmt, ...);
 /* A JSON string of any NUL-terminated bytes (invalid UTF-8 becomes '?'),
  * for "o" in a pack format; NULL only when out of memory. */
 json_t *ev_text(const char *s);
-double super_now(void);
 
 /* ---- ranks.c ---- */
 enum rank_admit { ADMIT_OK, ADMIT_REPLAY, ADMIT_CONFLICT };

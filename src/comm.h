@@ -82,7 +82,6 @@ struct fsdp_comm {
     /* host memory, doubles: small reductions (loss, norms) */
     int (*allreduce_sum_f64)(struct fsdp_comm *c, double *buf, size_t n, char *err);
     int (*bcast_bytes)(struct fsdp_comm *c, void *buf, size_t bytes, int root, char *err);
-    int (*barrier)(struct fsdp_comm *c, char *err);
     /* root receives every rank's bytes: *out is one allocation of all of
      * them back to back, lens[r] their lengths (root only; others get NULL) */
     int (*gather_bytes)(struct fsdp_comm *c, const void *buf, size_t n, int root, char **out,

@@ -67,12 +67,6 @@ static int local_bcast(struct fsdp_comm *c, void *buf, size_t bytes, int root, c
     return 0;
 }
 
-static int local_barrier(struct fsdp_comm *c, char *err)
-{
-    (void)c, (void)err;
-    return 0;
-}
-
 static int local_gather_bytes(struct fsdp_comm *c, const void *buf, size_t n, int root,
                               char **out, size_t *lens, char *err)
 {
@@ -109,7 +103,6 @@ void fsdp_comm_local_init(struct fsdp_comm *c)
         .allreduce_sum_bf16 = local_allreduce_bf16,
         .allreduce_sum_f64 = local_allreduce_f64,
         .bcast_bytes = local_bcast,
-        .barrier = local_barrier,
         .gather_bytes = local_gather_bytes,
         .abort = local_abort,
         .finalize = local_finalize,

@@ -371,14 +371,6 @@ static int mpi_bcast(struct fsdp_comm *c, void *buf, size_t bytes, int root, cha
     return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "broadcast", err);
 }
 
-static int mpi_barrier(struct fsdp_comm *c, char *err)
-{
-    if (in_order(c, err))
-        return -1;
-    int rc = MPI_Barrier(MPI_COMM_WORLD);
-    return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "barrier", err);
-}
-
 static int mpi_gather_bytes(struct fsdp_comm *c, const void *buf, size_t n, int root, char **out,
                             size_t *lens, char *err)
 {
@@ -466,7 +458,6 @@ int fsdp_comm_mpi_init(struct fsdp_comm *c, int *argc, char ***argv, char *err)
         .wait = mpi_wait,
         .allreduce_sum_f64 = mpi_allreduce_f64,
         .bcast_bytes = mpi_bcast,
-        .barrier = mpi_barrier,
         .gather_bytes = mpi_gather_bytes,
         .abort = mpi_abort,
         .finalize = mpi_finalize,

@@ -207,39 +207,49 @@ static void build_segments(struct fsdp_engine *e)
     }
 }
 
-int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct fsdp_kernels *k,
-              struct fsdp_comm *comm, const struct fsdp_opts *o, char *err)
+/* The engine's settings from the options: nothing allocated yet. K blocks
+ * make a group (one gather and one reduce-scatter); none keeps one a unit. */
+static void set_options(struct fsdp_engine *e, const struct model_layout *m,
+                        const struct fsdp_kernels *k, struct fsdp_comm *comm,
+                        const struct fsdp_opts *o)
 {
     memset(e, 0, sizeof *e);
     const enum fsdp_shard shard = o->shard;
-    const int B = o->micro_batch;
     e->m = m;
     e->k = k;
     e->comm = comm;
     e->shard = shard;
-    e->B = B;
+    e->B = o->micro_batch;
     e->T = m->cfg.seq;
     e->recompute_every = o->recompute_every;
     e->bf16 = o->bf16;
     e->reduce_bf16 = o->reduce_bf16;
-    e->prefetch = o->prefetch && shard != FSDP_SHARD_NONE && comm->start; /* else nothing overlaps */
+    e->prefetch =
+        o->prefetch && shard != FSDP_SHARD_NONE && comm->start; /* else nothing overlaps */
     e->holder[0] = e->holder[1] = -1;
     e->gather_unit = e->rs_unit = e->bucket_running = -1;
     const int L = m->cfg.layers;
     const int K = shard == FSDP_SHARD_NONE || o->unit_blocks < 1 ? 1
-                  : o->unit_blocks > L                             ? L
-                                                                   : o->unit_blocks;
+                  : o->unit_blocks > L                           ? L
+                                                                 : o->unit_blocks;
     e->unit_blocks = K;
     e->nbuf = e->prefetch && K < L ? 2 : 1; /* one group of blocks has nothing to alternate with */
-    const int nu = m->nunits;
-    const size_t W = shard == FSDP_SHARD_NONE ? 1 : (size_t)comm->world;
-    const size_t rank = shard == FSDP_SHARD_NONE ? 0 : (size_t)comm->rank;
+}
 
+/* Each unit's flat size padded to a multiple of the world, this rank's
+ * slice of it and where the slice lies in the rank's state, and the group
+ * of blocks it belongs to; *max_shard: the largest slice. -1: out of memory. */
+static int lay_out_units(struct fsdp_engine *e, size_t *max_shard)
+{
+    const struct model_layout *m = e->m;
+    const int nu = m->nunits, L = m->cfg.layers, K = e->unit_blocks;
+    const size_t W = e->shard == FSDP_SHARD_NONE ? 1 : (size_t)e->comm->world;
+    const size_t rank = e->shard == FSDP_SHARD_NONE ? 0 : (size_t)e->comm->rank;
     e->units = calloc((size_t)nu, sizeof *e->units);
     e->segs = calloc((size_t)m->ntensors, sizeof *e->segs);
     if (!e->units || !e->segs)
-        goto oom;
-    size_t max_shard = 0;
+        return -1;
+    *max_shard = 0;
     for (int u = 0; u < nu; u++) {
         struct fsdp_unit *U = &e->units[u];
         U->numel = m->units[u].numel;
@@ -248,8 +258,8 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
         U->shard_lo = rank * U->shard_n;
         U->shard_off = e->shard_total;
         e->shard_total += round_up(U->shard_n, ALIGN_FLOATS);
-        if (U->shard_n > max_shard)
-            max_shard = U->shard_n;
+        if (U->shard_n > *max_shard)
+            *max_shard = U->shard_n;
         U->group = u;
         U->group_n = 1;
         if (u >= model_unit_block(0) && u <= model_unit_block(L - 1)) {
@@ -258,116 +268,170 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
             U->group_n = first + K <= L ? K : L - first;
         }
     }
+    return 0;
+}
+
+/* The rank's shard of each state kind: parameters, gradients, AdamW's two
+ * moments. -1: out of memory. */
+static int alloc_state(struct fsdp_engine *e)
+{
     float **kinds[4] = {&e->params, &e->grads, &e->exp_avg, &e->exp_avg_sq};
     for (int i = 0; i < 4; i++) {
-        *kinds[i] = k->alloc(e->shard_total * sizeof(float));
+        *kinds[i] = e->k->alloc(e->shard_total * sizeof(float));
         if (!*kinds[i])
-            goto oom;
+            return -1;
         e->mem.state_bytes[i] = e->shard_total * sizeof(float);
     }
+    return 0;
+}
 
-    const int lnf = model_unit_lnf(m), blk = model_unit_block(0);
-    if (shard == FSDP_SHARD_NONE) {
-        /* The shard is the whole unit: parameters and gradients are used in
-         * place, always "gathered". In bf16 the kernels read a rounded copy
-         * instead, as the other strategies' gathers give them. */
-        if (e->bf16) {
-            e->gather_buf = k->alloc(e->shard_total * sizeof(float));
-            if (!e->gather_buf)
-                goto oom;
-            e->mem.gather_bytes = e->shard_total * sizeof(float);
-        }
-        for (int u = 0; u < nu; u++) {
-            float *params = e->bf16 ? e->gather_buf : e->params;
-            e->units[u].full = params + e->units[u].shard_off;
-            e->units[u].full_grad = e->grads + e->units[u].shard_off;
-            e->units[u].gathered = !e->bf16;
-        }
-    } else {
-        /* Full-size buffers: grad-op keeps every unit, full shares nbuf
-         * group buffers of K blocks between all groups (group i of blocks
-         * uses buffer i % nbuf). Full gradients always share nbuf group
-         * buffers: one group is in its backward pass while (prefetch) the
-         * one before is reduced. A group's blocks lie pb apart. */
-        const size_t nb = (size_t)e->nbuf, kb = (size_t)K;
-        size_t pe = round_up(e->units[0].padded, ALIGN_FLOATS);
-        size_t pb = round_up(e->units[blk].padded, ALIGN_FLOATS);
-        size_t pl = round_up(e->units[lnf].padded, ALIGN_FLOATS);
-        size_t gather = shard == FSDP_SHARD_FULL ? pe + pb * kb * nb + pl : pe + pb * L + pl;
-        size_t max_padded = pe > pb * kb ? (pe > pl ? pe : pl) : (pb * kb > pl ? pb * kb : pl);
-        e->gather_buf = k->alloc(gather * sizeof(float));
-        e->grad_full_buf = k->alloc((pe + pb * kb * nb + pl) * sizeof(float));
-        e->rs_tmp = k->alloc(round_up(max_shard, ALIGN_FLOATS) * kb * sizeof(float));
-        if (!e->gather_buf || !e->grad_full_buf || !e->rs_tmp)
-            goto oom;
-        e->mem.gather_bytes = gather * sizeof(float);
-        e->mem.grad_full_bytes = (pe + pb * kb * nb + pl) * sizeof(float);
-        if (comm->start) { /* the all-to-all's landing place (comm.h) */
-            if (!(e->rs_parts = k->alloc(max_padded * sizeof(float))))
-                goto oom;
-            e->mem.grad_full_bytes += max_padded * sizeof(float);
-        }
-        e->units[0].full = e->gather_buf;
-        e->units[0].full_grad = e->grad_full_buf;
-        for (int l = 0; l < L; l++) {
-            struct fsdp_unit *U = &e->units[model_unit_block(l)];
-            size_t slot = (size_t)(l / K) % nb * kb + (size_t)(l % K);
-            U->full = e->gather_buf + pe + pb * (shard == FSDP_SHARD_FULL ? slot : (size_t)l);
-            U->full_grad = e->grad_full_buf + pe + pb * slot;
-        }
-        e->units[lnf].full = e->gather_buf + gather - pl;
-        e->units[lnf].full_grad = e->grad_full_buf + pe + pb * kb * nb;
-    }
+/* none: the shard is the whole unit: parameters and gradients are used in
+ * place, always "gathered". In bf16 the kernels read a rounded copy
+ * instead, as the other strategies' gathers give them. -1: out of memory. */
+static int alloc_unsharded(struct fsdp_engine *e)
+{
     if (e->bf16) {
-        /* a bf16 twin of every gathered buffer, at the same offsets */
-        size_t n16 = e->mem.gather_bytes / sizeof(float);
-        float *base = e->gather_buf;
-        e->gather16_buf = k->alloc(n16 * sizeof(uint16_t));
-        e->shard16 = k->alloc(round_up(max_shard, ALIGN_FLOATS) * K * sizeof(uint16_t));
-        if (!e->gather16_buf || !e->shard16)
-            goto oom;
-        for (int u = 0; u < nu; u++)
-            e->units[u].full16 = e->gather16_buf + (e->units[u].full - base);
-        e->mem.gather_bytes += n16 * sizeof(uint16_t);
+        e->gather_buf = e->k->alloc(e->shard_total * sizeof(float));
+        if (!e->gather_buf)
+            return -1;
+        e->mem.gather_bytes = e->shard_total * sizeof(float);
     }
-    if (e->reduce_bf16 && shard != FSDP_SHARD_NONE) {
-        /* bf16 copies of a unit's gradient and of its reduced shard */
-        size_t n16 = 0, r16 = round_up(max_shard, ALIGN_FLOATS) * (size_t)K;
+    for (int u = 0; u < e->m->nunits; u++) {
+        float *params = e->bf16 ? e->gather_buf : e->params;
+        e->units[u].full = params + e->units[u].shard_off;
+        e->units[u].full_grad = e->grads + e->units[u].shard_off;
+        e->units[u].gathered = !e->bf16;
+    }
+    return 0;
+}
+
+/* full and grad-op: full-size buffers. grad-op keeps every unit, full
+ * shares nbuf group buffers of K blocks between all groups (group i of
+ * blocks uses buffer i % nbuf). Full gradients always share nbuf group
+ * buffers: one group is in its backward pass while (prefetch) the one
+ * before is reduced. A group's blocks lie pb apart. -1: out of memory. */
+static int alloc_gathered(struct fsdp_engine *e, size_t max_shard)
+{
+    const struct fsdp_kernels *k = e->k;
+    const int L = e->m->cfg.layers, K = e->unit_blocks;
+    const int lnf = model_unit_lnf(e->m), blk = model_unit_block(0);
+    const size_t nb = (size_t)e->nbuf, kb = (size_t)K;
+    size_t pe = round_up(e->units[0].padded, ALIGN_FLOATS);
+    size_t pb = round_up(e->units[blk].padded, ALIGN_FLOATS);
+    size_t pl = round_up(e->units[lnf].padded, ALIGN_FLOATS);
+    size_t gather = e->shard == FSDP_SHARD_FULL ? pe + pb * kb * nb + pl : pe + pb * L + pl;
+    size_t max_padded = pe > pb * kb ? (pe > pl ? pe : pl) : (pb * kb > pl ? pb * kb : pl);
+    e->gather_buf = k->alloc(gather * sizeof(float));
+    e->grad_full_buf = k->alloc((pe + pb * kb * nb + pl) * sizeof(float));
+    e->rs_tmp = k->alloc(round_up(max_shard, ALIGN_FLOATS) * kb * sizeof(float));
+    if (!e->gather_buf || !e->grad_full_buf || !e->rs_tmp)
+        return -1;
+    e->mem.gather_bytes = gather * sizeof(float);
+    e->mem.grad_full_bytes = (pe + pb * kb * nb + pl) * sizeof(float);
+    if (e->comm->start) { /* the all-to-all's landing place (comm.h) */
+        if (!(e->rs_parts = k->alloc(max_padded * sizeof(float))))
+            return -1;
+        e->mem.grad_full_bytes += max_padded * sizeof(float);
+    }
+    e->units[0].full = e->gather_buf;
+    e->units[0].full_grad = e->grad_full_buf;
+    for (int l = 0; l < L; l++) {
+        struct fsdp_unit *U = &e->units[model_unit_block(l)];
+        size_t slot = (size_t)(l / K) % nb * kb + (size_t)(l % K);
+        U->full = e->gather_buf + pe + pb * (e->shard == FSDP_SHARD_FULL ? slot : (size_t)l);
+        U->full_grad = e->grad_full_buf + pe + pb * slot;
+    }
+    e->units[lnf].full = e->gather_buf + gather - pl;
+    e->units[lnf].full_grad = e->grad_full_buf + pe + pb * kb * nb;
+    return 0;
+}
+
+/* --bf16: a bf16 twin of every gathered buffer, at the same offsets, and
+ * of K shards. -1: out of memory. */
+static int alloc_bf16_params(struct fsdp_engine *e, size_t max_shard)
+{
+    if (!e->bf16)
+        return 0;
+    size_t n16 = e->mem.gather_bytes / sizeof(float);
+    float *base = e->gather_buf;
+    e->gather16_buf = e->k->alloc(n16 * sizeof(uint16_t));
+    e->shard16 = e->k->alloc(round_up(max_shard, ALIGN_FLOATS) * e->unit_blocks * sizeof(uint16_t));
+    if (!e->gather16_buf || !e->shard16)
+        return -1;
+    for (int u = 0; u < e->m->nunits; u++)
+        e->units[u].full16 = e->gather16_buf + (e->units[u].full - base);
+    e->mem.gather_bytes += n16 * sizeof(uint16_t);
+    return 0;
+}
+
+/* --reduce-bf16: bf16 copies of a group's gradient and of its reduced
+ * shard; none: of all of it, all-reduced. -1: out of memory. */
+static int alloc_bf16_grads(struct fsdp_engine *e, size_t max_shard)
+{
+    const int nu = e->m->nunits;
+    if (e->reduce_bf16 && e->shard != FSDP_SHARD_NONE) {
+        size_t n16 = 0, r16 = round_up(max_shard, ALIGN_FLOATS) * (size_t)e->unit_blocks;
         for (int u = 0; u < nu; u++) /* a group's blocks lie a padded block apart */
             if (round_up(e->units[u].padded, ALIGN_FLOATS) * (size_t)e->units[u].group_n > n16)
                 n16 = round_up(e->units[u].padded, ALIGN_FLOATS) * (size_t)e->units[u].group_n;
-        e->grad16 = k->alloc(n16 * sizeof(uint16_t));
-        e->rs16 = k->alloc(r16 * sizeof(uint16_t));
+        e->grad16 = e->k->alloc(n16 * sizeof(uint16_t));
+        e->rs16 = e->k->alloc(r16 * sizeof(uint16_t));
         if (!e->grad16 || !e->rs16)
-            goto oom;
+            return -1;
         e->mem.grad_full_bytes += (n16 + r16) * sizeof(uint16_t);
-    } else if (e->reduce_bf16 && comm->world > 1) { /* none: all of it, all-reduced */
-        e->grad16 = k->alloc(e->shard_total * sizeof(uint16_t));
+    } else if (e->reduce_bf16 && e->comm->world > 1) {
+        e->grad16 = e->k->alloc(e->shard_total * sizeof(uint16_t));
         if (!e->grad16)
-            goto oom;
+            return -1;
         e->mem.grad_full_bytes += e->shard_total * sizeof(uint16_t);
     }
-    build_segments(e);
-    if (shard == FSDP_SHARD_NONE && comm->world > 1 && plan_buckets(e, o->bucket_bytes))
-        goto oom;
-    if (alloc_acts(e, err))
-        goto fail;
-    if (e->bf16) { /* the backward's rounded dout: a block's widest (the head's goes in chunks) */
-        const size_t BT = (size_t)B * e->T, C = (size_t)m->cfg.dim;
-        size_t held = k->bf16_scratch(BT * 4 * C);
-        if (!held) {
-            fsdp_err(err, "fsdp: out of memory for %zu MiB of bf16 scratch", (BT * 4 * C * 2) >> 20);
-            goto fail;
-        }
+    return 0;
+}
+
+static int out_of_memory(char *err)
+{
+    return fsdp_err(err, "fsdp: out of memory while allocating the rank's state");
+}
+
+/* The batch's token arrays and, in bf16, the backward's rounded dout: a
+ * block's widest (the head's goes in chunks). */
+static int alloc_batch(struct fsdp_engine *e, char *err)
+{
+    const size_t BT = (size_t)e->B * e->T, C = (size_t)e->m->cfg.dim;
+    if (e->bf16) {
+        size_t held = e->k->bf16_scratch(BT * 4 * C);
+        if (!held)
+            return fsdp_err(err, "fsdp: out of memory for %zu MiB of bf16 scratch",
+                            (BT * 4 * C * 2) >> 20);
         e->mem.act_bytes += held;
     }
-    e->inputs = k->alloc((size_t)B * e->T * sizeof(int32_t));
-    e->targets = k->alloc((size_t)B * e->T * sizeof(int32_t));
+    e->inputs = e->k->alloc(BT * sizeof(int32_t));
+    e->targets = e->k->alloc(BT * sizeof(int32_t));
     if (!e->inputs || !e->targets)
-        goto oom;
+        return out_of_memory(err);
     return 0;
-oom:
-    fsdp_err(err, "fsdp: out of memory while allocating the rank's state");
+}
+
+int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct fsdp_kernels *k,
+              struct fsdp_comm *comm, const struct fsdp_opts *o, char *err)
+{
+    set_options(e, m, k, comm, o);
+    const int none = e->shard == FSDP_SHARD_NONE;
+    size_t max_shard;
+    if (lay_out_units(e, &max_shard) || alloc_state(e) ||
+        (none ? alloc_unsharded(e) : alloc_gathered(e, max_shard)) ||
+        alloc_bf16_params(e, max_shard) || alloc_bf16_grads(e, max_shard)) {
+        out_of_memory(err);
+        goto fail;
+    }
+    build_segments(e);
+    if (none && comm->world > 1 && plan_buckets(e, o->bucket_bytes)) {
+        out_of_memory(err);
+        goto fail;
+    }
+    if (alloc_acts(e, err) || alloc_batch(e, err))
+        goto fail;
+    return 0;
 fail:
     fsdp_free(e);
     return -1;

@@ -10,6 +10,7 @@
  * time (CRYPTO_memcmp) before any byte of what it covers is parsed.
  */
 #include "hbmsg.h"
+#include "util.h"
 
 #include <limits.h>
 #include <openssl/crypto.h>
@@ -249,39 +250,16 @@ int hbmsg_event_u64(const struct hbmsg *m, const char *key, uint64_t *out)
 #define MAC_AT       SEAL_TAG_LEN
 #define COVERED_AT   (SEAL_TAG_LEN + 64 + 1) /* HOST SEQ BODY */
 
-static int hex_digit(char c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
-static void to_hex(const unsigned char *b, size_t n, char *out)
-{
-    static const char digits[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = digits[b[i] >> 4];
-        out[2 * i + 1] = digits[b[i] & 15];
-    }
-    out[2 * n] = 0;
-}
-
 int hbmsg_key_new(struct hbmsg_key *k)
 {
     return getrandom(k->k, sizeof k->k, 0) == (ssize_t)sizeof k->k ? 0 : -1;
 }
 
-void hbmsg_key_hex(const struct hbmsg_key *k, char *hex) { to_hex(k->k, sizeof k->k, hex); }
+void hbmsg_key_hex(const struct hbmsg_key *k, char *hex) { fsdp_hex(k->k, sizeof k->k, hex); }
 
 int hbmsg_key_parse(const char *s, struct hbmsg_key *k)
 {
-    if (!s || strlen(s) != HBMSG_KEY_HEX)
-        return -1;
-    for (size_t i = 0; i < HBMSG_KEY_LEN; i++) {
-        int hi = hex_digit(s[2 * i]), lo = hex_digit(s[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return -1;
-        k->k[i] = (unsigned char)(hi << 4 | lo);
-    }
-    return 0;
+    return fsdp_unhex(s, sizeof k->k, k->k);
 }
 
 /* 64 hex digits of HMAC-SHA256(k, p[0..n)) into out (65 bytes); -1 if
@@ -293,7 +271,7 @@ static int mac_hex(const struct hbmsg_key *k, const char *p, size_t n, char *out
     if (!HMAC(EVP_sha256(), k->k, (int)sizeof k->k, (const unsigned char *)p, n, md, &mdlen) ||
         mdlen != sizeof md)
         return -1;
-    to_hex(md, sizeof md, out);
+    fsdp_hex(md, sizeof md, out);
     return 0;
 }
 

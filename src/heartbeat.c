@@ -19,6 +19,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <math.h>
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
@@ -30,10 +31,9 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
-#define BEAT_NS         (250LL * 1000 * 1000)
+#define BEAT_S          0.25
 #define RING            64
 #define DEFAULT_SILENCE 120.0
 
@@ -46,12 +46,12 @@ static struct {
     char addr[300]; /* FSDP_SUPER_ADDR as given, for the lost-contact line */
     char host[HBMSG_HOST_LEN];
     struct hbmsg_key key;
-    int64_t silence_ns;
-    int64_t contact_ns; /* the thread's own: the newest send time answered */
+    double silence_s;
+    double contact; /* the thread's own: the newest send time answered (fsdp_now) */
     _Atomic uint64_t seq;
     struct {
         _Atomic uint64_t seq;
-        _Atomic int64_t ns;
+        _Atomic double at; /* fsdp_now() when sent */
     } sent[RING];
     pthread_t thread;
     _Atomic uint64_t step, progress;
@@ -68,13 +68,6 @@ static void on_usr1(int sig)
 }
 
 int hb_preempted(void) { return atomic_load(&preempt_requested) != 0; }
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 /* ---- the launch's environment ------------------------------------------------ */
 
@@ -135,7 +128,7 @@ static int read_silence(char *err)
         if (s < 0 || *end || !(s >= 0.5 && s <= 1e6))
             return bad_env(err, "FSDP_SUPER_SILENCE_S", v, "seconds in 0.5..1e6");
     }
-    hb.silence_ns = (int64_t)(s * 1e9);
+    hb.silence_s = s;
     return 0;
 }
 
@@ -153,19 +146,19 @@ static void send_body(int fd, const char *body, int n)
         return;
     __typeof__(hb.sent[0]) *slot = &hb.sent[seq % RING];
     atomic_store(&slot->seq, 0);
-    atomic_store(&slot->ns, now_ns());
+    atomic_store(&slot->at, fsdp_now());
     atomic_store(&slot->seq, seq);
     sendto(fd, dgram, (size_t)len, MSG_DONTWAIT, (struct sockaddr *)&hb.to, hb.tolen);
 }
 
 /* When datagram seq was sent, or -1 if it is not one of the last RING. */
-static int64_t sent_at(uint64_t seq)
+static double sent_at(uint64_t seq)
 {
     __typeof__(hb.sent[0]) *slot = &hb.sent[seq % RING];
     if (seq == 0 || atomic_load(&slot->seq) != seq)
         return -1;
-    int64_t ns = atomic_load(&slot->ns);
-    return atomic_load(&slot->seq) == seq ? ns : -1;
+    double at = atomic_load(&slot->at);
+    return atomic_load(&slot->seq) == seq ? at : -1;
 }
 
 static void send_now(void)
@@ -205,20 +198,20 @@ static void read_answers(int fd)
         if (hbmsg_open(buf, (size_t)n, &hb.key, &m) || m.kind != HBMSG_CTL ||
             m.generation != hb.generation || m.rank != hb.rank)
             continue; /* not for this process of this launch */
-        int64_t sent = sent_at(m.echo);
+        double sent = sent_at(m.echo);
         if (sent < 0)
             continue; /* stale or replayed */
-        if (sent > hb.contact_ns)
-            hb.contact_ns = sent;
+        if (sent > hb.contact)
+            hb.contact = sent;
         obey(m.action);
     }
 }
 
-static void lost_contact(int64_t now)
+static void lost_contact(double now)
 {
     fprintf(stderr,
             "fsdp-train: rank %d: lost contact with fsdp-super at %s for %.0f s: stopping\n",
-            hb.rank, hb.addr, (double)(now - hb.contact_ns) * 1e-9);
+            hb.rank, hb.addr, now - hb.contact);
     _exit(HB_LOST_CONTACT_EXIT);
 }
 
@@ -226,18 +219,18 @@ static void *beat(void *arg)
 {
     (void)arg;
     int fd = atomic_load(&hb.fd);
-    int64_t next = now_ns();
-    hb.contact_ns = next; /* the silence is counted from the start */
+    double next = fsdp_now();
+    hb.contact = next; /* the silence is counted from the start */
     while (atomic_load(&hb.running)) {
-        int64_t t = now_ns();
+        double t = fsdp_now();
         if (t >= next) {
             send_now();
-            next = t + BEAT_NS;
+            next = t + BEAT_S;
         }
-        if (t - hb.contact_ns > hb.silence_ns)
+        if (t - hb.contact > hb.silence_s)
             lost_contact(t);
         struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = hb.wake, .events = POLLIN}};
-        int ms = (int)((next - t + 999999) / 1000000);
+        int ms = (int)ceil((next - t) * 1e3); /* wake at next, not before */
         if (poll(p, 2, ms > 0 ? ms : 0) > 0 && (p[0].revents & POLLIN))
             read_answers(fd);
     }

@@ -72,6 +72,15 @@ static void add_tensor(struct model_layout *m, int unit, const char *name, size_
     m->numel += t->numel;
 }
 
+/* A tensor of block `layer`, named "h.LAYER.SUFFIX" as GPT-2's are. */
+static void add_block_tensor(struct model_layout *m, int layer, const char *suffix, size_t rows,
+                             size_t cols, int decay, float std, float value)
+{
+    char name[MODEL_MAX_NAME];
+    snprintf(name, sizeof name, "h.%d.%s", layer, suffix);
+    add_tensor(m, model_unit_block(layer), name, rows, cols, decay, std, value);
+}
+
 int model_layout_init(struct model_layout *m, const struct model_config *cfg, char *err)
 {
     memset(m, 0, sizeof *m);
@@ -95,27 +104,19 @@ int model_layout_init(struct model_layout *m, const struct model_config *cfg, ch
     m->tensors[0].init_numel = (size_t)cfg->vocab * C; /* the padded rows: zero */
     add_tensor(m, 0, "wpe.weight", (size_t)cfg->seq, C, 1, std, 0);
     for (int l = 0; l < L; l++) {
-        int u = model_unit_block(l);
-        char n[MODEL_MAX_NAME];
-        snprintf(m->units[u].name, MODEL_MAX_NAME, "h.%d", l);
-#define T(suffix, rows, cols, decay, sd, val)                                                     \
-    do {                                                                                           \
-        snprintf(n, sizeof n, "h.%d.%s", l, suffix);                                               \
-        add_tensor(m, u, n, rows, cols, decay, sd, val);                                           \
-    } while (0)
-        T("ln_1.weight", C, 0, 0, 0, 1);
-        T("ln_1.bias", C, 0, 0, 0, 0);
-        T("attn.c_attn.weight", 3 * C, C, 1, std, 0);
-        T("attn.c_attn.bias", 3 * C, 0, 0, 0, 0);
-        T("attn.c_proj.weight", C, C, 1, res_std, 0);
-        T("attn.c_proj.bias", C, 0, 0, 0, 0);
-        T("ln_2.weight", C, 0, 0, 0, 1);
-        T("ln_2.bias", C, 0, 0, 0, 0);
-        T("mlp.c_fc.weight", 4 * C, C, 1, std, 0);
-        T("mlp.c_fc.bias", 4 * C, 0, 0, 0, 0);
-        T("mlp.c_proj.weight", C, 4 * C, 1, res_std, 0);
-        T("mlp.c_proj.bias", C, 0, 0, 0, 0);
-#undef T
+        snprintf(m->units[model_unit_block(l)].name, MODEL_MAX_NAME, "h.%d", l);
+        add_block_tensor(m, l, "ln_1.weight", C, 0, 0, 0, 1);
+        add_block_tensor(m, l, "ln_1.bias", C, 0, 0, 0, 0);
+        add_block_tensor(m, l, "attn.c_attn.weight", 3 * C, C, 1, std, 0);
+        add_block_tensor(m, l, "attn.c_attn.bias", 3 * C, 0, 0, 0, 0);
+        add_block_tensor(m, l, "attn.c_proj.weight", C, C, 1, res_std, 0);
+        add_block_tensor(m, l, "attn.c_proj.bias", C, 0, 0, 0, 0);
+        add_block_tensor(m, l, "ln_2.weight", C, 0, 0, 0, 1);
+        add_block_tensor(m, l, "ln_2.bias", C, 0, 0, 0, 0);
+        add_block_tensor(m, l, "mlp.c_fc.weight", 4 * C, C, 1, std, 0);
+        add_block_tensor(m, l, "mlp.c_fc.bias", 4 * C, 0, 0, 0, 0);
+        add_block_tensor(m, l, "mlp.c_proj.weight", C, 4 * C, 1, res_std, 0);
+        add_block_tensor(m, l, "mlp.c_proj.bias", C, 0, 0, 0, 0);
     }
     int lnf = model_unit_lnf(m);
     snprintf(m->units[lnf].name, MODEL_MAX_NAME, "ln_f");

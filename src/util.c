@@ -1,5 +1,6 @@
 /*
- * util.c - error formatting, random numbers, clocks and number parsing.
+ * util.c - error formatting, random numbers, clocks, whole reads and
+ * writes, hex and number parsing.
  */
 #include "util.h"
 
@@ -11,6 +12,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <openssl/evp.h>
 
 int fsdp_err(char *err, const char *fmt, ...)
 {
@@ -98,6 +101,46 @@ double fsdp_unix_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void fsdp_hex(const void *p, size_t n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[b[i] >> 4];
+        out[2 * i + 1] = digits[b[i] & 15];
+    }
+    out[2 * n] = 0;
+}
+
+static int hex_digit(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+int fsdp_unhex(const char *s, size_t n, void *out)
+{
+    unsigned char *b = out;
+    if (!s || strlen(s) != 2 * n)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        int hi = hex_digit(s[2 * i]), lo = hex_digit(s[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return -1;
+        b[i] = (unsigned char)(hi << 4 | lo);
+    }
+    return 0;
+}
+
+int fsdp_sha256_hex(const void *p, size_t n, char out[65])
+{
+    unsigned char d[32];
+    unsigned int len = 0;
+    if (!EVP_Digest(p, n, d, &len, EVP_sha256(), NULL) || len != sizeof d)
+        return -1;
+    fsdp_hex(d, sizeof d, out);
+    return 0;
 }
 
 int fsdp_parse_i64(const char *s, long long lo, long long hi, long long *out)

@@ -40,10 +40,13 @@ enum fsdp_status {
 /* Formats the message into err (if non-NULL) and returns -1. */
 int fsdp_err(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* splitmix64's increment: 2^64 divided by the golden ratio, odd. */
+#define FSDP_MIX64_GAMMA 0x9e3779b97f4a7c15ULL
+
 /* splitmix64: a bijective 64-bit mixer; the basis of every random stream here. */
 static inline uint64_t fsdp_mix64(uint64_t x)
 {
-    x += 0x9e3779b97f4a7c15ULL;
+    x += FSDP_MIX64_GAMMA;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
     return x ^ (x >> 31);
@@ -55,13 +58,13 @@ struct fsdp_rng {
     uint64_t state;
 };
 
+/* splitmix64's stream: the state steps by the mixer's own increment, so the
+ * next value is fsdp_mix64 of the state before the step. */
 static inline uint64_t fsdp_rng_next(struct fsdp_rng *r)
 {
-    r->state += 0x9e3779b97f4a7c15ULL;
     uint64_t x = r->state;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
+    r->state += FSDP_MIX64_GAMMA;
+    return fsdp_mix64(x);
 }
 
 /* Uniform in [0, 1) with 24 random bits, exactly representable as float. */
@@ -87,6 +90,16 @@ int fsdp_pread_all(int fd, void *buf, size_t n, uint64_t off);
 double fsdp_now(void);
 /* Seconds since the Unix epoch (the wall clock: it may jump). */
 double fsdp_unix_now(void);
+
+/* The 2n lowercase hex digits of p[0..n) and a NUL into out (2n + 1 bytes). */
+void fsdp_hex(const void *p, size_t n, char *out);
+/* The n bytes written as exactly 2n lowercase hex digits in s (the form
+ * fsdp_hex writes) into out; -1 for anything else (NULL, another length,
+ * an uppercase digit), with out left partly written. */
+int fsdp_unhex(const char *s, size_t n, void *out);
+/* The SHA-256 of p[0..n) as 64 lowercase hex digits and a NUL; -1 when
+ * OpenSSL fails (its one-shot calls allocate inside). */
+int fsdp_sha256_hex(const void *p, size_t n, char out[65]);
 
 /* Parses a whole decimal string into a number in [lo, hi]; -1 if it is not one. */
 int fsdp_parse_i64(const char *s, long long lo, long long hi, long long *out);

@@ -38,7 +38,7 @@ struct fault_store {
     int nrules;
     unsigned long calls[OP_N];
     unsigned long corrupt_nth;
-    uint64_t rng;
+    struct fsdp_rng rng;
 };
 
 struct fault_writer {
@@ -54,11 +54,7 @@ static const struct {
 
 static double next_uniform(struct fault_store *f)
 {
-    uint64_t x = (f->rng += 0x9e3779b97f4a7c15ULL);
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return (double)(x >> 11) * (1.0 / 9007199254740992.0);
+    return (double)(fsdp_rng_next(&f->rng) >> 11) * (1.0 / 9007199254740992.0);
 }
 
 /* Counts the call; returns the errno to inject or 0. */
@@ -210,7 +206,7 @@ static const struct storage_ops fault_ops = {
 static int parse_rule(struct fault_store *f, char *tok, char *err)
 {
     if (strncmp(tok, "seed=", 5) == 0) {
-        f->rng = strtoull(tok + 5, NULL, 10);
+        f->rng.state = strtoull(tok + 5, NULL, 10);
         return 0;
     }
     if (strncmp(tok, "corrupt@", 8) == 0) {
@@ -260,7 +256,7 @@ int storage_fault_open(const char *spec, struct storage *inner, struct storage *
     }
     f->base.ops = &fault_ops;
     f->inner = inner;
-    f->rng = 1;
+    f->rng.state = 1;
     snprintf(f->base.uri, sizeof f->base.uri, "%s", inner->uri);
     char buf[512];
     snprintf(buf, sizeof buf, "%s", spec);

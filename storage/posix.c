@@ -358,7 +358,7 @@ static int posix_put_begin(struct storage *st, const char *key, struct storage_w
 static int posix_write(struct storage_writer *wb, const void *buf, size_t n, char *err)
 {
     struct posix_writer *w = (struct posix_writer *)wb;
-    int rc = w->staged ? posix_staged_write(w, buf, n) : posix_write_all(w->fd, buf, n);
+    int rc = w->staged ? posix_staged_write(w, buf, n) : fsdp_write_all(w->fd, buf, n);
     return rc ? fail(err, "write", w->tmp, errno) : 0;
 }
 
@@ -445,7 +445,7 @@ static int posix_put_if_absent(struct storage *st, const char *key, const void *
     int rc = open_writer(st, key, 0, &w, err);
     if (rc)
         return rc;
-    if (posix_write_all(w->fd, buf, n))
+    if (fsdp_write_all(w->fd, buf, n))
         rc = fail(err, "write", w->tmp, errno);
     if (!rc)
         rc = finish_tmp(w, err);

@@ -48,8 +48,6 @@ struct posix_writer {
     int direct; /* fd has O_DIRECT: the I/O thread's, or the owner's once it is idle */
 };
 
-/* write() of all n bytes (EINTR retried); -1 with errno. */
-int posix_write_all(int fd, const void *buf, size_t n);
 /* Two buffers and an I/O thread for w->fd (opened with O_DIRECT); on any
  * shortage the writer stays a plain buffered one (O_DIRECT cleared). */
 void posix_staging_start(struct posix_store *s, struct posix_writer *w);

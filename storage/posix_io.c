@@ -29,22 +29,6 @@
 #include <string.h>
 #include <unistd.h>
 
-int posix_write_all(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* A spare staging buffer of the store, or a new one (NULL: none to be had). */
 static unsigned char *take_buffer(struct posix_store *s)
 {
@@ -99,7 +83,7 @@ static int write_staged(struct posix_writer *w, const unsigned char *p, size_t n
     }
     if (n && w->direct && stop_direct(w))
         return -1;
-    return posix_write_all(w->fd, p, n);
+    return fsdp_write_all(w->fd, p, n);
 }
 
 static void *io_main(void *arg)
@@ -200,7 +184,7 @@ int posix_staged_flush(struct posix_writer *w)
     const unsigned char *p = w->buf[w->cur];
     size_t whole = w->fill - w->fill % DIRECT_ALIGN;
     if (io_wait(w) || write_staged(w, p, whole) || (w->direct && stop_direct(w)) ||
-        posix_write_all(w->fd, p + whole, w->fill - whole))
+        fsdp_write_all(w->fd, p + whole, w->fill - whole))
         return -1;
     return 0;
 }

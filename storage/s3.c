@@ -359,10 +359,9 @@ static int multipart_etag(const struct s3_writer *w, char *out, size_t n)
     EVP_MD_CTX_free(md);
     if (!ok)
         return -1;
-    size_t o = (size_t)snprintf(out, n, "\"");
-    for (int j = 0; j < 16; j++)
-        o += (size_t)snprintf(out + o, n - o, "%02x", sum[j]);
-    snprintf(out + o, n - o, "-%d\"", w->next_part);
+    char hex[33];
+    fsdp_hex(sum, sizeof sum, hex);
+    snprintf(out, n, "\"%s-%d\"", hex, w->next_part);
     return 0;
 }
 

@@ -22,7 +22,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <expat.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -441,17 +440,6 @@ static void amz_now(char out[17])
     strftime(out, 17, "%Y%m%dT%H%M%SZ", &tm);
 }
 
-static int sha256_hex(const void *p, size_t n, char out[65])
-{
-    unsigned char d[32];
-    unsigned int len = 32;
-    if (!EVP_Digest(p, n, d, &len, EVP_sha256(), NULL) || len != 32)
-        return -1;
-    for (int i = 0; i < 32; i++)
-        snprintf(out + 2 * i, 3, "%02x", d[i]);
-    return 0;
-}
-
 /* Appends line to *l; on failure frees the whole list (*l = NULL). */
 static int header_add(struct curl_slist **l, const char *line)
 {
@@ -485,7 +473,7 @@ int s3_prepare(struct s3_client *c, CURL *h, struct s3_request *r, struct curl_s
              r->query && *r->query ? "?" : "", r->query ? r->query : "");
     amz_now(date);
     /* the real payload hash on every request; UNSIGNED-PAYLOAD is never used */
-    if (sha256_hex(r->body ? r->body : "", r->body ? r->body_len : 0, sha)) {
+    if (fsdp_sha256_hex(r->body ? r->body : "", r->body ? r->body_len : 0, sha)) {
         fsdp_err(err, "s3: cannot hash a request body (OpenSSL failed)");
         return FSDP_ERROR;
     }

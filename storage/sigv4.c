@@ -18,6 +18,8 @@
  */
 #include "sigv4.h"
 
+#include "util.h"
+
 #include <ctype.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -70,23 +72,6 @@ static size_t uri_decode(const char *s, size_t len, char *out)
     }
     out[o] = 0;
     return o;
-}
-
-static void hexify(const unsigned char *d, size_t n, char *out)
-{
-    for (size_t i = 0; i < n; i++)
-        snprintf(out + 2 * i, 3, "%02x", d[i]);
-}
-
-/* OpenSSL's one-shot calls allocate inside and can fail: 0 or -1. */
-static int sha256_hex(const char *s, size_t n, char out[65])
-{
-    unsigned char d[32];
-    unsigned int len = 0;
-    if (!EVP_Digest(s, n, d, &len, EVP_sha256(), NULL) || len != 32)
-        return -1;
-    hexify(d, 32, out);
-    return 0;
 }
 
 static int hmac(const unsigned char *key, size_t klen, const char *msg, unsigned char out[32])
@@ -257,7 +242,7 @@ int sigv4_sign(const struct sigv4_input *in, struct sigv4_output *out)
     char day[9], scope[160], creq_hash[65];
     snprintf(day, sizeof day, "%.8s", in->amz_date);
     snprintf(scope, sizeof scope, "%s/%s/%s/aws4_request", day, in->region, in->service);
-    if (sha256_hex(out->canonical_request, strlen(out->canonical_request), creq_hash))
+    if (fsdp_sha256_hex(out->canonical_request, strlen(out->canonical_request), creq_hash))
         goto out;
     snprintf(out->string_to_sign, sizeof out->string_to_sign, "AWS4-HMAC-SHA256\n%s\n%s\n%s",
              in->amz_date, scope, creq_hash);
@@ -277,7 +262,7 @@ int sigv4_sign(const struct sigv4_input *in, struct sigv4_output *out)
     memset(k2, 0, sizeof k2);
     if (bad)
         goto out;
-    hexify(sig, 32, out->signature);
+    fsdp_hex(sig, 32, out->signature);
     snprintf(out->authorization, sizeof out->authorization,
              "AWS4-HMAC-SHA256 Credential=%s/%s, SignedHeaders=%s, Signature=%s", in->access_key,
              scope, out->signed_headers, out->signature);

@@ -19,6 +19,20 @@
  * Errors: negative returns with a one-line message in err naming the
  * operation, the object and the cause (errno text); STORAGE_NOT_FOUND and
  * STORAGE_EXISTS are distinguishable outcomes, not failures to report.
+ *
+ * Threads: a struct storage, and every writer it hands out, is used by one
+ * thread at a time; a caller that passes it between threads orders the
+ * hand-over itself (a mutex, a join). The one exception: when
+ * ops->concurrent_reads is set, storage_get_range, storage_stat,
+ * storage_get_all (stat, then get_range) and storage_prefetch may run on
+ * several threads at once with one another - not with a put, delete, list
+ * or close. posix sets it (each of those calls opens its own descriptor),
+ * s3 sets it (each request takes an easy handle from a pool guarded by a
+ * mutex, the retry jitter's generator is per thread, the retry count is
+ * added atomically); the fault store does not (its call counts and random
+ * stream are unguarded). The counters of struct storage are added to
+ * atomically, so concurrent reads lose no bytes or gets; read them once
+ * no operation is in flight.
  */
 #ifndef FSDP_STORAGE_H
 #define FSDP_STORAGE_H

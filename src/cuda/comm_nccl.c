@@ -5,7 +5,7 @@
  * The engine's collectives (all-gather, reduce-scatter, all-reduce of
  * gradients) take device buffers: they go to NCCL, queued on the compute
  * stream, so they run in order with the kernels and the host never waits
- * for them. The host collectives (doubles, bytes, barriers, abort) stay on
+ * for them. The host collectives (doubles, bytes, abort) stay on
  * the wrapped communicator. Rank 0 makes the NCCL unique id and broadcasts
  * it over the host communicator, as torch.distributed does over its store.
  */
@@ -97,12 +97,6 @@ static int host_bcast(struct fsdp_comm *c, void *buf, size_t bytes, int root, ch
     return h->bcast_bytes(h, buf, bytes, root, err);
 }
 
-static int host_barrier(struct fsdp_comm *c, char *err)
-{
-    struct fsdp_comm *h = &impl(c)->host;
-    return h->barrier(h, err);
-}
-
 static int host_gather(struct fsdp_comm *c, const void *buf, size_t n, int root, char **out,
                        size_t *lens, char *err)
 {
@@ -186,7 +180,6 @@ int fsdp_cudamod_comm_nccl_init(struct fsdp_comm *c, char *err)
     c->wait = NULL;
     c->allreduce_sum_f64 = host_allreduce_f64;
     c->bcast_bytes = host_bcast;
-    c->barrier = host_barrier;
     c->gather_bytes = host_gather;
     c->abort = nccl_abort;
     c->finalize = nccl_finalize;

@@ -111,9 +111,9 @@ static void probes_run_at_once_and_say_why_a_host_does_not_answer(void)
     script_agent(&a);
     const char *names[] = {"ok1", "down1", "ok2", "slow1", "spawn1", "ok3"};
     struct probe p[6];
-    double t0 = super_now();
+    double t0 = fsdp_now();
     agent_probe(&a, names, 6, 1, p);
-    double took = super_now() - t0;
+    double took = fsdp_now() - t0;
     CHECK(p[0].ok && p[2].ok && p[5].ok && !p[0].why[0], "the hosts that answer");
     CHECK(!p[1].ok && strcmp(p[1].why, "sh exited 255: agent: connect to host down1: Connection "
                                        "refused") == 0,
@@ -145,8 +145,8 @@ static void a_probe_that_hangs_is_killed_with_what_it_started(void)
         n++;
     fclose(f);
     REQUIRE(n == 2, "the agent's pid and its child's");
-    double until = super_now() + 5;
-    while ((running(pids[0]) || running(pids[1])) && super_now() < until)
+    double until = fsdp_now() + 5;
+    while ((running(pids[0]) || running(pids[1])) && fsdp_now() < until)
         usleep(20000);
     CHECK(!running(pids[0]) && !running(pids[1]), "left running: %d %d", pids[0], pids[1]);
 }
@@ -196,7 +196,7 @@ static void the_probe_kills_what_an_earlier_launch_left_on_the_host(void)
     for (pid_t *pp = (pid_t[]){ours, other, 0}; *pp; pp++) {
         char path[64], comm[32] = "";
         snprintf(path, sizeof path, "/proc/%d/comm", (int)*pp);
-        for (double until = super_now() + 10; strncmp(comm, "sleep", 5) && super_now() < until;) {
+        for (double until = fsdp_now() + 10; strncmp(comm, "sleep", 5) && fsdp_now() < until;) {
             FILE *f = fopen(path, "r");
             if (!f || !fgets(comm, sizeof comm, f))
                 comm[0] = 0;

@@ -35,17 +35,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #define TAG "g1-0123456789abcdef"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void fail(const char *what, const char *err)
 {
@@ -183,7 +175,7 @@ static void commit_phase(const struct model_layout *ml, int world, int version, 
         ckpt_shard_free(&m.shards[r]);
     /* rank 0: the records into the manifest, checked, serialised */
     char err[FSDP_ERR_LEN];
-    double t0 = now();
+    double t0 = fsdp_now();
     for (int r = 0; r < world; r++) {
         json_error_t je;
         json_t *j = json_loads(rec[r], 0, &je);
@@ -219,7 +211,7 @@ static void commit_phase(const struct model_layout *ml, int world, int version, 
     char *doc = ckpt_manifest_dump(&m);
     if (!doc)
         fail("dump", "out of memory");
-    double secs = now() - t0;
+    double secs = fsdp_now() - t0;
     printf("{\"phase\": \"commit\", \"format\": %d, \"world\": %d, \"manifest_bytes\": %zu, "
            "\"record_bytes\": %zu, \"gathered_bytes\": %zu, \"commit_s\": %.6f}\n",
            version, world, strlen(doc), record, total, secs);
@@ -339,15 +331,15 @@ static void load_phase(const struct model_layout *ml, int world, int version, ui
     const int to[3] = {world, world / 2 > 0 ? world / 2 : 1, world * 2};
     for (int t = 0; t < 3; t++) {
         int nw = to[t], rank = nw / 2;
-        double t0 = now();
+        double t0 = fsdp_now();
         struct ckpt_manifest m; /* the broadcast bytes, parsed */
         if (ckpt_manifest_parse(doc, doc_len, &m, err))
             fail("parse", err);
-        double parse_s = now() - t0;
+        double parse_s = fsdp_now() - t0;
         struct ckpt_reader r; /* its chunk buffers: not planning, not timed */
         if (ckpt_reader_init(&r, st, &m, err))
             fail("reader", err);
-        double t1 = now();
+        double t1 = fsdp_now();
         int n = m.nunits * CKPT_NKINDS;
         struct ckpt_want *w = calloc((size_t)n, sizeof *w);
         uint64_t bytes = 0;
@@ -368,13 +360,13 @@ static void load_phase(const struct model_layout *ml, int world, int version, ui
         struct ckpt_plan p;
         if (ckpt_plan_load(&r, w, n, &p, err))
             fail("plan", err);
-        double t2 = now(), t3 = t2, t4 = t2;
+        double t2 = fsdp_now(), t3 = t2, t4 = t2;
         if (version >= 2) {
             make_shards(&m, &p, index, index_len, dir); /* not timed: the objects exist before a load */
-            t3 = now();
+            t3 = fsdp_now();
             if (ckpt_plan_indexes(&r, &p, err))
                 fail("indexes", err);
-            t4 = now();
+            t4 = fsdp_now();
         }
         int shards = 0;
         for (int i = 0; i < p.npieces; i++)
