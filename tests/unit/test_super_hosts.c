@@ -376,7 +376,7 @@ int main(int argc, char **argv)
         TEST(every_host_gets_the_environment_its_bits_depend_on_by_name_only),
         TEST(a_users_env_list_gets_ours_appended_instead_of_x),
     };
-    int rc = check_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
+    int rc = check_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv, NULL);
     clean_dir();
     return rc;
 }
