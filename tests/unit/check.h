@@ -111,7 +111,7 @@ static inline int check_run(const struct check_test *tests, int n, int argc, cha
     }
     for (int a = 1; a < argc; a++)
         if (!check_find(tests, n, argv[a])) {
-            fprintf(stderr, "%s: %s '%s' (--list names the tests)\n", argv[0],
+            fprintf(stderr, "%s: %s '%s' (--list alone prints the names)\n", argv[0],
                     argv[a][0] == '-' ? "unknown option" : "no test named", argv[a]);
             return 2;
         }
