@@ -14,10 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char root[] = "/tmp/fsdp-test-ckpt-XXXXXX";
 enum { NUNITS = 2, W = 3 };
 static const uint64_t numel[NUNITS] = {1000, 37};
-static float *state[NUNITS][CKPT_NKINDS]; /* logical values, padded with zeros */
+/* logical values, padded with zeros: made by the first test that needs
+ * them (make_state), read-only after that */
+static float *state[NUNITS][CKPT_NKINDS];
 
 static uint64_t padded(uint64_t n, int w) { return (n + (uint64_t)w - 1) / (uint64_t)w * (uint64_t)w; }
 
@@ -104,9 +105,10 @@ static void remove_step(struct storage *st, uint64_t step)
     ckpt_step_objects_free(s, n);
 }
 
-static void setup(void)
+static void make_state(void)
 {
-    REQUIRE(mkdtemp(root) != NULL, "mkdtemp");
+    if (state[0][0])
+        return;
     struct fsdp_rng rng = {9};
     for (int u = 0; u < NUNITS; u++)
         for (int k = 0; k < CKPT_NKINDS; k++) {
@@ -115,6 +117,14 @@ static void setup(void)
                 state[u][k][i] = (float)k + 0.001f * (float)(i % 97) +
                                  1e-6f * fsdp_rng_uniform(&rng);
         }
+}
+
+/* Each test that needs a store gets a directory of its own, removed after
+ * it however it ended; the tests open their stores there. */
+static void in_tmpdir(void (*body)(const char *root))
+{
+    make_state();
+    check_in_tmpdir("ckpt", body);
 }
 
 /* Reads every unit and kind back as if on `world` ranks, each rank's wants
@@ -179,7 +189,7 @@ static int read_back_matches(struct storage *st, uint64_t step, int world, char 
     return read_back_with(st, step, world, 1, err);
 }
 
-static void round_trip_every_codec_chunk_size_and_world(void)
+static void round_trip_every_codec_chunk_size_and_world_body(const char *root)
 {
     char err[FSDP_ERR_LEN];
     struct storage *st;
@@ -219,13 +229,18 @@ static void round_trip_every_codec_chunk_size_and_world(void)
     storage_close(st);
 }
 
+static void round_trip_every_codec_chunk_size_and_world(void)
+{
+    in_tmpdir(round_trip_every_codec_chunk_size_and_world_body);
+}
+
 static void count_bad(void *arg, const char *msg)
 {
     (void)msg;
     (*(int *)arg)++;
 }
 
-static void flipped_byte_is_named(int hash)
+static void flipped_byte_is_named(const char *root, int hash)
 {
     char err[FSDP_ERR_LEN], path[600];
     struct storage *st;
@@ -272,15 +287,20 @@ static void flipped_byte_is_named(int hash)
     storage_close(st);
 }
 
+static void a_flipped_byte_is_named_by_shard_and_chunk_body(const char *root)
+{
+    flipped_byte_is_named(root, CKPT_HASH_SHA256);
+    flipped_byte_is_named(root, CKPT_HASH_XXH3);
+}
+
 static void a_flipped_byte_is_named_by_shard_and_chunk(void)
 {
-    flipped_byte_is_named(CKPT_HASH_SHA256);
-    flipped_byte_is_named(CKPT_HASH_XXH3);
+    in_tmpdir(a_flipped_byte_is_named_by_shard_and_chunk_body);
 }
 
 /* Breaks one number of a valid manifest, re-serialises (which re-seals its
  * digest), and expects the parser to refuse it naming the problem. */
-static void inconsistent_manifests_are_refused(void)
+static void inconsistent_manifests_are_refused_body(const char *root)
 {
     char err[FSDP_ERR_LEN];
     struct storage *st;
@@ -317,9 +337,20 @@ static void inconsistent_manifests_are_refused(void)
     storage_close(st);
 }
 
-static void mutated_manifests_never_crash_the_parser(void)
+static void inconsistent_manifests_are_refused(void)
+{
+    in_tmpdir(inconsistent_manifests_are_refused_body);
+}
+
+/* A real manifest (step 200, zstd, 1000-byte chunks), mutated 3000 ways. */
+static void mutated_manifests_never_crash_the_parser_body(const char *root)
 {
     char err[FSDP_ERR_LEN], path[600];
+    struct storage *st;
+    REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
+    int written = write_step(st, 200, CKPT_CODEC_ZSTD, 1000, err);
+    storage_close(st);
+    REQUIRE(written == 0, "%s", err);
     snprintf(path, sizeof path, "%s/step-00000200/MANIFEST.json", root);
     FILE *f = fopen(path, "rb");
     REQUIRE(f != NULL, "open %s", path);
@@ -350,9 +381,14 @@ static void mutated_manifests_never_crash_the_parser(void)
     CHECK(accepted < 300, "%d of 3000 mutated manifests accepted", accepted);
 }
 
+static void mutated_manifests_never_crash_the_parser(void)
+{
+    in_tmpdir(mutated_manifests_never_crash_the_parser_body);
+}
+
 /* Flips one byte of a shard's chunk index (its last bytes): the reader and
  * verify name the index, and no chunk is trusted. */
-static void a_damaged_chunk_index_is_named(void)
+static void a_damaged_chunk_index_is_named_body(const char *root)
 {
     char err[FSDP_ERR_LEN], path[600];
     struct storage *st;
@@ -381,6 +417,8 @@ static void a_damaged_chunk_index_is_named(void)
     remove_step(st, 300);
     storage_close(st);
 }
+
+static void a_damaged_chunk_index_is_named(void) { in_tmpdir(a_damaged_chunk_index_is_named_body); }
 
 /* An index whose digest matched (a writer's bug, a forged manifest) is still
  * checked entry by entry before anything indexes with it. */
@@ -434,7 +472,7 @@ static void malformed_chunk_indexes_are_refused(void)
 
 /* A shard that would need more chunks than the format allows is refused
  * before a byte is written (a reader would refuse its manifest). */
-static void too_many_chunks_are_refused_up_front(void)
+static void too_many_chunks_are_refused_up_front_body(const char *root)
 {
     char err[FSDP_ERR_LEN] = "";
     struct storage *st;
@@ -456,10 +494,15 @@ static void too_many_chunks_are_refused_up_front(void)
     storage_close(st);
 }
 
+static void too_many_chunks_are_refused_up_front(void)
+{
+    in_tmpdir(too_many_chunks_are_refused_up_front_body);
+}
+
 /* The tools read a tensor a few hundred KiB at a time (ckpt_read_unit):
  * each chunk must be fetched once, from the reader's cache after that, on
  * any thread count (a pool fetches what it is given). */
-static void small_reads_fetch_each_chunk_once(void)
+static void small_reads_fetch_each_chunk_once_body(const char *root)
 {
     char err[FSDP_ERR_LEN];
     struct storage *st;
@@ -489,19 +532,14 @@ static void small_reads_fetch_each_chunk_once(void)
     storage_close(st);
 }
 
-static void teardown(void)
+static void small_reads_fetch_each_chunk_once(void)
 {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    CHECK(system(cmd) == 0, "%s", cmd);
-    for (int u = 0; u < NUNITS; u++)
-        for (int k = 0; k < CKPT_NKINDS; k++)
-            free(state[u][k]);
+    in_tmpdir(small_reads_fetch_each_chunk_once_body);
 }
 
-CHECK_MAIN(TEST(setup), TEST(round_trip_every_codec_chunk_size_and_world),
+CHECK_MAIN(TEST(round_trip_every_codec_chunk_size_and_world),
            TEST(a_flipped_byte_is_named_by_shard_and_chunk),
            TEST(inconsistent_manifests_are_refused),
            TEST(mutated_manifests_never_crash_the_parser), TEST(a_damaged_chunk_index_is_named),
            TEST(malformed_chunk_indexes_are_refused), TEST(too_many_chunks_are_refused_up_front),
-           TEST(small_reads_fetch_each_chunk_once), TEST(teardown))
+           TEST(small_reads_fetch_each_chunk_once))

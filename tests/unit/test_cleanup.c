@@ -18,22 +18,26 @@
 
 enum { NUMEL = 64 };
 
-static char *new_root(void)
-{
-    char *root = strdup("/tmp/fsdp-test-cleanup-XXXXXX");
-    if (!root || !mkdtemp(root)) {
-        free(root);
-        return NULL;
-    }
-    return root;
-}
+/* Each test's own store, in a directory of its own, removed after the test
+ * however it ended. */
+struct fixture {
+    char root[64];
+    struct storage *st;
+};
 
-static void remove_root(char *root)
+static void in_store(void (*body)(struct fixture *fx))
 {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    CHECK(system(cmd) == 0, "%s", cmd);
-    free(root);
+    char err[FSDP_ERR_LEN];
+    struct fixture fx = {.st = NULL};
+    if (check_tmpdir(fx.root, sizeof fx.root, "cleanup") != 0)
+        return;
+    int opened = storage_open(fx.root, &fx.st, err);
+    CHECK(opened == 0, "%s", err);
+    if (opened == 0) {
+        body(&fx);
+        storage_close(fx.st);
+    }
+    check_rmtree(fx.root);
 }
 
 /* A real committed step of a one-unit model, written by `world` ranks with
@@ -101,11 +105,10 @@ static void claim_generations(struct storage *st, int n)
     }
 }
 
-static void retention_keeps_the_newest_k_and_every_step_above_upto(void)
+static void retention_keeps_the_newest_k_and_every_step_above_upto_body(struct fixture *fx)
 {
-    char err[FSDP_ERR_LEN], *root = new_root();
-    struct storage *st;
-    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    struct storage *st = fx->st;
+    char err[FSDP_ERR_LEN];
     claim_generations(st, 1);
     for (uint64_t s = 10; s <= 50; s += 10)
         REQUIRE(commit_step(st, s, 2, "g1-00000000000000aa", err) == 0, "%s", err);
@@ -125,15 +128,18 @@ static void retention_keeps_the_newest_k_and_every_step_above_upto(void)
     CHECK(rep.steps_removed == 1 && rep.steps_kept == 5, "removed %d kept %d", rep.steps_removed,
           rep.steps_kept);
     free(steps);
-    storage_close(st);
-    remove_root(root);
 }
 
-static void garbage_goes_only_when_its_generation_is_fenced(void)
+static void retention_keeps_the_newest_k_and_every_step_above_upto(void)
 {
-    char err[FSDP_ERR_LEN], *root = new_root();
-    struct storage *st;
-    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    in_store(retention_keeps_the_newest_k_and_every_step_above_upto_body);
+}
+
+static void garbage_goes_only_when_its_generation_is_fenced_body(struct fixture *fx)
+{
+    struct storage *st = fx->st;
+    const char *root = fx->root;
+    char err[FSDP_ERR_LEN];
     claim_generations(st, 3);
     /* incomplete steps: an old launch's shard, a live one's (generation 3),
      * a shard from before tags, a temporary of an old launch, a stranger */
@@ -162,15 +168,18 @@ static void garbage_goes_only_when_its_generation_is_fenced(void)
     claim_generations(st, 1);
     p.generation = 3;
     CHECK(ckpt_clean(st, &p, &rep, err) != 0 && strstr(err, "fenced"), "%s", err);
-    storage_close(st);
-    remove_root(root);
 }
 
-static void a_losing_writers_shards_in_a_committed_step_go_the_winners_stay(void)
+static void garbage_goes_only_when_its_generation_is_fenced(void)
 {
-    char err[FSDP_ERR_LEN], *root = new_root();
-    struct storage *st;
-    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    in_store(garbage_goes_only_when_its_generation_is_fenced_body);
+}
+
+static void a_losing_writers_shards_in_a_committed_step_go_the_winners_stay_body(struct fixture *fx)
+{
+    struct storage *st = fx->st;
+    const char *root = fx->root;
+    char err[FSDP_ERR_LEN];
     claim_generations(st, 2);
     REQUIRE(commit_step(st, 10, 2, "g2-00000000000000aa", err) == 0, "%s", err);
     put(st, "step-00000010/shard-00000-of-00002.g1-00000000000000bb"); /* fenced loser */
@@ -197,15 +206,18 @@ static void a_losing_writers_shards_in_a_committed_step_go_the_winners_stay(void
     REQUIRE(ckpt_clean(st, &p, &rep, err) == 0, "%s", err);
     CHECK(exists(root, "step-00000010/shard-00000-of-00002.g1-00000000000000dd"),
           "deleted on the word of an unreadable manifest");
-    storage_close(st);
-    remove_root(root);
 }
 
-static void discard_own_removes_exactly_this_writers_shards(void)
+static void a_losing_writers_shards_in_a_committed_step_go_the_winners_stay(void)
 {
-    char err[FSDP_ERR_LEN], *root = new_root();
-    struct storage *st;
-    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    in_store(a_losing_writers_shards_in_a_committed_step_go_the_winners_stay_body);
+}
+
+static void discard_own_removes_exactly_this_writers_shards_body(struct fixture *fx)
+{
+    struct storage *st = fx->st;
+    const char *root = fx->root;
+    char err[FSDP_ERR_LEN];
     REQUIRE(commit_step(st, 0, 2, "g0-00000000000000aa", err) == 0, "%s", err);
     put(st, "step-00000000/shard-00000-of-00002.g0-00000000000000bb");
     put(st, "step-00000000/shard-00001-of-00002.g0-00000000000000bb");
@@ -217,8 +229,11 @@ static void discard_own_removes_exactly_this_writers_shards(void)
     CHECK(ckpt_load_manifest(st, 0, &m, err) == 0, "the committed step: %s", err);
     ckpt_manifest_free(&m);
     CHECK(ckpt_discard_own(st, 0, 2, "", err) != 0, "an untagged writer owns nothing");
-    storage_close(st);
-    remove_root(root);
+}
+
+static void discard_own_removes_exactly_this_writers_shards(void)
+{
+    in_store(discard_own_removes_exactly_this_writers_shards_body);
 }
 
 /* ---- wrapping stores (mocks inside a unit test) ------------------------------ */
@@ -270,11 +285,11 @@ static const struct storage_ops counting_ops = {.scheme = "count",
                                                 .stat = w_stat,
                                                 .get_range = w_get};
 
-static void thousands_of_incomplete_steps_take_one_listing(void)
+static void thousands_of_incomplete_steps_take_one_listing_body(struct fixture *fx)
 {
-    char err[FSDP_ERR_LEN], *root = new_root();
-    struct storage *st;
-    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    struct storage *st = fx->st;
+    const char *root = fx->root;
+    char err[FSDP_ERR_LEN];
     claim_generations(st, 2);
     enum { N = 1000 };
     for (int i = 1; i <= N; i++) {
@@ -296,15 +311,17 @@ static void thousands_of_incomplete_steps_take_one_listing(void)
     REQUIRE(ckpt_list_steps(st, &steps, &n, err) == 0, "%s", err);
     CHECK(n == 0, "%d steps left", n);
     free(steps);
-    storage_close(st);
-    remove_root(root);
 }
 
-static void junk_generation_names_are_refused_not_parsed_loosely(void)
+static void thousands_of_incomplete_steps_take_one_listing(void)
 {
-    char err[FSDP_ERR_LEN], *root = new_root();
-    struct storage *st;
-    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    in_store(thousands_of_incomplete_steps_take_one_listing_body);
+}
+
+static void junk_generation_names_are_refused_not_parsed_loosely_body(struct fixture *fx)
+{
+    struct storage *st = fx->st;
+    char err[FSDP_ERR_LEN];
     claim_generations(st, 1);
     const char *junk[] = {"generations/99999999999999999999999", "generations/7",
                           "generations/18446744073709551615", "generations/0000000000000000001x",
@@ -321,8 +338,11 @@ static void junk_generation_names_are_refused_not_parsed_loosely(void)
     uint64_t g;
     CHECK(ckpt_fence_current(st, &g, err) == 0 && g == 1, "gen %llu: %s", (unsigned long long)g,
           err);
-    storage_close(st);
-    remove_root(root);
+}
+
+static void junk_generation_names_are_refused_not_parsed_loosely(void)
+{
+    in_store(junk_generation_names_are_refused_not_parsed_loosely_body);
 }
 
 static void shard_names_parse_strictly(void)
@@ -355,11 +375,11 @@ static void shard_names_parse_strictly(void)
     CHECK(strlen(name) < sizeof(((struct ckpt_shard *)0)->file), "%s does not fit", name);
 }
 
-static void only_steps_that_load_count_toward_keep(void)
+static void only_steps_that_load_count_toward_keep_body(struct fixture *fx)
 {
-    char err[FSDP_ERR_LEN], *root = new_root();
-    struct storage *st;
-    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    struct storage *st = fx->st;
+    const char *root = fx->root;
+    char err[FSDP_ERR_LEN];
     claim_generations(st, 1);
     for (uint64_t s = 3; s <= 12; s += 3)
         REQUIRE(commit_step(st, s, 1, "g1-00000000000000aa", err) == 0, "%s", err);
@@ -386,8 +406,11 @@ static void only_steps_that_load_count_toward_keep(void)
               exists(root, "step-00000006/MANIFEST.json") &&
               exists(root, "step-00000009/MANIFEST.json"),
           "keep 1: removed %d", rep.steps_removed);
-    storage_close(st);
-    remove_root(root);
+}
+
+static void only_steps_that_load_count_toward_keep(void)
+{
+    in_store(only_steps_that_load_count_toward_keep_body);
 }
 
 /* A manifest for `step` whose shards carry `tag`, written but not committed. */
@@ -401,11 +424,11 @@ static int prepare_step(struct storage *st, uint64_t step, int world, const char
     return storage_delete(st, key, err);
 }
 
-static void a_commit_whose_shards_were_removed_is_withdrawn(void)
+static void a_commit_whose_shards_were_removed_is_withdrawn_body(struct fixture *fx)
 {
-    char err[FSDP_ERR_LEN], *root = new_root();
-    struct storage *st;
-    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    struct storage *st = fx->st;
+    const char *root = fx->root;
+    char err[FSDP_ERR_LEN];
     struct ckpt_manifest m;
     REQUIRE(prepare_step(st, 4, 2, "g1-00000000000000aa", &m, err) == 0, "%s", err);
     /* a newer launch's clean-up removed one shard while this writer was
@@ -419,15 +442,18 @@ static void a_commit_whose_shards_were_removed_is_withdrawn(void)
     ckpt_commit_result_free(&res);
     CHECK(!exists(root, "step-00000004"), "a manifest naming a missing shard stands");
     ckpt_manifest_free(&m);
-    storage_close(st);
-    remove_root(root);
 }
 
-static void another_writers_commit_stays_and_ours_goes(void)
+static void a_commit_whose_shards_were_removed_is_withdrawn(void)
 {
-    char err[FSDP_ERR_LEN], *root = new_root();
-    struct storage *st;
-    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    in_store(a_commit_whose_shards_were_removed_is_withdrawn_body);
+}
+
+static void another_writers_commit_stays_and_ours_goes_body(struct fixture *fx)
+{
+    struct storage *st = fx->st;
+    const char *root = fx->root;
+    char err[FSDP_ERR_LEN];
     struct ckpt_manifest m;
     REQUIRE(prepare_step(st, 5, 2, "g1-00000000000000aa", &m, err) == 0, "%s", err);
     REQUIRE(commit_step(st, 5, 1, "g2-00000000000000bb", err) == 0, "%s", err);
@@ -442,8 +468,11 @@ static void another_writers_commit_stays_and_ours_goes(void)
     CHECK(ckpt_load_manifest(st, 5, &back, err) == 0 && back.world == 1, "theirs: %s", err);
     ckpt_manifest_free(&back);
     ckpt_manifest_free(&m);
-    storage_close(st);
-    remove_root(root);
+}
+
+static void another_writers_commit_stays_and_ours_goes(void)
+{
+    in_store(another_writers_commit_stays_and_ours_goes_body);
 }
 
 /* puts, then loses the answer: it becomes an error or EXISTS */
@@ -465,11 +494,11 @@ static const struct storage_ops lossy_ops = {.scheme = "lossy",
                                              .del = w_del,
                                              .del_many = w_del_many};
 
-static void a_commit_whose_answer_was_lost_is_found_to_be_ours(void)
+static void a_commit_whose_answer_was_lost_is_found_to_be_ours_body(struct fixture *fx)
 {
-    char err[FSDP_ERR_LEN], *root = new_root();
-    struct storage *st;
-    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    struct storage *st = fx->st;
+    const char *root = fx->root;
+    char err[FSDP_ERR_LEN];
     int answers[] = {FSDP_ERROR, STORAGE_EXISTS};
     for (int i = 0; i < 2; i++) {
         struct ckpt_manifest m;
@@ -489,17 +518,20 @@ static void a_commit_whose_answer_was_lost_is_found_to_be_ours(void)
         CHECK(exists(root, key), "answer %d: our own committed shard was removed", answers[i]);
         ckpt_manifest_free(&m);
     }
-    storage_close(st);
-    remove_root(root);
+}
+
+static void a_commit_whose_answer_was_lost_is_found_to_be_ours(void)
+{
+    in_store(a_commit_whose_answer_was_lost_is_found_to_be_ours_body);
 }
 
 /* A writer of generation 1 stopped past its fence check while generation 2
  * claimed and sealed the store (step 3 then); its shards survive. */
-static void a_commit_landing_after_a_newer_seal_does_not_count(void)
+static void a_commit_landing_after_a_newer_seal_does_not_count_body(struct fixture *fx)
 {
-    char err[FSDP_ERR_LEN], *root = new_root();
-    struct storage *st;
-    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    struct storage *st = fx->st;
+    const char *root = fx->root;
+    char err[FSDP_ERR_LEN];
     claim_generations(st, 1);
     REQUIRE(commit_step(st, 3, 1, "g1-00000000000000aa", err) == 0, "%s", err);
     struct ckpt_manifest m;
@@ -520,18 +552,21 @@ static void a_commit_landing_after_a_newer_seal_does_not_count(void)
     CHECK(ckpt_load_manifest(st, 3, &back, err) == 0, "step 3, sealed: %s", err);
     ckpt_manifest_free(&back);
     ckpt_manifest_free(&m);
-    storage_close(st);
-    remove_root(root);
+}
+
+static void a_commit_landing_after_a_newer_seal_does_not_count(void)
+{
+    in_store(a_commit_landing_after_a_newer_seal_does_not_count_body);
 }
 
 /* A late commit that stands: no reader loads it, retention does not count
  * it; the current generation's save of that step takes its place, and the
  * current generation's clean-up removes one it meets. */
-static void a_late_commit_is_dead_until_the_current_generation_removes_it(void)
+static void a_late_commit_is_dead_until_the_current_generation_removes_it_body(struct fixture *fx)
 {
-    char err[FSDP_ERR_LEN], *root = new_root();
-    struct storage *st;
-    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    struct storage *st = fx->st;
+    const char *root = fx->root;
+    char err[FSDP_ERR_LEN];
     claim_generations(st, 1);
     REQUIRE(commit_step(st, 3, 1, "g1-00000000000000aa", err) == 0, "%s", err);
     claim_generations(st, 1);
@@ -567,17 +602,19 @@ static void a_late_commit_is_dead_until_the_current_generation_removes_it(void)
               exists(root, "step-00000006/MANIFEST.json") &&
               exists(root, "step-00000003/MANIFEST.json"),
           "clean-up: removed %d", rep.steps_removed);
-    storage_close(st);
-    remove_root(root);
+}
+
+static void a_late_commit_is_dead_until_the_current_generation_removes_it(void)
+{
+    in_store(a_late_commit_is_dead_until_the_current_generation_removes_it_body);
 }
 
 /* A seal names each live manifest by step and writer tag: another writer's
  * commit of a listed step number, landed later, is not live. */
-static void a_seal_names_the_writer_not_only_the_step(void)
+static void a_seal_names_the_writer_not_only_the_step_body(struct fixture *fx)
 {
-    char err[FSDP_ERR_LEN], *root = new_root();
-    struct storage *st;
-    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    struct storage *st = fx->st;
+    char err[FSDP_ERR_LEN];
     claim_generations(st, 1);
     REQUIRE(commit_step(st, 6, 1, "g1-00000000000000aa", err) == 0, "%s", err);
     claim_generations(st, 1); /* seals (6, g1-...aa) */
@@ -586,16 +623,18 @@ static void a_seal_names_the_writer_not_only_the_step(void)
     struct ckpt_manifest back;
     CHECK(ckpt_load_manifest(st, 6, &back, err) == CKPT_NOT_LIVE, "another writer's step 6: %s",
           err);
-    storage_close(st);
-    remove_root(root);
+}
+
+static void a_seal_names_the_writer_not_only_the_step(void)
+{
+    in_store(a_seal_names_the_writer_not_only_the_step_body);
 }
 
 /* Seals that cannot be read decide nothing: not dead, not live. */
-static void an_unreadable_seal_decides_nothing(void)
+static void an_unreadable_seal_decides_nothing_body(struct fixture *fx)
 {
-    char err[FSDP_ERR_LEN], *root = new_root();
-    struct storage *st;
-    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    struct storage *st = fx->st;
+    char err[FSDP_ERR_LEN];
     claim_generations(st, 1);
     REQUIRE(commit_step(st, 3, 1, "g1-00000000000000aa", err) == 0, "%s", err);
     claim_generations(st, 1);
@@ -606,17 +645,19 @@ static void an_unreadable_seal_decides_nothing(void)
     REQUIRE(storage_put(st, "fences/notes.txt", "x", 1, err) == 0, "%s", err);
     CHECK(ckpt_load_manifest(st, 3, &back, err) == CKPT_CANNOT_JUDGE && strstr(err, "notes.txt"),
           "junk under fences/: %s", err);
-    storage_close(st);
-    remove_root(root);
+}
+
+static void an_unreadable_seal_decides_nothing(void)
+{
+    in_store(an_unreadable_seal_decides_nothing_body);
 }
 
 /* A commit that lands while a newer generation has claimed the store but
  * not sealed it yet is not reported committed. */
-static void a_commit_under_a_newer_claim_is_not_reported_committed(void)
+static void a_commit_under_a_newer_claim_is_not_reported_committed_body(struct fixture *fx)
 {
-    char err[FSDP_ERR_LEN], *root = new_root();
-    struct storage *st;
-    REQUIRE(root && storage_open(root, &st, err) == 0, "%s", err);
+    struct storage *st = fx->st;
+    char err[FSDP_ERR_LEN];
     claim_generations(st, 1);
     struct ckpt_manifest m;
     REQUIRE(prepare_step(st, 3, 1, "g1-00000000000000aa", &m, err) == 0, "%s", err);
@@ -628,8 +669,11 @@ static void a_commit_under_a_newer_claim_is_not_reported_committed(void)
           "outcome %d: %s", res.outcome, err);
     ckpt_commit_result_free(&res);
     ckpt_manifest_free(&m);
-    storage_close(st);
-    remove_root(root);
+}
+
+static void a_commit_under_a_newer_claim_is_not_reported_committed(void)
+{
+    in_store(a_commit_under_a_newer_claim_is_not_reported_committed_body);
 }
 
 CHECK_MAIN(TEST(retention_keeps_the_newest_k_and_every_step_above_upto),

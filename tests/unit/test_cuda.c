@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const struct fsdp_kernels *cpu, *gpu;
+static const struct fsdp_kernels *cpu, *gpu; /* set by find_the_gpu, read-only after */
 
 /* ---- helpers ------------------------------------------------------------------------- */
 
@@ -471,7 +471,9 @@ static void two_gpu_steps_give_the_same_bits(void)
     free(a), free(b);
 }
 
-int main(int argc, char **argv)
+/* The backends, once before the first test (the GPU's start-up is the
+ * process's); without a GPU the program is skipped (77). */
+static int find_the_gpu(void)
 {
     char err[256];
     if (fsdp_cuda_init(0, err, sizeof err) != 0) {
@@ -481,6 +483,11 @@ int main(int argc, char **argv)
     cpu = fsdp_kernels_cpu();
     gpu = fsdp_kernels_cuda();
     printf("%s against %s\n", gpu->name, cpu->name);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
     static const struct check_test tests[] = {
         TEST(encoder_matches_the_cpu),
         TEST(layernorm_matches_the_cpu),
@@ -496,5 +503,5 @@ int main(int argc, char **argv)
         TEST(every_gradient_matches_finite_differences_on_the_gpu),
         TEST(two_gpu_steps_give_the_same_bits),
     };
-    return check_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
+    return check_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv, find_the_gpu);
 }

@@ -15,9 +15,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-static char dir[] = "/tmp/fsdp-test-data-XXXXXX";
-
-static const char *write_raw(const char *name, const void *bytes, size_t n)
+static const char *write_raw(const char *dir, const char *name, const void *bytes, size_t n)
 {
     static char path[256];
     snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -28,7 +26,8 @@ static const char *write_raw(const char *name, const void *bytes, size_t n)
 }
 
 /* header + n tokens 0..n-1 (mod 256), with header[2] = count */
-static const char *write_tokens(const char *name, size_t n, int32_t count, int32_t magic)
+static const char *write_tokens(const char *dir, const char *name, size_t n, int32_t count,
+                                int32_t magic)
 {
     size_t bytes = 1024 + 2 * n;
     unsigned char *buf = calloc(1, bytes);
@@ -38,7 +37,7 @@ static const char *write_tokens(const char *name, size_t n, int32_t count, int32
         uint16_t t = (uint16_t)(i % 256);
         memcpy(buf + 1024 + 2 * i, &t, 2);
     }
-    const char *p = write_raw(name, buf, bytes);
+    const char *p = write_raw(dir, name, buf, bytes);
     free(buf);
     return p;
 }
@@ -54,7 +53,7 @@ static int open_fails_with(const char *path, int vocab, const char *needle)
     return strstr(err, needle) != NULL && strstr(err, path) != NULL;
 }
 
-static void token_file_round_trips(void)
+static void token_file_round_trips_body(const char *dir)
 {
     uint16_t toks[] = {0, 72, 105, 0, 255};
     char path[256], err[FSDP_ERR_LEN];
@@ -67,24 +66,31 @@ static void token_file_round_trips(void)
     token_file_close(&f);
 }
 
-static void bad_token_files_are_refused_naming_the_problem(void)
+static void token_file_round_trips(void) { check_in_tmpdir("data", token_file_round_trips_body); }
+
+static void bad_token_files_are_refused_naming_the_problem_body(const char *dir)
 {
-    CHECK(open_fails_with(write_raw("tiny.bin", "abc", 3), 256, "shorter than the 1024-byte"),
+    CHECK(open_fails_with(write_raw(dir, "tiny.bin", "abc", 3), 256, "shorter than the 1024-byte"),
           "short file");
-    CHECK(open_fails_with(write_tokens("magic.bin", 10, 10, 42), 256, "magic 42"), "magic");
-    CHECK(open_fails_with(write_tokens("trunc.bin", 10, 11, DATA_MAGIC), 256, "truncated"),
+    CHECK(open_fails_with(write_tokens(dir, "magic.bin", 10, 10, 42), 256, "magic 42"), "magic");
+    CHECK(open_fails_with(write_tokens(dir, "trunc.bin", 10, 11, DATA_MAGIC), 256, "truncated"),
           "truncated");
-    CHECK(open_fails_with(write_tokens("extra.bin", 10, 9, DATA_MAGIC), 256, "2 bytes after"),
+    CHECK(open_fails_with(write_tokens(dir, "extra.bin", 10, 9, DATA_MAGIC), 256, "2 bytes after"),
           "trailing bytes");
-    CHECK(open_fails_with(write_tokens("neg.bin", 10, -1, DATA_MAGIC), 256, "negative"),
+    CHECK(open_fails_with(write_tokens(dir, "neg.bin", 10, -1, DATA_MAGIC), 256, "negative"),
           "negative count");
-    CHECK(open_fails_with(write_tokens("vocab.bin", 300, 300, DATA_MAGIC), 200,
+    CHECK(open_fails_with(write_tokens(dir, "vocab.bin", 300, 300, DATA_MAGIC), 200,
                           "token 200 at index 200"),
           "token beyond vocabulary");
     CHECK(open_fails_with("/nonexistent/x.bin", 256, "cannot open"), "missing file");
 }
 
-static void special_files_are_refused_as_token_files_without_blocking(void)
+static void bad_token_files_are_refused_naming_the_problem(void)
+{
+    check_in_tmpdir("data", bad_token_files_are_refused_naming_the_problem_body);
+}
+
+static void special_files_are_refused_as_token_files_without_blocking_body(const char *dir)
 {
     char fifo[256], sub[256];
     snprintf(fifo, sizeof fifo, "%s/fifo.bin", dir);
@@ -95,6 +101,11 @@ static void special_files_are_refused_as_token_files_without_blocking(void)
     alarm(0);
     CHECK(open_fails_with(sub, 256, "is a directory, not a regular file"), "a directory");
     CHECK(open_fails_with("/dev/null", 256, "is a character device"), "/dev/null");
+}
+
+static void special_files_are_refused_as_token_files_without_blocking(void)
+{
+    check_in_tmpdir("data", special_files_are_refused_as_token_files_without_blocking_body);
 }
 
 /* Writing onto path fails naming it, and path is still what it was. */
@@ -110,7 +121,7 @@ static int write_refused(const char *path, mode_t type)
            lstat(path, &st) == 0 && (st.st_mode & S_IFMT) == type;
 }
 
-static void outputs_that_are_not_regular_files_are_never_replaced(void)
+static void outputs_that_are_not_regular_files_are_never_replaced_body(const char *dir)
 {
     char fifo[256], sub[256], link[256], dev[256], target[256];
     snprintf(fifo, sizeof fifo, "%s/out-fifo.bin", dir);
@@ -133,7 +144,12 @@ static void outputs_that_are_not_regular_files_are_never_replaced(void)
           "the check alone");
 }
 
-static void stream_is_a_seeded_permutation_per_epoch(void)
+static void outputs_that_are_not_regular_files_are_never_replaced(void)
+{
+    check_in_tmpdir("data", outputs_that_are_not_regular_files_are_never_replaced_body);
+}
+
+static void stream_is_a_seeded_permutation_per_epoch_body(const char *dir)
 {
     const int T = 4;
     const size_t n = 1 + 50 * T; /* 50 samples */
@@ -171,17 +187,13 @@ static void stream_is_a_seeded_permutation_per_epoch(void)
     free(toks);
 }
 
-static void setup(void) { CHECK(mkdtemp(dir) != NULL, "mkdtemp"); }
-
-static void teardown(void)
+static void stream_is_a_seeded_permutation_per_epoch(void)
 {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK(system(cmd) == 0, "%s", cmd);
+    check_in_tmpdir("data", stream_is_a_seeded_permutation_per_epoch_body);
 }
 
-CHECK_MAIN(TEST(setup), TEST(token_file_round_trips),
+CHECK_MAIN(TEST(token_file_round_trips),
            TEST(bad_token_files_are_refused_naming_the_problem),
            TEST(special_files_are_refused_as_token_files_without_blocking),
            TEST(outputs_that_are_not_regular_files_are_never_replaced),
-           TEST(stream_is_a_seeded_permutation_per_epoch), TEST(teardown))
+           TEST(stream_is_a_seeded_permutation_per_epoch))

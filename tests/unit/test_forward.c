@@ -251,6 +251,9 @@ static void bf16_matmuls_match_fp32_on_rounded_operands(void)
     static float y16[N * OC], y32[N * OC], dx16[N * C], dx32[N * C], dw16[OC * C], dw32[OC * C],
         db16[OC], db32[OC];
     static uint16_t w16[OC * C], x16[N * C], tmp[N * OC];
+    /* the backward adds into these: from zero on every run, not only the first */
+    memset(dw16, 0, sizeof dw16), memset(dw32, 0, sizeof dw32);
+    memset(db16, 0, sizeof db16), memset(db32, 0, sizeof db32);
     for (int i = 0; i < N * C; i++)
         x[i] = fsdp_normal_at(11, (uint64_t)i);
     for (int i = 0; i < OC * C; i++)

@@ -35,18 +35,20 @@ struct rig {
     int32_t in[B * T], tgt[B * T];
 };
 
-static int reduce_bf16; /* fsdp_opts.reduce_bf16 for the next rig */
-static int unit_blocks; /* fsdp_opts.unit_blocks for the next rig */
+/* What a rig asks of the engine besides its sharding (fsdp_opts). */
+struct rig_opts {
+    int recompute_every, bf16, reduce_bf16, unit_blocks;
+};
 
 static int rig_init_opts(struct rig *r, const struct fsdp_kernels *k, enum fsdp_shard shard,
-                         int recompute_every, int bf16)
+                         const struct rig_opts *ro)
 {
     char err[FSDP_ERR_LEN];
     if (model_layout_init(&r->m, &cfg, err) != 0)
         return -1;
     fsdp_comm_local_init(&r->comm);
-    const struct fsdp_opts o = {shard, B, recompute_every, bf16, reduce_bf16, 1 /* prefetch */,
-                                unit_blocks, 0};
+    const struct fsdp_opts o = {shard, B, ro->recompute_every, ro->bf16, ro->reduce_bf16,
+                                1 /* prefetch */, ro->unit_blocks, 0};
     if (fsdp_init(&r->e, &r->m, k, &r->comm, &o, err) != 0)
         return -1;
     struct fsdp_rng rng = {42};
@@ -67,7 +69,8 @@ static int rig_init_opts(struct rig *r, const struct fsdp_kernels *k, enum fsdp_
 
 static int rig_init(struct rig *r, const struct fsdp_kernels *k, enum fsdp_shard shard)
 {
-    return rig_init_opts(r, k, shard, 0, 0);
+    const struct rig_opts none = {0};
+    return rig_init_opts(r, k, shard, &none);
 }
 
 static void rig_free(struct rig *r)
@@ -158,13 +161,13 @@ static void every_tensor_gradient_matches_finite_differences_no_shard(void)
 
 /* The gradient shard after one forward and backward (a validation-sized
  * forward first, so that a recompute must not trust what it left behind). */
-static float *grads_with(int recompute_every, enum fsdp_shard shard, int bf16, int micro,
-                         size_t *n, size_t *act)
+static float *grads_of(enum fsdp_shard shard, const struct rig_opts *ro, int micro, size_t *n,
+                       size_t *act)
 {
     struct rig r;
     char err[FSDP_ERR_LEN];
     double loss;
-    if (rig_init_opts(&r, fsdp_kernels_cpu(), shard, recompute_every, bf16) != 0)
+    if (rig_init_opts(&r, fsdp_kernels_cpu(), shard, ro) != 0)
         return NULL;
     fsdp_zero_grad(&r.e);
     int rc = fsdp_forward(&r.e, 1, T / 2, &loss, err);
@@ -180,6 +183,13 @@ static float *grads_with(int recompute_every, enum fsdp_shard shard, int bf16, i
     memcpy(g, r.e.grads, *n * sizeof *g);
     rig_free(&r);
     return g;
+}
+
+static float *grads_with(int recompute_every, enum fsdp_shard shard, int bf16, int micro,
+                         size_t *n, size_t *act)
+{
+    const struct rig_opts ro = {.recompute_every = recompute_every, .bf16 = bf16};
+    return grads_of(shard, &ro, micro, n, act);
 }
 
 static void recomputing_blocks_gives_the_same_gradient_bits(void)
@@ -269,8 +279,6 @@ static void bf16_gives_the_same_gradients_for_every_strategy(void)
 
 /* ---- the check must catch wrong kernels ---------------------------------- */
 
-static const struct fsdp_kernels *real;
-
 /* GELU's derivative without the x * sech^2 term. */
 static void gelu_backward_wrong(float *dinp, const float *inp, const float *dout, size_t n)
 {
@@ -310,7 +318,7 @@ static double worst_with(struct fsdp_kernels *k)
 
 static void gradcheck_catches_a_wrong_gelu_backward(void)
 {
-    real = fsdp_kernels_cpu();
+    const struct fsdp_kernels *real = fsdp_kernels_cpu();
     struct fsdp_kernels k = *real;
     k.gelu_backward = gelu_backward_wrong;
     double worst = worst_with(&k);
@@ -321,7 +329,7 @@ static void gradcheck_catches_a_wrong_gelu_backward(void)
 
 static void gradcheck_catches_a_wrong_layernorm_backward(void)
 {
-    real = fsdp_kernels_cpu();
+    const struct fsdp_kernels *real = fsdp_kernels_cpu();
     struct fsdp_kernels k = *real;
     k.layernorm_backward = layernorm_backward_wrong;
     double worst = worst_with(&k);
@@ -341,11 +349,10 @@ static void bf16_reduction_rounds_the_gradient_and_nothing_else(void)
                                 : s == 1 ? FSDP_SHARD_GRAD_OP
                                          : FSDP_SHARD_NONE;
         size_t n, n2, act;
-        reduce_bf16 = 0;
-        float *g32 = grads_with(0, shard, 0, 1, &n, &act);
-        reduce_bf16 = 1;
-        float *g16 = grads_with(0, shard, 0, 1, &n2, &act);
-        reduce_bf16 = 0;
+        struct rig_opts ro = {.reduce_bf16 = 0};
+        float *g32 = grads_of(shard, &ro, 1, &n, &act);
+        ro.reduce_bf16 = 1;
+        float *g16 = grads_of(shard, &ro, 1, &n2, &act);
         REQUIRE(g32 && g16 && n == n2, "a step failed");
         size_t differ = 0, changed = 0;
         for (size_t i = 0; i < n; i++) {
@@ -373,13 +380,11 @@ static void unit_groups_give_the_same_gradient_bits(void)
         for (int variant = 0; variant < 2; variant++) {
             enum fsdp_shard shard = s == 0 ? FSDP_SHARD_FULL : FSDP_SHARD_GRAD_OP;
             size_t n, n2, act;
-            reduce_bf16 = variant;
-            unit_blocks = 1;
-            float *one = grads_with(variant, shard, variant, 1, &n, &act);
-            unit_blocks = 2;
-            float *two = grads_with(variant, shard, variant, 1, &n2, &act);
-            unit_blocks = 0;
-            reduce_bf16 = 0;
+            struct rig_opts ro = {.recompute_every = variant, .bf16 = variant,
+                                  .reduce_bf16 = variant, .unit_blocks = 1};
+            float *one = grads_of(shard, &ro, 1, &n, &act);
+            ro.unit_blocks = 2;
+            float *two = grads_of(shard, &ro, 1, &n2, &act);
             REQUIRE(one && two && n == n2, "a step failed");
             CHECK(memcmp(one, two, n * sizeof *one) == 0,
                   "%s%s: 2 blocks per unit changed the gradients", fsdp_shard_name(shard),

@@ -1,6 +1,6 @@
 /*
  * test_s3_requests.c - what the S3 backend puts on the wire, checked
- * against a tiny HTTP server on 127.0.0.1 in a thread of this test (it
+ * against a tiny HTTP server on 127.0.0.1 in a thread, one per test (it
  * records each request and answers 200): XML bodies carry any key
  * byte-exact however many & < > " ' it holds, with the Content-MD5 of what
  * was sent; keys and bucket prefixes with "." or ".." parts are refused
@@ -21,6 +21,7 @@
 #include "storage.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -171,22 +172,48 @@ static int with_failures(long n, int sticky, void (*op)(void *), void *arg)
     return left == 0 || left == -2;
 }
 
-static void setup(void)
+/* ---- each test's world ------------------------------------------------------- */
+
+/* The allocators above, installed before anything of OpenSSL's or
+ * libcurl's is allocated: by the first test to run (every test comes
+ * here first); 0, or -1 with a failed check. */
+static int install_allocators(void)
 {
-    /* before anything of OpenSSL's or libcurl's is allocated */
-    REQUIRE(CRYPTO_set_mem_functions(o_malloc, o_realloc, o_free) == 1, "OpenSSL's allocator");
-    REQUIRE(curl_global_init_mem(CURL_GLOBAL_DEFAULT, t_malloc, free, t_realloc, t_strdup,
-                                 t_calloc) == CURLE_OK,
-            "libcurl's allocator");
+    static int installed; /* 1: installed; -1: refused */
+    if (!installed) {
+        int ssl = CRYPTO_set_mem_functions(o_malloc, o_realloc, o_free) == 1;
+        CHECK(ssl, "OpenSSL's allocator");
+        int curl = ssl && curl_global_init_mem(CURL_GLOBAL_DEFAULT, t_malloc, free, t_realloc,
+                                               t_strdup, t_calloc) == CURLE_OK;
+        CHECK(!ssl || curl, "libcurl's allocator");
+        installed = curl ? 1 : -1;
+    }
+    return installed == 1 ? 0 : -1;
+}
+
+/* A server of this test's own on 127.0.0.1 and the environment pointing
+ * the S3 backend at it; 0, or -1 with nothing left running. */
+static int server_start(void)
+{
+    srv.stop = 0;
+    srv.requests = 0;
+    srv.signed_fully = 0;
+    srv.line[0] = srv.md5[0] = 0;
+    srv.body = NULL;
+    srv.body_len = 0;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t al = sizeof a;
     srv.listen_fd = socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(srv.listen_fd >= 0 && bind(srv.listen_fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-                listen(srv.listen_fd, 16) == 0 &&
-                getsockname(srv.listen_fd, (struct sockaddr *)&a, &al) == 0,
-            "listen");
+    if (srv.listen_fd < 0)
+        return -1;
+    if (bind(srv.listen_fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        listen(srv.listen_fd, 16) != 0 ||
+        getsockname(srv.listen_fd, (struct sockaddr *)&a, &al) != 0 ||
+        pthread_create(&srv.thread, NULL, server_main, NULL) != 0) {
+        close(srv.listen_fd);
+        return -1;
+    }
     srv.port = ntohs(a.sin_port);
-    REQUIRE(pthread_create(&srv.thread, NULL, server_main, NULL) == 0, "thread");
     char ep[64];
     snprintf(ep, sizeof ep, "http://127.0.0.1:%d", srv.port);
     setenv("AWS_ENDPOINT_URL", ep, 1);
@@ -197,6 +224,43 @@ static void setup(void)
     unsetenv("AWS_ENDPOINT_URL_S3");
     unsetenv("AWS_SESSION_TOKEN");
     unsetenv("AWS_PROFILE");
+    return 0;
+}
+
+static void server_stop(void)
+{
+    __atomic_store_n(&srv.stop, 1, __ATOMIC_RELEASE);
+    int c = socket(AF_INET, SOCK_STREAM, 0); /* wake accept() */
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)srv.port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (c >= 0) {
+        if (connect(c, (struct sockaddr *)&a, sizeof a))
+            fprintf(stderr, "  cannot wake the server\n");
+        close(c);
+    }
+    pthread_join(srv.thread, NULL);
+    close(srv.listen_fd);
+    free(srv.body);
+    srv.body = NULL;
+    unsetenv("AWS_ENDPOINT_URL"); /* nothing after this test talks to its port */
+}
+
+/* A test that sends nothing: the allocators only. */
+static void with_allocators(void (*body)(void))
+{
+    REQUIRE(install_allocators() == 0, "the allocators that fail on demand");
+    body();
+}
+
+/* A test that sends requests: the allocators and its own server, stopped
+ * after the test however it ended. */
+static void with_server(void (*body)(void))
+{
+    REQUIRE(install_allocators() == 0, "the allocators that fail on demand");
+    REQUIRE(server_start() == 0, "the server: %s", strerror(errno));
+    body();
+    server_stop();
 }
 
 static int requests(void)
@@ -250,7 +314,7 @@ static int body_names_exactly(const char *body, size_t len, const char *prefix, 
     return ok && k == n && quiet;
 }
 
-static void delete_objects_bodies_carry_keys_full_of_xml_specials(void)
+static void delete_objects_bodies_carry_keys_full_of_xml_specials_body(void)
 {
     enum { N = 1000 };
     char *keys[N];
@@ -273,7 +337,12 @@ static void delete_objects_bodies_carry_keys_full_of_xml_specials(void)
         free(keys[i]);
 }
 
-static void complete_multipart_bodies_carry_any_etag(void)
+static void delete_objects_bodies_carry_keys_full_of_xml_specials(void)
+{
+    with_allocators(delete_objects_bodies_carry_keys_full_of_xml_specials_body);
+}
+
+static void complete_multipart_bodies_carry_any_etag_body(void)
 {
     static char etags[3][128] = {"\"0123456789abcdef0123456789abcdef\"", "\"a&b<c>'d'\"", ""};
     struct s3_buf b = {0};
@@ -295,7 +364,12 @@ static void complete_multipart_bodies_carry_any_etag(void)
     s3_buf_free(&b);
 }
 
-static void delete_many_sends_hostile_keys_byte_exact_with_their_md5(void)
+static void complete_multipart_bodies_carry_any_etag(void)
+{
+    with_allocators(complete_multipart_bodies_carry_any_etag_body);
+}
+
+static void delete_many_sends_hostile_keys_byte_exact_with_their_md5_body(void)
 {
     char err[FSDP_ERR_LEN];
     struct storage *st;
@@ -324,7 +398,12 @@ static void delete_many_sends_hostile_keys_byte_exact_with_their_md5(void)
     storage_close(st);
 }
 
-static void bucket_prefixes_with_dot_segments_are_refused_naming_the_uri(void)
+static void delete_many_sends_hostile_keys_byte_exact_with_their_md5(void)
+{
+    with_server(delete_many_sends_hostile_keys_byte_exact_with_their_md5_body);
+}
+
+static void bucket_prefixes_with_dot_segments_are_refused_naming_the_uri_body(void)
 {
     const char *bad[] = {
         "s3://bucket/../x", "s3://bucket/a/../../x", "s3://bucket/./x", "s3://bucket/a/.",
@@ -350,7 +429,12 @@ static void bucket_prefixes_with_dot_segments_are_refused_naming_the_uri(void)
     storage_close(st);
 }
 
-static void keys_with_dot_segments_are_refused_before_any_request(void)
+static void bucket_prefixes_with_dot_segments_are_refused_naming_the_uri(void)
+{
+    with_server(bucket_prefixes_with_dot_segments_are_refused_naming_the_uri_body);
+}
+
+static void keys_with_dot_segments_are_refused_before_any_request_body(void)
 {
     char err[FSDP_ERR_LEN], buf[4];
     struct storage *st;
@@ -380,7 +464,12 @@ static void keys_with_dot_segments_are_refused_before_any_request(void)
     storage_close(st);
 }
 
-static void paths_are_sent_exactly_as_signed(void)
+static void keys_with_dot_segments_are_refused_before_any_request(void)
+{
+    with_server(keys_with_dot_segments_are_refused_before_any_request_body);
+}
+
+static void paths_are_sent_exactly_as_signed_body(void)
 {
     char err[FSDP_ERR_LEN];
     struct s3_client c;
@@ -393,6 +482,11 @@ static void paths_are_sent_exactly_as_signed(void)
     pthread_mutex_unlock(&srv.mu);
     s3_buf_free(&r.resp);
     s3_client_free(&c);
+}
+
+static void paths_are_sent_exactly_as_signed(void)
+{
+    with_server(paths_are_sent_exactly_as_signed_body);
 }
 
 static struct sigv4_output sig_out;
@@ -422,7 +516,7 @@ static void sign_once(void *arg)
     *(int *)arg = sigv4_sign(&in, &sig_out);
 }
 
-static void openssl_allocation_failures_never_give_a_wrong_signature(void)
+static void openssl_allocation_failures_never_give_a_wrong_signature_body(void)
 {
     int rc;
     sign_once(&rc);
@@ -446,6 +540,11 @@ static void openssl_allocation_failures_never_give_a_wrong_signature(void)
     CHECK(failures > 0, "no allocation failure was ever reported");
 }
 
+static void openssl_allocation_failures_never_give_a_wrong_signature(void)
+{
+    with_allocators(openssl_allocation_failures_never_give_a_wrong_signature_body);
+}
+
 struct request_run {
     struct s3_client *c;
     int rc;
@@ -463,7 +562,7 @@ static void get_once(void *arg)
     s3_buf_free(&r.resp);
 }
 
-static void curl_allocation_failures_are_errors_never_half_signed_requests(void)
+static void curl_allocation_failures_are_errors_never_half_signed_requests_body(void)
 {
     char err[FSDP_ERR_LEN];
     struct s3_client c;
@@ -492,6 +591,11 @@ static void curl_allocation_failures_are_errors_never_half_signed_requests(void)
     s3_client_free(&c);
 }
 
+static void curl_allocation_failures_are_errors_never_half_signed_requests(void)
+{
+    with_server(curl_allocation_failures_are_errors_never_half_signed_requests_body);
+}
+
 struct burst {
     struct s3_client *c;
     int ok;
@@ -512,7 +616,7 @@ static void *get_many(void *arg)
 
 /* Loads read a store from several threads (storage_ops.concurrent_reads):
  * each request takes a curl handle of its own and gives it back. */
-static void requests_from_four_threads_at_once_each_get_their_answer(void)
+static void requests_from_four_threads_at_once_each_get_their_answer_body(void)
 {
     char err[FSDP_ERR_LEN];
     struct s3_client c;
@@ -533,7 +637,12 @@ static void requests_from_four_threads_at_once_each_get_their_answer(void)
     s3_client_free(&c);
 }
 
-static void appends_refuse_to_pass_the_limit(void)
+static void requests_from_four_threads_at_once_each_get_their_answer(void)
+{
+    with_server(requests_from_four_threads_at_once_each_get_their_answer_body);
+}
+
+static void appends_refuse_to_pass_the_limit_body(void)
 {
     struct s3_buf b = {.limit = 16};
     CHECK(s3_buf_append_str(&b, "0123456789") == 0 && b.len == 10, "first append");
@@ -544,24 +653,12 @@ static void appends_refuse_to_pass_the_limit(void)
     s3_buf_free(&b);
 }
 
-static void teardown(void)
+static void appends_refuse_to_pass_the_limit(void)
 {
-    __atomic_store_n(&srv.stop, 1, __ATOMIC_RELEASE);
-    int c = socket(AF_INET, SOCK_STREAM, 0); /* wake accept() */
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_port = htons((uint16_t)srv.port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (c >= 0) {
-        if (connect(c, (struct sockaddr *)&a, sizeof a))
-            fprintf(stderr, "  cannot wake the server\n");
-        close(c);
-    }
-    pthread_join(srv.thread, NULL);
-    close(srv.listen_fd);
-    free(srv.body);
+    with_allocators(appends_refuse_to_pass_the_limit_body);
 }
 
-CHECK_MAIN(TEST(setup), TEST(delete_objects_bodies_carry_keys_full_of_xml_specials),
+CHECK_MAIN(TEST(delete_objects_bodies_carry_keys_full_of_xml_specials),
            TEST(complete_multipart_bodies_carry_any_etag),
            TEST(delete_many_sends_hostile_keys_byte_exact_with_their_md5),
            TEST(bucket_prefixes_with_dot_segments_are_refused_naming_the_uri),
@@ -570,5 +667,4 @@ CHECK_MAIN(TEST(setup), TEST(delete_objects_bodies_carry_keys_full_of_xml_specia
            TEST(openssl_allocation_failures_never_give_a_wrong_signature),
            TEST(curl_allocation_failures_are_errors_never_half_signed_requests),
            TEST(requests_from_four_threads_at_once_each_get_their_answer),
-           TEST(appends_refuse_to_pass_the_limit),
-           TEST(teardown))
+           TEST(appends_refuse_to_pass_the_limit))

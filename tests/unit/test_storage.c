@@ -11,13 +11,11 @@
 #include "storage.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static char root[] = "/tmp/fsdp-test-storage-XXXXXX";
-static struct storage *st;
 
 static int count_files(const char *dir)
 {
@@ -33,15 +31,35 @@ static int count_files(const char *dir)
     return n;
 }
 
-static void setup(void)
+/* Each test's own store, in a directory of its own, and a directory outside
+ * it (for what links point at); both removed after the test however it
+ * ended. */
+struct fixture {
+    char root[64], outside[64];
+    struct storage *st;
+};
+
+static void in_store(void (*body)(struct fixture *fx))
 {
     char err[FSDP_ERR_LEN];
-    REQUIRE(mkdtemp(root) != NULL, "mkdtemp");
-    REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
+    struct fixture fx = {.st = NULL};
+    if (check_tmpdir(fx.root, sizeof fx.root, "storage") != 0)
+        return;
+    if (check_tmpdir(fx.outside, sizeof fx.outside, "outside") == 0) {
+        int opened = storage_open(fx.root, &fx.st, err);
+        CHECK(opened == 0, "%s", err);
+        if (opened == 0) {
+            body(&fx);
+            storage_close(fx.st);
+        }
+        check_rmtree(fx.outside);
+    }
+    check_rmtree(fx.root);
 }
 
-static void object_is_invisible_until_commit(void)
+static void object_is_invisible_until_commit_body(struct fixture *fx)
 {
+    struct storage *st = fx->st;
     char err[FSDP_ERR_LEN], buf[16];
     uint64_t size;
     struct storage_writer *w;
@@ -59,8 +77,15 @@ static void object_is_invisible_until_commit(void)
           "read past the end: %s", err);
 }
 
-static void abort_leaves_nothing(void)
+static void object_is_invisible_until_commit(void)
 {
+    in_store(object_is_invisible_until_commit_body);
+}
+
+static void abort_leaves_nothing_body(struct fixture *fx)
+{
+    struct storage *st = fx->st;
+    const char *root = fx->root;
     char err[FSDP_ERR_LEN];
     struct storage_writer *w;
     int before = count_files(root);
@@ -70,8 +95,12 @@ static void abort_leaves_nothing(void)
     CHECK(count_files(root) == before, "files left behind");
 }
 
-static void put_if_absent_never_replaces(void)
+static void abort_leaves_nothing(void) { in_store(abort_leaves_nothing_body); }
+
+static void put_if_absent_never_replaces_body(struct fixture *fx)
 {
+    struct storage *st = fx->st;
+    const char *root = fx->root;
     char err[FSDP_ERR_LEN], buf[8];
     REQUIRE(storage_put_if_absent(st, "m/MANIFEST", "first", 5, err) == 0, "%s", err);
     CHECK(storage_put_if_absent(st, "m/MANIFEST", "second", 6, err) == STORAGE_EXISTS,
@@ -79,9 +108,11 @@ static void put_if_absent_never_replaces(void)
     CHECK(storage_get_range(st, "m/MANIFEST", 0, 5, buf, err) == 0 &&
               memcmp(buf, "first", 5) == 0,
           "content replaced");
-    CHECK(count_files(root) >= 0 && count_files(root) == 2, "temporaries left: %d files",
+    CHECK(count_files(root) >= 0 && count_files(root) == 1, "temporaries left: %d files",
           count_files(root));
 }
+
+static void put_if_absent_never_replaces(void) { in_store(put_if_absent_never_replaces_body); }
 
 struct seen {
     int n;
@@ -98,8 +129,10 @@ static int on_key(void *arg, const char *key, uint64_t size)
     return 0;
 }
 
-static void list_by_prefix_and_delete(void)
+static void list_by_prefix_and_delete_body(struct fixture *fx)
 {
+    struct storage *st = fx->st;
+    const char *root = fx->root;
     char err[FSDP_ERR_LEN];
     REQUIRE(storage_put(st, "step-1/x", "1", 1, err) == 0, "%s", err);
     REQUIRE(storage_put(st, "step-1/y", "2", 1, err) == 0, "%s", err);
@@ -118,8 +151,11 @@ static void list_by_prefix_and_delete(void)
     CHECK(access(dir, F_OK) != 0, "empty directory left behind");
 }
 
-static void keys_cannot_escape_the_root(void)
+static void list_by_prefix_and_delete(void) { in_store(list_by_prefix_and_delete_body); }
+
+static void keys_cannot_escape_the_root_body(struct fixture *fx)
 {
+    struct storage *st = fx->st;
     char err[FSDP_ERR_LEN];
     const char *bad[] = {"../x", "a/../../x", "/etc/passwd", "a//b", "", "a/..",
                          "./x", "a/./b", "a/.", "a/", "a\nb"};
@@ -130,9 +166,10 @@ static void keys_cannot_escape_the_root(void)
     }
 }
 
+static void keys_cannot_escape_the_root(void) { in_store(keys_cannot_escape_the_root_body); }
+
 /* ---- nothing inside a store is followed ------------------------------------ */
 
-static char outside[] = "/tmp/fsdp-test-outside-XXXXXX";
 #define REFUSAL "; a checkpoint store holds only directories and regular files"
 
 /* Every file under dir with its type, size and bytes: what must not change. */
@@ -167,7 +204,8 @@ static int count_keys(void *arg, const char *key, uint64_t size)
 }
 
 /* Every operation on key refuses with path named as what. */
-static void every_operation_refuses(const char *key, const char *path, const char *what)
+static void every_operation_refuses(struct storage *st, const char *key, const char *path,
+                                    const char *what)
 {
     char err[FSDP_ERR_LEN] = "", buf[16];
     uint64_t size;
@@ -187,25 +225,40 @@ static void every_operation_refuses(const char *key, const char *path, const cha
           "list %s", key);
 }
 
-static void a_symlinked_step_directory_is_refused_and_its_target_untouched(void)
+/* Step 7 of another store in outside: what the links point at. */
+static int make_outside_step(const char *outside, char *err)
 {
-    char err[FSDP_ERR_LEN], link[600], target[600], before[8192], after[8192];
-    REQUIRE(mkdtemp(outside) != NULL, "mkdtemp");
-    snprintf(target, sizeof target, "%s/step-00000007", outside);
-    REQUIRE(mkdir(target, 0755) == 0, "mkdir %s", target);
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/step-00000007", outside);
+    if (mkdir(dir, 0755) != 0) {
+        snprintf(err, FSDP_ERR_LEN, "mkdir %s: %s", dir, strerror(errno));
+        return -1;
+    }
     struct storage *other;
-    REQUIRE(storage_open(outside, &other, err) == 0, "%s", err);
-    REQUIRE(storage_put(other, "step-00000007/shard-00000-of-00001", "committed", 9, err) == 0 &&
-                storage_put(other, "step-00000007/MANIFEST.json", "{}", 2, err) == 0,
-            "%s", err);
+    if (storage_open(outside, &other, err) != 0)
+        return -1;
+    int rc = storage_put(other, "step-00000007/shard-00000-of-00001", "committed", 9, err) == 0 &&
+                     storage_put(other, "step-00000007/MANIFEST.json", "{}", 2, err) == 0
+                 ? 0
+                 : -1;
     storage_close(other);
+    return rc;
+}
+
+static void a_symlinked_step_directory_is_refused_and_its_target_untouched_body(struct fixture *fx)
+{
+    struct storage *st = fx->st;
+    const char *root = fx->root, *outside = fx->outside;
+    char err[FSDP_ERR_LEN], link[600], target[600], before[8192], after[8192];
+    REQUIRE(make_outside_step(outside, err) == 0, "%s", err);
+    snprintf(target, sizeof target, "%s/step-00000007", outside);
     snapshot(outside, before, sizeof before);
     snprintf(link, sizeof link, "%s/step-00000007", root);
     REQUIRE(symlink(target, link) == 0, "symlink %s", link);
 
-    every_operation_refuses("step-00000007/shard-00000-of-00001", link, "a symbolic link");
-    every_operation_refuses("step-00000007/MANIFEST.json", link, "a symbolic link");
-    every_operation_refuses("step-00000007/new/deeper", link, "a symbolic link");
+    every_operation_refuses(st, "step-00000007/shard-00000-of-00001", link, "a symbolic link");
+    every_operation_refuses(st, "step-00000007/MANIFEST.json", link, "a symbolic link");
+    every_operation_refuses(st, "step-00000007/new/deeper", link, "a symbolic link");
     int n = 0;
     CHECK(refused_naming(storage_list(st, "step-", count_keys, &n, err), err, link,
                          "a symbolic link"), "listing step-");
@@ -220,9 +273,17 @@ static void a_symlinked_step_directory_is_refused_and_its_target_untouched(void)
     unlink(link);
 }
 
-static void a_symlinked_leaf_is_refused_and_its_target_untouched(void)
+static void a_symlinked_step_directory_is_refused_and_its_target_untouched(void)
 {
-    char link[600], target[600], dangling[600], before[8192], after[8192];
+    in_store(a_symlinked_step_directory_is_refused_and_its_target_untouched_body);
+}
+
+static void a_symlinked_leaf_is_refused_and_its_target_untouched_body(struct fixture *fx)
+{
+    struct storage *st = fx->st;
+    const char *root = fx->root, *outside = fx->outside;
+    char err[FSDP_ERR_LEN], link[600], target[600], dangling[600], before[8192], after[8192];
+    REQUIRE(make_outside_step(outside, err) == 0, "%s", err);
     snprintf(target, sizeof target, "%s/step-00000007/MANIFEST.json", outside);
     snprintf(link, sizeof link, "%s/leaf/MANIFEST.json", root);
     snprintf(dangling, sizeof dangling, "%s/leaf/dangling", root);
@@ -231,8 +292,8 @@ static void a_symlinked_leaf_is_refused_and_its_target_untouched(void)
     REQUIRE(symlink(target, link) == 0 && symlink("/nonexistent/x", dangling) == 0, "symlink");
     snapshot(outside, before, sizeof before);
 
-    every_operation_refuses("leaf/MANIFEST.json", link, "a symbolic link");
-    every_operation_refuses("leaf/dangling", dangling, "a symbolic link");
+    every_operation_refuses(st, "leaf/MANIFEST.json", link, "a symbolic link");
+    every_operation_refuses(st, "leaf/dangling", dangling, "a symbolic link");
 
     snapshot(outside, after, sizeof after);
     CHECK(strcmp(before, after) == 0, "the link's target changed:\n%s\nnow:\n%s", before, after);
@@ -241,23 +302,37 @@ static void a_symlinked_leaf_is_refused_and_its_target_untouched(void)
     CHECK(access("/nonexistent/x", F_OK) != 0, "a dangling link's target was created");
 }
 
-static void a_fifo_leaf_is_refused_without_blocking(void)
+static void a_symlinked_leaf_is_refused_and_its_target_untouched(void)
 {
+    in_store(a_symlinked_leaf_is_refused_and_its_target_untouched_body);
+}
+
+static void a_fifo_leaf_is_refused_without_blocking_body(struct fixture *fx)
+{
+    struct storage *st = fx->st;
+    const char *root = fx->root;
     char fifo[600];
     snprintf(fifo, sizeof fifo, "%s/ff", root);
     REQUIRE(mkdir(fifo, 0755) == 0, "mkdir %s", fifo);
     snprintf(fifo, sizeof fifo, "%s/ff/obj", root);
     REQUIRE(mkfifo(fifo, 0644) == 0, "mkfifo %s", fifo);
     alarm(20); /* a read that blocks on the FIFO ends the test here */
-    every_operation_refuses("ff/obj", fifo, "a FIFO");
-    every_operation_refuses("ff/obj/deeper", fifo, "a FIFO"); /* where a directory belongs */
+    every_operation_refuses(st, "ff/obj", fifo, "a FIFO");
+    every_operation_refuses(st, "ff/obj/deeper", fifo, "a FIFO"); /* where a directory belongs */
     alarm(0);
     struct stat sb;
     CHECK(lstat(fifo, &sb) == 0 && S_ISFIFO(sb.st_mode), "the FIFO was replaced or removed");
 }
 
-static void a_fifo_under_a_listed_prefix_fails_the_listing(void)
+static void a_fifo_leaf_is_refused_without_blocking(void)
 {
+    in_store(a_fifo_leaf_is_refused_without_blocking_body);
+}
+
+static void a_fifo_under_a_listed_prefix_fails_the_listing_body(struct fixture *fx)
+{
+    struct storage *st = fx->st;
+    const char *root = fx->root;
     char err[FSDP_ERR_LEN], fifo[600];
     REQUIRE(storage_put(st, "lst/a", "1", 1, err) == 0, "%s", err);
     snprintf(fifo, sizeof fifo, "%s/lst/p", root);
@@ -274,8 +349,14 @@ static void a_fifo_under_a_listed_prefix_fails_the_listing(void)
     alarm(0);
 }
 
-static void a_root_that_is_a_symlink_is_the_users_choice(void)
+static void a_fifo_under_a_listed_prefix_fails_the_listing(void)
 {
+    in_store(a_fifo_under_a_listed_prefix_fails_the_listing_body);
+}
+
+static void a_root_that_is_a_symlink_is_the_users_choice_body(struct fixture *fx)
+{
+    const char *outside = fx->outside;
     char err[FSDP_ERR_LEN], link[600], real[600], buf[4];
     struct storage *s;
     snprintf(real, sizeof real, "%s/real-root", outside);
@@ -290,8 +371,14 @@ static void a_root_that_is_a_symlink_is_the_users_choice(void)
     CHECK(access(real, F_OK) == 0, "the object is not under the link's target");
 }
 
-static void a_root_created_by_the_first_write(void)
+static void a_root_that_is_a_symlink_is_the_users_choice(void)
 {
+    in_store(a_root_that_is_a_symlink_is_the_users_choice_body);
+}
+
+static void a_root_created_by_the_first_write_body(struct fixture *fx)
+{
+    const char *outside = fx->outside;
     char err[FSDP_ERR_LEN], path[600];
     struct storage *s;
     uint64_t size;
@@ -308,8 +395,14 @@ static void a_root_created_by_the_first_write(void)
     storage_close(s);
 }
 
-static void fault_wrapper_injects_errors(void)
+static void a_root_created_by_the_first_write(void)
 {
+    in_store(a_root_created_by_the_first_write_body);
+}
+
+static void fault_wrapper_injects_errors_body(struct fixture *fx)
+{
+    const char *root = fx->root;
     char err[FSDP_ERR_LEN], uri[600];
     struct storage *f;
     snprintf(uri, sizeof uri, "fault:write=ENOSPC@2,put_if_absent=EIO@1;%s", root);
@@ -330,6 +423,8 @@ static void fault_wrapper_injects_errors(void)
               strstr(err, "bad fault rule"),
           "a bad rule was accepted");
 }
+
+static void fault_wrapper_injects_errors(void) { in_store(fault_wrapper_injects_errors_body); }
 
 /* Writes n pattern bytes to key in pieces of 1, 4095, 3 MiB + 7, ... bytes
  * and reads them back whole and at the block-unaligned tail. */
@@ -362,8 +457,9 @@ static void round_trip(struct storage *s, const char *key, size_t n)
     free(back);
 }
 
-static void objects_of_any_size_round_trip_with_and_without_direct_io(void)
+static void objects_of_any_size_round_trip_with_and_without_direct_io_body(struct fixture *fx)
 {
+    const char *root = fx->root;
     const size_t sizes[] = {0, 1, 4095, 4096, 4097, (8u << 20) - 1, 8u << 20,
                             (8u << 20) + 1, (21u << 20) + 12345};
     for (int direct = 1; direct >= 0; direct--) {
@@ -377,18 +473,15 @@ static void objects_of_any_size_round_trip_with_and_without_direct_io(void)
         }
         storage_close(s);
     }
-    unsetenv("FSDP_DIRECT_IO");
 }
 
-static void teardown(void)
+static void objects_of_any_size_round_trip_with_and_without_direct_io(void)
 {
-    storage_close(st);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", root, outside);
-    CHECK(system(cmd) == 0, "%s", cmd);
+    in_store(objects_of_any_size_round_trip_with_and_without_direct_io_body);
+    unsetenv("FSDP_DIRECT_IO"); /* however the body ended */
 }
 
-CHECK_MAIN(TEST(setup), TEST(object_is_invisible_until_commit), TEST(abort_leaves_nothing),
+CHECK_MAIN(TEST(object_is_invisible_until_commit), TEST(abort_leaves_nothing),
            TEST(put_if_absent_never_replaces), TEST(list_by_prefix_and_delete),
            TEST(keys_cannot_escape_the_root),
            TEST(a_symlinked_step_directory_is_refused_and_its_target_untouched),
@@ -397,4 +490,4 @@ CHECK_MAIN(TEST(setup), TEST(object_is_invisible_until_commit), TEST(abort_leave
            TEST(a_fifo_under_a_listed_prefix_fails_the_listing),
            TEST(a_root_that_is_a_symlink_is_the_users_choice),
            TEST(a_root_created_by_the_first_write), TEST(fault_wrapper_injects_errors),
-           TEST(objects_of_any_size_round_trip_with_and_without_direct_io), TEST(teardown))
+           TEST(objects_of_any_size_round_trip_with_and_without_direct_io))

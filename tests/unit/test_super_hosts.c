@@ -24,13 +24,12 @@
 #include <string.h>
 #include <unistd.h>
 
-static char dir[] = "/tmp/fsdp-test-hosts-XXXXXX";
-
-/* The script agent: `sh -c SCRIPT HOST true`. Hosts named ok* answer;
+/* The script agent: `sh -c SCRIPT HOST true`, its files in dir (a test's
+ * own directory). Hosts named ok* answer;
  * down* (or any host with DIR/HOST.down) refuse like ssh; slow* never
  * answer; spawn* never answer and leave a background child holding the
  * pipe. Each writes its pid (and the child's) to DIR/HOST.pid. */
-static void script_agent(struct agent *a)
+static void script_agent(struct agent *a, const char *dir)
 {
     static char script[1024];
     snprintf(script, sizeof script,
@@ -105,10 +104,10 @@ static void the_first_alternative_found_is_the_agent(void)
 
 /* ---- probes ------------------------------------------------------------------------- */
 
-static void probes_run_at_once_and_say_why_a_host_does_not_answer(void)
+static void probes_run_at_once_and_say_why_a_host_does_not_answer_body(const char *dir)
 {
     struct agent a;
-    script_agent(&a);
+    script_agent(&a, dir);
     const char *names[] = {"ok1", "down1", "ok2", "slow1", "spawn1", "ok3"};
     struct probe p[6];
     double t0 = fsdp_now();
@@ -128,10 +127,15 @@ static void probes_run_at_once_and_say_why_a_host_does_not_answer(void)
     CHECK(p[3].took >= 1.9 && p[3].took < 3.5, "%.2f", p[3].took);
 }
 
-static void a_probe_that_hangs_is_killed_with_what_it_started(void)
+static void probes_run_at_once_and_say_why_a_host_does_not_answer(void)
+{
+    check_in_tmpdir("hosts", probes_run_at_once_and_say_why_a_host_does_not_answer_body);
+}
+
+static void a_probe_that_hangs_is_killed_with_what_it_started_body(const char *dir)
 {
     struct agent a;
-    script_agent(&a);
+    script_agent(&a, dir);
     const char *names[] = {"spawn2"};
     struct probe p;
     agent_probe(&a, names, 1, 1, &p);
@@ -149,6 +153,11 @@ static void a_probe_that_hangs_is_killed_with_what_it_started(void)
     while ((running(pids[0]) || running(pids[1])) && fsdp_now() < until)
         usleep(20000);
     CHECK(!running(pids[0]) && !running(pids[1]), "left running: %d %d", pids[0], pids[1]);
+}
+
+static void a_probe_that_hangs_is_killed_with_what_it_started(void)
+{
+    check_in_tmpdir("hosts", a_probe_that_hangs_is_killed_with_what_it_started_body);
 }
 
 static void an_agent_that_cannot_be_run_is_a_reason(void)
@@ -220,10 +229,10 @@ static void the_probe_kills_what_an_earlier_launch_left_on_the_host(void)
     waitpid(other, &st, 0);
 }
 
-static void hosts_that_do_not_answer_are_left_out_until_they_do(void)
+static void hosts_that_do_not_answer_are_left_out_until_they_do_body(const char *dir)
 {
     struct agent a;
-    script_agent(&a);
+    script_agent(&a, dir);
     char flag[128];
     snprintf(flag, sizeof flag, "%s/198.51.100.2.down", dir);
     FILE *f = fopen(flag, "w");
@@ -258,6 +267,11 @@ static void hosts_that_do_not_answer_are_left_out_until_they_do(void)
     nh = 3;
     slots = hosts_reachable(&sp, &a, 0, h2, &nh, left, &nleft);
     CHECK(slots == 6 && nleft == 0 && access(flag, F_OK) != 0, "probed without a timeout");
+}
+
+static void hosts_that_do_not_answer_are_left_out_until_they_do(void)
+{
+    check_in_tmpdir("hosts", hosts_that_do_not_answer_are_left_out_until_they_do_body);
 }
 
 /* ---- what every launch tells mpirun ------------------------------------------------------ */
@@ -350,33 +364,13 @@ static void a_users_env_list_gets_ours_appended_instead_of_x(void)
     CHECK(m.overflow, "a list that does not fit is not cut short silently");
 }
 
-static void clean_dir(void)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
-}
-
-int main(int argc, char **argv)
-{
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
-    static const struct check_test tests[] = {
-        TEST(the_agent_is_ssh_unless_open_mpi_is_told_otherwise),
-        TEST(the_first_alternative_found_is_the_agent),
-        TEST(probes_run_at_once_and_say_why_a_host_does_not_answer),
-        TEST(a_probe_that_hangs_is_killed_with_what_it_started),
-        TEST(an_agent_that_cannot_be_run_is_a_reason),
-        TEST(the_probe_kills_what_an_earlier_launch_left_on_the_host),
-        TEST(hosts_that_do_not_answer_are_left_out_until_they_do),
-        TEST(the_oob_keepalive_adds_up_to_the_heartbeat_timeout),
-        TEST(every_host_gets_the_environment_its_bits_depend_on_by_name_only),
-        TEST(a_users_env_list_gets_ours_appended_instead_of_x),
-    };
-    int rc = check_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
-    clean_dir();
-    return rc;
-}
+CHECK_MAIN(TEST(the_agent_is_ssh_unless_open_mpi_is_told_otherwise),
+           TEST(the_first_alternative_found_is_the_agent),
+           TEST(probes_run_at_once_and_say_why_a_host_does_not_answer),
+           TEST(a_probe_that_hangs_is_killed_with_what_it_started),
+           TEST(an_agent_that_cannot_be_run_is_a_reason),
+           TEST(the_probe_kills_what_an_earlier_launch_left_on_the_host),
+           TEST(hosts_that_do_not_answer_are_left_out_until_they_do),
+           TEST(the_oob_keepalive_adds_up_to_the_heartbeat_timeout),
+           TEST(every_host_gets_the_environment_its_bits_depend_on_by_name_only),
+           TEST(a_users_env_list_gets_ours_appended_instead_of_x))

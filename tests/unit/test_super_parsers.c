@@ -462,6 +462,22 @@ static void unset_launch(void)
     unsetenv("FSDP_SUPER_ADDR");
     unsetenv("FSDP_SUPER_TOKEN");
     unsetenv("FSDP_SUPER_SILENCE_S");
+    unsetenv("FSDP_GENERATION");
+}
+
+/* A test that plays the supervisor gets its own socket and launch
+ * environment (listen_udp); after it, however it ended, the heartbeat
+ * thread is stopped, the socket closed and the environment gone. */
+static void with_launch(void (*body)(int fd))
+{
+    int fd = listen_udp();
+    CHECK(fd >= 0, "socket");
+    if (fd >= 0) {
+        body(fd);
+        hb_stop(); /* nothing to do unless the body ended with the thread running */
+        close(fd);
+    }
+    unset_launch();
 }
 
 /* The next datagram of the given kind, opened with TOKEN (its sender's
@@ -503,10 +519,8 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void the_heartbeat_thread_speaks_the_parsers_language(void)
+static void the_heartbeat_thread_speaks_the_parsers_language_body(int fd)
 {
-    int fd = listen_udp();
-    REQUIRE(fd >= 0, "socket");
     hb_set(5, HB_HOLD);
     char err[512], me[HBMSG_HOST_LEN];
     REQUIRE(hb_start(3, err) == 0, "%s", err);
@@ -523,14 +537,15 @@ static void the_heartbeat_thread_speaks_the_parsers_language(void)
               hbmsg_event_u64(&m, "world", &v) == 0 && v == 2 && m.seq > first,
           "event");
     hb_stop();
-    close(fd);
-    unset_launch();
 }
 
-static void hb_stop_wakes_the_thread_instead_of_waiting_out_its_sleep(void)
+static void the_heartbeat_thread_speaks_the_parsers_language(void)
 {
-    int fd = listen_udp();
-    REQUIRE(fd >= 0, "socket");
+    with_launch(the_heartbeat_thread_speaks_the_parsers_language_body);
+}
+
+static void hb_stop_wakes_the_thread_instead_of_waiting_out_its_sleep_body(int fd)
+{
     /* each start sends a beat and sleeps 250 ms: ten stops that waited the
      * sleep out would take 2.5 s; woken, they take milliseconds (the bound
      * is generous for a loaded machine) */
@@ -544,14 +559,16 @@ static void hb_stop_wakes_the_thread_instead_of_waiting_out_its_sleep(void)
     }
     double took = now() - t0;
     CHECK(took < 1.2, "10 start/stop cycles took %.2f s", took);
-    close(fd);
-    unset_launch();
 }
 
-static void a_launch_environment_without_a_valid_token_is_refused(void)
+static void hb_stop_wakes_the_thread_instead_of_waiting_out_its_sleep(void)
 {
-    int fd = listen_udp();
-    REQUIRE(fd >= 0, "socket");
+    with_launch(hb_stop_wakes_the_thread_instead_of_waiting_out_its_sleep_body);
+}
+
+static void a_launch_environment_without_a_valid_token_is_refused_body(int fd)
+{
+    (void)fd; /* its address, in the environment, is all this test needs */
     static const char *bad[] = {NULL, "", "secret", "00112233"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         if (bad[i])
@@ -578,14 +595,15 @@ static void a_launch_environment_without_a_valid_token_is_refused(void)
         CHECK(hb_start(0, err) == -1 && strstr(err, "FSDP_SUPER_ADDR"), "'%s': %s", bad_addr[i],
               err);
     }
-    close(fd);
-    unset_launch();
 }
 
-static void a_preempt_order_in_an_answer_sets_the_flag_and_others_are_ignored(void)
+static void a_launch_environment_without_a_valid_token_is_refused(void)
 {
-    int fd = listen_udp();
-    REQUIRE(fd >= 0, "socket");
+    with_launch(a_launch_environment_without_a_valid_token_is_refused_body);
+}
+
+static void a_preempt_order_in_an_answer_sets_the_flag_and_others_are_ignored_body(int fd)
+{
     char err[512];
     REQUIRE(hb_start(2, err) == 0, "%s", err);
     REQUIRE(!hb_preempted(), "preempted before any order");
@@ -607,8 +625,11 @@ static void a_preempt_order_in_an_answer_sets_the_flag_and_others_are_ignored(vo
         usleep(1000);
     CHECK(hb_preempted(), "the supervisor's order was not obeyed");
     hb_stop();
-    close(fd);
-    unset_launch();
+}
+
+static void a_preempt_order_in_an_answer_sets_the_flag_and_others_are_ignored(void)
+{
+    with_launch(a_preempt_order_in_an_answer_sets_the_flag_and_others_are_ignored_body);
 }
 
 /* A rank in a child process (so that it may exit): launched against fd
@@ -657,10 +678,8 @@ static int child_rank(int fd, const char *silence, const char *hex, double answe
     return status;
 }
 
-static void a_rank_that_hears_nothing_stops_itself_within_the_bound(void)
+static void a_rank_that_hears_nothing_stops_itself_within_the_bound_body(int fd)
 {
-    int fd = listen_udp();
-    REQUIRE(fd >= 0, "socket");
     char out[1024];
     double took;
     int st = child_rank(fd, "0.6", NULL, 0, 5, &took, out, sizeof out);
@@ -674,14 +693,15 @@ static void a_rank_that_hears_nothing_stops_itself_within_the_bound(void)
     st = child_rank(fd, "0.6", OTHER, 5, 5, &took, out, sizeof out);
     CHECK(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == HB_LOST_CONTACT_EXIT && took < 2.5,
           "status %d after %.1f s", st, took);
-    close(fd);
-    unset_launch();
 }
 
-static void a_rank_that_is_answered_keeps_going_and_stops_when_the_answers_stop(void)
+static void a_rank_that_hears_nothing_stops_itself_within_the_bound(void)
 {
-    int fd = listen_udp();
-    REQUIRE(fd >= 0, "socket");
+    with_launch(a_rank_that_hears_nothing_stops_itself_within_the_bound_body);
+}
+
+static void a_rank_that_is_answered_keeps_going_and_stops_when_the_answers_stop_body(int fd)
+{
     char out[1024];
     double took;
     /* answered for 2 s with a bound of 0.6 s: alive all along, then stopped */
@@ -689,14 +709,15 @@ static void a_rank_that_is_answered_keeps_going_and_stops_when_the_answers_stop(
     CHECK(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == HB_LOST_CONTACT_EXIT,
           "status %d after %.1f s", st, took);
     CHECK(took > 2.3 && took < 4.5, "stopped after %.2f s: answered until 2 s, bound 0.6 s", took);
-    close(fd);
-    unset_launch();
 }
 
-static void a_kill_order_kills_the_rank(void)
+static void a_rank_that_is_answered_keeps_going_and_stops_when_the_answers_stop(void)
 {
-    int fd = listen_udp();
-    REQUIRE(fd >= 0, "socket");
+    with_launch(a_rank_that_is_answered_keeps_going_and_stops_when_the_answers_stop_body);
+}
+
+static void a_kill_order_kills_the_rank_body(int fd)
+{
     setenv("FSDP_SUPER_SILENCE_S", "30", 1);
     pid_t pid = fork();
     if (pid == 0) {
@@ -719,9 +740,9 @@ static void a_kill_order_kills_the_rank(void)
     CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "status %d", st);
     kill(pid, SIGKILL);
     waitpid(pid, NULL, WNOHANG);
-    close(fd);
-    unset_launch();
 }
+
+static void a_kill_order_kills_the_rank(void) { with_launch(a_kill_order_kills_the_rank_body); }
 
 /* ---- the host file ---------------------------------------------------------------- */
 
