@@ -31,13 +31,13 @@ int model_ckpt_units(const struct model_layout *m, int world, struct ckpt_manife
         U->ntensors = mu->ntensors;
         for (int i = 0; i < mu->ntensors; i++) {
             const struct model_tensor *t = &m->tensors[mu->first_tensor + i];
-            struct ckpt_tensor *T = &U->tensors[i];
-            snprintf(T->name, sizeof T->name, "%s", t->name);
-            T->ndim = t->ndim;
-            T->shape[0] = t->shape[0];
-            T->shape[1] = t->shape[1];
-            T->offset = t->offset;
-            T->numel = t->numel;
+            struct ckpt_tensor *ct = &U->tensors[i];
+            snprintf(ct->name, sizeof ct->name, "%s", t->name);
+            ct->ndim = t->ndim;
+            ct->shape[0] = t->shape[0];
+            ct->shape[1] = t->shape[1];
+            ct->offset = t->offset;
+            ct->numel = t->numel;
         }
     }
     return 0;

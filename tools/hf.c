@@ -220,16 +220,16 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
     nt = 0;
     for (int u = 0; u < m->nunits; u++)
         for (int i = 0; i < m->units[u].ntensors; i++) {
-            const struct ckpt_tensor *T = &m->units[u].tensors[i];
+            const struct ckpt_tensor *ct = &m->units[u].tensors[i];
             struct hf_tensor *t = &ts[nt++];
-            snprintf(t->name, sizeof t->name, "transformer.%s", T->name);
+            snprintf(t->name, sizeof t->name, "transformer.%s", ct->name);
             t->unit = u;
-            t->offset = T->offset;
-            t->rows = T->shape[0];
-            t->cols = T->ndim == 2 ? T->shape[1] : 0;
-            if (strcmp(T->name, "wte.weight") == 0 && (uint64_t)vocab < t->rows)
+            t->offset = ct->offset;
+            t->rows = ct->shape[0];
+            t->cols = ct->ndim == 2 ? ct->shape[1] : 0;
+            if (strcmp(ct->name, "wte.weight") == 0 && (uint64_t)vocab < t->rows)
                 t->rows = (uint64_t)vocab; /* the padded rows stay behind */
-            t->transpose = T->ndim == 2 && is_conv1d(T->name);
+            t->transpose = ct->ndim == 2 && is_conv1d(ct->name);
             uint64_t n = t->rows * (t->cols ? t->cols : 1);
             t->bytes = n * (uint64_t)dtypes[dtype].size;
             largest = n > largest ? n : largest;
@@ -608,7 +608,7 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
     if (!rc)
         rc = st_write_native_header(out_fd, m, err);
     for (int t = 0; !rc && t < nt; t++) {
-        const struct model_tensor *T = &m->tensors[t];
+        const struct model_tensor *mt = &m->tensors[t];
         const struct st_entry *e = at[t];
         size_t bytes = (size_t)(e->end - e->begin);
         int size = strcmp(e->dtype, "F32") == 0 ? 4 : 2, f16 = strcmp(e->dtype, "F16") == 0;
@@ -620,16 +620,16 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
         uint64_t n = bytes / (size_t)size;
         for (uint64_t i = 0; i < n; i++)
             tmp[i] = widen(raw + i * (uint64_t)size, size, f16);
-        memset(dst, 0, (size_t)T->numel * 4); /* wte's padded rows */
-        if (T->ndim == 2 && is_conv1d(T->name)) {
-            uint64_t rows = T->shape[0], cols = T->shape[1]; /* ours (out, in); stored (in, out) */
+        memset(dst, 0, (size_t)mt->numel * 4); /* wte's padded rows */
+        if (mt->ndim == 2 && is_conv1d(mt->name)) {
+            uint64_t rows = mt->shape[0], cols = mt->shape[1]; /* ours (out, in); stored (in, out) */
             for (uint64_t i = 0; i < rows; i++)
                 for (uint64_t j = 0; j < cols; j++)
                     dst[i * cols + j] = tmp[j * rows + i];
         } else {
             memcpy(dst, tmp, (size_t)n * 4);
         }
-        if (fsdp_write_all(out_fd, dst, (size_t)T->numel * 4))
+        if (fsdp_write_all(out_fd, dst, (size_t)mt->numel * 4))
             rc = -1, fsdp_err(err, "import: cannot write a temporary file: %s",
                               strerror(errno));
     }

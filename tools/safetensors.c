@@ -36,17 +36,17 @@ int st_export(struct ckpt_reader *r, const char *path, int all, char *err)
     for (int k = 0; k < (all ? CKPT_NKINDS : 1); k++)
         for (int u = 0; u < m->nunits; u++)
             for (int t = 0; t < m->units[u].ntensors; t++) {
-                const struct ckpt_tensor *T = &m->units[u].tensors[t];
+                const struct ckpt_tensor *ct = &m->units[u].tensors[t];
                 json_t *shape = json_array();
-                for (int d = 0; d < T->ndim; d++)
-                    json_array_append_new(shape, json_integer((json_int_t)T->shape[d]));
+                for (int d = 0; d < ct->ndim; d++)
+                    json_array_append_new(shape, json_integer((json_int_t)ct->shape[d]));
                 char name[128];
-                snprintf(name, sizeof name, "%s%s", prefix[k], T->name);
+                snprintf(name, sizeof name, "%s%s", prefix[k], ct->name);
                 json_object_set_new(h, name,
                                     json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape",
                                               shape, "data_offsets", (json_int_t)off,
-                                              (json_int_t)(off + T->numel * 4)));
-                off += T->numel * 4;
+                                              (json_int_t)(off + ct->numel * 4)));
+                off += ct->numel * 4;
             }
     size_t hlen;
     char *head = st_header_bytes(h, &hlen);
@@ -64,10 +64,10 @@ int st_export(struct ckpt_reader *r, const char *path, int all, char *err)
     for (int k = 0; !rc && k < (all ? CKPT_NKINDS : 1); k++)
         for (int u = 0; !rc && u < m->nunits; u++)
             for (int t = 0; !rc && t < m->units[u].ntensors; t++) {
-                const struct ckpt_tensor *T = &m->units[u].tensors[t];
-                for (uint64_t x = 0; !rc && x < T->numel; x += PIECE) {
-                    uint64_t c = T->numel - x < PIECE ? T->numel - x : PIECE;
-                    rc = ckpt_read_unit(r, u, k, T->offset + x, c, buf, err) ||
+                const struct ckpt_tensor *ct = &m->units[u].tensors[t];
+                for (uint64_t x = 0; !rc && x < ct->numel; x += PIECE) {
+                    uint64_t c = ct->numel - x < PIECE ? ct->numel - x : PIECE;
+                    rc = ckpt_read_unit(r, u, k, ct->offset + x, c, buf, err) ||
                          outfile_write(&o, buf, (size_t)c * 4, err);
                 }
             }
@@ -88,15 +88,15 @@ int st_write_native_header(int fd, const struct model_layout *m, char *err)
     json_object_set_new(h, "__metadata__", json_pack("{s:s}", "format", "pt"));
     uint64_t off = 0;
     for (int t = 0; t < m->ntensors; t++) {
-        const struct model_tensor *T = &m->tensors[t];
-        json_t *shape = T->ndim == 2 ? json_pack("[I, I]", (json_int_t)T->shape[0],
-                                                 (json_int_t)T->shape[1])
-                                     : json_pack("[I]", (json_int_t)T->shape[0]);
-        json_object_set_new(h, T->name,
+        const struct model_tensor *mt = &m->tensors[t];
+        json_t *shape = mt->ndim == 2 ? json_pack("[I, I]", (json_int_t)mt->shape[0],
+                                                 (json_int_t)mt->shape[1])
+                                     : json_pack("[I]", (json_int_t)mt->shape[0]);
+        json_object_set_new(h, mt->name,
                             json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape", shape,
                                       "data_offsets", (json_int_t)off,
-                                      (json_int_t)(off + T->numel * 4)));
-        off += T->numel * 4;
+                                      (json_int_t)(off + mt->numel * 4)));
+        off += mt->numel * 4;
     }
     size_t len;
     char *b = st_header_bytes(h, &len);
