@@ -100,7 +100,8 @@ static void usage(FILE *f, const struct command *cmd)
     fprintf(f, "fsdp-ckpt COMMAND --help: what COMMAND does\n%s", usage_notes);
 }
 
-static int die(const char *msg)
+/* Prints a failure (the store, a check) and gives its exit status, 1. */
+static int report_failure(const char *msg)
 {
     fprintf(stderr, "fsdp-ckpt: %s\n", msg);
     return 1;
@@ -170,6 +171,27 @@ static int load(const char *arg, struct storage **st, struct ckpt_manifest *m, c
     return 0;
 }
 
+/* Opens URI[@STEP], loads its manifest and a reader of it, runs fn on the
+ * reader, then frees them all: fn's status, or -1 with err when the step
+ * cannot be opened. */
+static int with_reader(const char *arg, int (*fn)(struct ckpt_reader *r, void *ctx, char *err),
+                       void *ctx, char *err)
+{
+    struct storage *st;
+    struct ckpt_manifest m;
+    if (load(arg, &st, &m, err))
+        return -1;
+    struct ckpt_reader r;
+    int rc = ckpt_reader_init(&r, st, &m, err);
+    if (!rc) {
+        rc = fn(&r, ctx, err);
+        ckpt_reader_free(&r);
+    }
+    ckpt_manifest_free(&m);
+    storage_close(st);
+    return rc;
+}
+
 static double mib(uint64_t b) { return (double)b / 1048576.0; }
 
 static int cmd_ls(const char *uri)
@@ -177,12 +199,12 @@ static int cmd_ls(const char *uri)
     char err[FSDP_ERR_LEN];
     struct storage *st;
     if (open_store(uri, &st, err))
-        return die(err);
+        return report_failure(err);
     struct ckpt_step_info *steps;
     int n;
     if (ckpt_list_steps(st, &steps, &n, err)) {
         storage_close(st);
-        return die(err);
+        return report_failure(err);
     }
     printf("%-14s %-11s %5s %12s %12s %6s\n", "STEP", "STATE", "WORLD", "STORED_MIB", "RAW_MIB",
            "RATIO");
@@ -222,7 +244,7 @@ static int cmd_inspect(const char *arg, int as_json)
     struct storage *st;
     struct ckpt_manifest m;
     if (load(arg, &st, &m, err))
-        return die(err);
+        return report_failure(err);
     if (as_json) {
         char *doc = ckpt_manifest_dump(&m);
         printf("%s\n", doc ? doc : "{}");
@@ -286,41 +308,45 @@ static uint64_t stored_bytes(const struct ckpt_manifest *m)
     return n;
 }
 
-static int cmd_verify(const char *arg, int threads)
+struct verify_job {
+    int threads, bad;
+};
+
+static int verify_step(struct ckpt_reader *r, void *ctx, char *err)
 {
-    char err[FSDP_ERR_LEN], dir[32];
-    struct storage *st;
-    struct ckpt_manifest m;
-    if (load(arg, &st, &m, err))
-        return die(err);
-    struct ckpt_reader r;
-    if (ckpt_reader_init(&r, st, &m, err)) {
-        ckpt_manifest_free(&m);
-        storage_close(st);
-        return die(err);
-    }
-    r.threads = threads;
+    struct verify_job *job = ctx;
+    const struct ckpt_manifest *m = r->m;
+    char dir[32];
+    (void)err;
+    r->threads = job->threads;
     int chunks = 0;
     struct progress p;
-    progress_start(&p, "verify", &st->bytes_read, stored_bytes(&m));
+    progress_start(&p, "verify", &r->st->bytes_read, stored_bytes(m));
     struct verify_out v = {0, &p};
-    for (int s = 0; s < m.nshards; s++) {
-        ckpt_verify_shard(&r, s, report_bad, &v);
-        chunks += m.shards[s].nchunks;
+    for (int s = 0; s < m->nshards; s++) {
+        ckpt_verify_shard(r, s, report_bad, &v);
+        chunks += m->shards[s].nchunks;
     }
     progress_stop(&p);
     int bad = v.bad;
-    ckpt_step_dir(m.step, dir, sizeof dir);
+    ckpt_step_dir(m->step, dir, sizeof dir);
     if (bad)
-        fprintf(stderr, "fsdp-ckpt: %s/%s: %d problem%s in %d shards, %d chunks\n", st->uri, dir,
-                bad, bad > 1 ? "s" : "", m.nshards, chunks);
+        fprintf(stderr, "fsdp-ckpt: %s/%s: %d problem%s in %d shards, %d chunks\n", r->st->uri,
+                dir, bad, bad > 1 ? "s" : "", m->nshards, chunks);
     else
         printf("%s/%s: OK (%d shards, %d chunks, every chunk and shard digest verified)\n",
-               st->uri, dir, m.nshards, chunks);
-    ckpt_reader_free(&r);
-    ckpt_manifest_free(&m);
-    storage_close(st);
-    return bad ? 1 : 0;
+               r->st->uri, dir, m->nshards, chunks);
+    job->bad = bad;
+    return 0;
+}
+
+static int cmd_verify(const char *arg, int threads)
+{
+    char err[FSDP_ERR_LEN];
+    struct verify_job job = {threads, 0};
+    if (with_reader(arg, verify_step, &job, err))
+        return report_failure(err);
+    return job.bad ? 1 : 0;
 }
 
 static int print_digest(void *arg, const char *tensor, const char *kind, const char *hex)
@@ -330,22 +356,15 @@ static int print_digest(void *arg, const char *tensor, const char *kind, const c
     return 0;
 }
 
+static int print_digests(struct ckpt_reader *r, void *ctx, char *err)
+{
+    return ckpt_digest(r, print_digest, ctx, err);
+}
+
 static int cmd_digest(const char *arg)
 {
     char err[FSDP_ERR_LEN];
-    struct storage *st;
-    struct ckpt_manifest m;
-    if (load(arg, &st, &m, err))
-        return die(err);
-    struct ckpt_reader r;
-    int rc = ckpt_reader_init(&r, st, &m, err);
-    if (!rc) {
-        rc = ckpt_digest(&r, print_digest, NULL, err);
-        ckpt_reader_free(&r);
-    }
-    ckpt_manifest_free(&m);
-    storage_close(st);
-    return rc ? die(err) : 0;
+    return with_reader(arg, print_digests, NULL, err) ? report_failure(err) : 0;
 }
 
 static int cmd_reshard(const char *src_arg, const char *dst_uri, int world,
@@ -355,7 +374,7 @@ static int cmd_reshard(const char *src_arg, const char *dst_uri, int world,
     struct storage *st, *dst;
     struct ckpt_manifest m;
     if (load(src_arg, &st, &m, err))
-        return die(err);
+        return report_failure(err);
     int rc = open_store(dst_uri, &dst, err);
     if (!rc) {
         struct progress p;
@@ -369,7 +388,7 @@ static int cmd_reshard(const char *src_arg, const char *dst_uri, int world,
     }
     ckpt_manifest_free(&m);
     storage_close(st);
-    return rc ? die(err) : 0;
+    return rc ? report_failure(err) : 0;
 }
 
 enum layout { LAYOUT_NATIVE, LAYOUT_HF, LAYOUT_LLMC };
@@ -380,31 +399,34 @@ struct export_opts {
     uint64_t max_shard;
 };
 
+struct export_job {
+    const char *out;
+    const struct export_opts *x;
+};
+
+static int export_step(struct ckpt_reader *r, void *ctx, char *err)
+{
+    const struct export_job *job = ctx;
+    const struct export_opts *x = job->x;
+    /* the parameters are a third of the state (all three kinds with --all) */
+    struct progress p;
+    progress_start(&p, "export", &r->st->bytes_read, stored_bytes(r->m) / (x->all ? 1 : 3));
+    int rc;
+    if (x->layout == LAYOUT_HF)
+        rc = hf_export(r, job->out, x->dtype, x->max_shard, err);
+    else if (x->layout == LAYOUT_LLMC)
+        rc = llmc_export(r, job->out, x->dtype == HF_BF16, err);
+    else
+        rc = st_export(r, job->out, x->all, err);
+    progress_stop(&p);
+    return rc;
+}
+
 static int cmd_export(const char *src_arg, const char *out, const struct export_opts *x)
 {
     char err[FSDP_ERR_LEN];
-    struct storage *st;
-    struct ckpt_manifest m;
-    if (load(src_arg, &st, &m, err))
-        return die(err);
-    struct ckpt_reader r;
-    int rc = ckpt_reader_init(&r, st, &m, err);
-    if (!rc) {
-        /* the parameters are a third of the state (all three kinds with --all) */
-        struct progress p;
-        progress_start(&p, "export", &st->bytes_read, stored_bytes(&m) / (x->all ? 1 : 3));
-        if (x->layout == LAYOUT_HF)
-            rc = hf_export(&r, out, x->dtype, x->max_shard, err);
-        else if (x->layout == LAYOUT_LLMC)
-            rc = llmc_export(&r, out, x->dtype == HF_BF16, err);
-        else
-            rc = st_export(&r, out, x->all, err);
-        progress_stop(&p);
-        ckpt_reader_free(&r);
-    }
-    ckpt_manifest_free(&m);
-    storage_close(st);
-    return rc ? die(err) : 0;
+    struct export_job job = {out, x};
+    return with_reader(src_arg, export_step, &job, err) ? report_failure(err) : 0;
 }
 
 /* layout hf or llmc: the model is IN's (preset NULL), converted to a
@@ -419,9 +441,9 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, c
     struct model_config cfg;
     struct model_layout m;
     if (layout == LAYOUT_HF && hf_read_config(in, &cfg, err))
-        return die(err);
+        return report_failure(err);
     if (layout == LAYOUT_LLMC && llmc_read_config(in, &cfg, err))
-        return die(err);
+        return report_failure(err);
     int custom = dims[0] || dims[1] || dims[2] || dims[3] || dims[4];
     if (layout == LAYOUT_NATIVE && model_preset(preset ? preset : "tiny", &cfg)) {
         fprintf(stderr, "fsdp-ckpt: --model '%s' is not one of tiny, small, gpt2-124m "
@@ -435,7 +457,7 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, c
         cfg.vocab_pad = dims[4] ? model_vocab_pad(dims[4]) : cfg.vocab_pad;
     }
     if (model_layout_init(&m, &cfg, err))
-        return die(err);
+        return report_failure(err);
     const char *name = custom                  ? "custom"
                        : preset                ? preset
                        : layout == LAYOUT_HF   ? "config.json"
@@ -474,7 +496,7 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, c
     if (fd >= 0)
         close(fd);
     model_layout_free(&m);
-    return rc ? die(err) : 0;
+    return rc ? report_failure(err) : 0;
 }
 
 static int cmd_cp(const char *src_arg, const char *dst_uri, const struct ckpt_write_opts *o,
@@ -486,10 +508,10 @@ static int cmd_cp(const char *src_arg, const char *dst_uri, const struct ckpt_wr
     split_uri(src_arg, uri, sizeof uri, &step, &has_step);
     struct storage *st, *dst;
     if (open_store(uri, &st, err))
-        return die(err);
+        return report_failure(err);
     if (open_store(dst_uri, &dst, err)) {
         storage_close(st);
-        return die(err);
+        return report_failure(err);
     }
     struct ckpt_step_info *steps = NULL;
     int n = 0, rc = 0, copied = 0;
@@ -536,7 +558,7 @@ static int cmd_cp(const char *src_arg, const char *dst_uri, const struct ckpt_wr
     free(steps);
     storage_close(st);
     storage_close(dst);
-    return rc ? die(err) : 0;
+    return rc ? report_failure(err) : 0;
 }
 
 struct digests {
@@ -544,7 +566,7 @@ struct digests {
     char (*lines)[200];
 };
 
-static int keep_digest(void *arg, const char *tensor, const char *kind, const char *hex)
+static int append_digest_line(void *arg, const char *tensor, const char *kind, const char *hex)
 {
     struct digests *d = arg;
     if (d->n == d->cap) {
@@ -559,31 +581,19 @@ static int keep_digest(void *arg, const char *tensor, const char *kind, const ch
     return 0;
 }
 
-static int digests_of(const char *arg, struct digests *d, char *err)
+static int collect_digests(struct ckpt_reader *r, void *ctx, char *err)
 {
-    struct storage *st;
-    struct ckpt_manifest m;
-    if (load(arg, &st, &m, err))
-        return -1;
-    struct ckpt_reader r;
-    int rc = ckpt_reader_init(&r, st, &m, err);
-    if (!rc) {
-        rc = ckpt_digest(&r, keep_digest, d, err);
-        ckpt_reader_free(&r);
-    }
-    ckpt_manifest_free(&m);
-    storage_close(st);
-    return rc;
+    return ckpt_digest(r, append_digest_line, ctx, err);
 }
 
 static int cmd_diff(const char *a, const char *b)
 {
     char err[FSDP_ERR_LEN];
     struct digests da = {0}, db = {0};
-    if (digests_of(a, &da, err) || digests_of(b, &db, err)) {
+    if (with_reader(a, collect_digests, &da, err) || with_reader(b, collect_digests, &db, err)) {
         free(da.lines);
         free(db.lines);
-        return die(err);
+        return report_failure(err);
     }
     int differ = 0;
     for (int i = 0; i < da.n || i < db.n; i++) {
@@ -604,7 +614,7 @@ static int cmd_prune(const char *uri, long long keep)
     char err[FSDP_ERR_LEN];
     struct storage *st;
     if (open_store(uri, &st, err))
-        return die(err);
+        return report_failure(err);
     /* not fenced (generation 0): a tool does not take the store from a
      * running job; garbage is judged against the store's generation */
     struct ckpt_clean_policy p = {.generation = 0, .keep = keep, .upto = UINT64_MAX};
@@ -620,7 +630,7 @@ static int cmd_prune(const char *uri, long long keep)
                    rep.incomplete_left == 1 ? "" : "s");
     }
     storage_close(st);
-    return rc ? die(err) : 0;
+    return rc ? report_failure(err) : 0;
 }
 
 static int bad_usage(const char *what)
