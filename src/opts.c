@@ -11,7 +11,7 @@
 
 #include <string.h>
 
-static const struct opt *opt_named(const struct opt *t, size_t n, const char *flag)
+const struct opt *opts_find(const struct opt *t, size_t n, const char *flag)
 {
     for (size_t i = 0; i < n; i++)
         if (t[i].flag && strcmp(t[i].flag, flag) == 0)
@@ -107,7 +107,7 @@ int opts_parse(const struct opt *t, size_t n, void *dst, int argc, char **argv, 
     int i = *next;
     for (; i < argc; i++) {
         const char *a = argv[i];
-        const struct opt *o = opt_named(t, n, a);
+        const struct opt *o = opts_find(t, n, a);
         if (!o && (strncmp(a, "--", 2) != 0 || !a[2]))
             break; /* an operand, or "--": the caller's */
         if (!o)

@@ -63,6 +63,9 @@ enum { OPTS_OK = 0, OPTS_HELP = 1 };
 int opts_parse(const struct opt *t, size_t n, void *dst, int argc, char **argv, int *next,
                char *err);
 
+/* The row of flag (matched whole), or NULL. */
+const struct opt *opts_find(const struct opt *t, size_t n, const char *flag);
+
 /* The table as usage lines: "  FLAG ARG" padded to `width` columns, then
  * the help, its later lines under its first; sections as headings. */
 void opts_usage(FILE *f, const struct opt *t, size_t n, int width);

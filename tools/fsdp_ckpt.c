@@ -13,6 +13,7 @@
 #include "hf.h"
 #include "llmc.h"
 #include "model.h"
+#include "opts.h"
 #include "progress.h"
 #include "safetensors.h"
 #include "storage.h"
@@ -20,6 +21,8 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -391,8 +394,7 @@ static int cmd_reshard(const char *src_arg, const char *dst_uri, int world,
     return rc ? report_failure(err) : 0;
 }
 
-enum layout { LAYOUT_NATIVE, LAYOUT_HF, LAYOUT_LLMC };
-static const char *const layouts[] = {"native", "hf", "llmc"};
+enum layout { LAYOUT_NATIVE, LAYOUT_HF, LAYOUT_LLMC }; /* --layout native|hf|llmc */
 
 struct export_opts {
     int all, layout, dtype;
@@ -430,9 +432,8 @@ static int cmd_export(const char *src_arg, const char *out, const struct export_
 }
 
 /* layout hf or llmc: the model is IN's (preset NULL), converted to a
- * temporary file in this trainer's layout, then imported as always */
-/* --layers --dim --heads --seq --vocab, as fsdp-train takes them (0: not given) */
-static const char *const dim_flags[5] = {"--layers", "--dim", "--heads", "--seq", "--vocab"};
+ * temporary file in this trainer's layout, then imported as always; dims:
+ * --layers --dim --heads --seq --vocab, as fsdp-train takes them (0: not given) */
 
 static int cmd_import(const char *in, const char *dst_uri, const char *preset, const int *dims,
                       int layout, int world, const struct ckpt_write_opts *o)
@@ -659,116 +660,165 @@ static int parse_size(const char *s, uint64_t *out)
     return -1;
 }
 
-/* reshard / export / import / cp: positional arguments and flags */
-static int cmd_convert(int argc, char **argv)
+/* reshard / export / import / cp: what their flags and paths give */
+struct rewrite {
+    struct ckpt_write_opts o;
+    int given; /* --compress or --hash */
+};
+
+struct convert_args {
+    const char *pos[2], *model;
+    int npos, dims[5];          /* --layers --dim --heads --seq --vocab; 0: not given */
+    long long world, chunk_kib; /* 0: not given */
+    struct export_opts x;       /* x.dtype -1, x.max_shard 0: not given */
+    struct rewrite w;
+};
+
+static int parse_dtype(void *field, const char *v, char *err)
 {
-    const char *cmd = argv[1], *pos[2] = {NULL, NULL}, *model = NULL;
-    long long world = 0, chunk_kib = 4096;
-    int npos = 0, all = 0, rewrite_opts = 0, dtype_given = 0, shard_given = 0, dims[5] = {0};
-    struct export_opts x = {0, LAYOUT_NATIVE, HF_F32, 5000000000ull};
-    struct ckpt_write_opts o = CKPT_WRITE_DEFAULTS;
+    (void)err;
+    return hf_parse_dtype(v, field);
+}
+
+static int parse_shard_size(void *field, const char *v, char *err)
+{
+    (void)err;
+    return parse_size(v, field);
+}
+
+static int parse_compress(void *field, const char *v, char *err)
+{
+    struct rewrite *w = field;
+    w->given = 1;
+    return ckpt_parse_compress(v, &w->o, err);
+}
+
+static int parse_hash(void *field, const char *v, char *err)
+{
+    struct rewrite *w = field;
+    (void)err;
+    w->given = 1;
+    return ckpt_parse_hash(v, &w->o.hash);
+}
+
+#define CV(field) offsetof(struct convert_args, field)
+#define LAYOUT_FLAG                                                                                \
+    {"--layout", OPT_WORD, CV(x.layout), .words = {"native", "hf", "llmc"}}
+#define WORLD_FLAG {"--world-size", OPT_LLONG, CV(world), .min = 1, .max = 65536}
+#define REWRITE_FLAGS                                                                              \
+    {"--compress", OPT_PARSE, CV(w), .parse = parse_compress},                                     \
+        {"--hash", OPT_PARSE, CV(w), .parse = parse_hash, .expect = "sha256 or xxh3"},             \
+        {"--chunk-kib", OPT_LLONG, CV(chunk_kib), .min = 1, .max = 256 * 1024}
+#define DIM_FLAG(name, i) {name, OPT_INT, CV(dims[i]), .min = 1, .max = 65536}
+
+/* Each verb's flags (what they mean: `commands` above) */
+static const struct opt export_flags[] = {
+    LAYOUT_FLAG,
+    {"--all", OPT_SWITCH, CV(x.all), .arg = NULL},
+    {"--dtype", OPT_PARSE, CV(x.dtype), .parse = parse_dtype, .expect = "f32, bf16 or f16"},
+    {"--max-shard-size", OPT_PARSE, CV(x.max_shard), .parse = parse_shard_size,
+     .expect = "a size such as 5GB, 500MiB or a byte count"},
+};
+static const struct opt import_flags[] = {
+    LAYOUT_FLAG,
+    WORLD_FLAG,
+    REWRITE_FLAGS,
+    {"--model", OPT_STR, CV(model), .arg = "PRESET"},
+    DIM_FLAG("--layers", 0),
+    DIM_FLAG("--dim", 1),
+    DIM_FLAG("--heads", 2),
+    DIM_FLAG("--seq", 3),
+    DIM_FLAG("--vocab", 4),
+};
+static const struct opt reshard_flags[] = {LAYOUT_FLAG, WORLD_FLAG, REWRITE_FLAGS};
+static const struct opt cp_flags[] = {LAYOUT_FLAG, REWRITE_FLAGS};
+
+static const struct verb_flags {
+    const char *verb;
+    const struct opt *t;
+    size_t n;
+} verb_flags[] = {
+    {"export", export_flags, OPTS_LEN(export_flags)},
+    {"import", import_flags, OPTS_LEN(import_flags)},
+    {"reshard", reshard_flags, OPTS_LEN(reshard_flags)},
+    {"cp", cp_flags, OPTS_LEN(cp_flags)},
+};
+
+/* The flags of cmd's table and its two paths, in any order; 0, or the exit
+ * status of bad usage. */
+static int parse_convert(const struct verb_flags *v, int argc, char **argv, struct convert_args *a)
+{
     char err[FSDP_ERR_LEN], msg[FSDP_ERR_LEN + 64];
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        int has_value = i + 1 < argc;
-        if (strcmp(a, "--all") == 0 && strcmp(cmd, "export") == 0) {
-            all = 1;
-        } else if (strcmp(a, "--layout") == 0) {
-            x.layout = -1;
-            for (int l = 0; has_value && l < 3; l++)
-                x.layout = strcmp(argv[i + 1], layouts[l]) == 0 ? l : x.layout;
-            if (x.layout < 0)
-                return bad_usage("--layout needs native, hf or llmc");
-            if (x.layout != LAYOUT_NATIVE && strcmp(cmd, "export") != 0 &&
-                strcmp(cmd, "import") != 0)
-                return bad_usage("--layout hf and llmc go with export and import");
-            i++;
-        } else if (strcmp(a, "--dtype") == 0 && strcmp(cmd, "export") == 0) {
-            if (!has_value || hf_parse_dtype(argv[++i], &x.dtype))
-                return bad_usage("--dtype needs f32, bf16 or f16");
-            dtype_given = 1;
-        } else if (strcmp(a, "--max-shard-size") == 0 && strcmp(cmd, "export") == 0) {
-            if (!has_value || parse_size(argv[++i], &x.max_shard))
-                return bad_usage("--max-shard-size needs a size such as 5GB, 500MiB or a byte "
-                                 "count");
-            shard_given = 1;
-        } else if (strcmp(a, "--world-size") == 0 && strcmp(cmd, "export") != 0 &&
-                   strcmp(cmd, "cp") != 0) {
-            char *end = NULL;
-            world = has_value ? strtoll(argv[++i], &end, 10) : 0;
-            if (!has_value || *end || world < 1 || world > 65536)
-                return bad_usage("--world-size needs an integer in 1..65536");
-        } else if (strcmp(a, "--compress") == 0 && strcmp(cmd, "export") != 0) {
-            rewrite_opts = 1;
-            if (!has_value)
-                return bad_usage("--compress needs a value");
-            if (ckpt_parse_compress(argv[++i], &o, err))
-                return bad_usage(err);
-        } else if (strcmp(a, "--hash") == 0 && strcmp(cmd, "export") != 0) {
-            rewrite_opts = 1;
-            if (!has_value || ckpt_parse_hash(argv[++i], &o.hash))
-                return bad_usage("--hash needs sha256 or xxh3");
-        } else if (strcmp(a, "--chunk-kib") == 0 && strcmp(cmd, "export") != 0) {
-            rewrite_opts = 1;
-            char *end = NULL;
-            chunk_kib = has_value ? strtoll(argv[++i], &end, 10) : 0;
-            if (!has_value || *end || chunk_kib < 1 || chunk_kib > 256 * 1024)
-                return bad_usage("--chunk-kib needs an integer in 1..262144");
-        } else if (strncmp(a, "--", 2) == 0 && strcmp(cmd, "import") == 0 &&
-                   (strcmp(a, dim_flags[0]) == 0 || strcmp(a, dim_flags[1]) == 0 ||
-                    strcmp(a, dim_flags[2]) == 0 || strcmp(a, dim_flags[3]) == 0 ||
-                    strcmp(a, dim_flags[4]) == 0)) {
-            int d = 0;
-            while (strcmp(a, dim_flags[d]) != 0)
-                d++;
-            long long v;
-            if (!has_value || fsdp_parse_i64(argv[++i], 1, 65536, &v)) {
-                snprintf(msg, sizeof msg, "%s needs an integer in 1..65536", a);
-                return bad_usage(msg);
-            }
-            dims[d] = (int)v;
-        } else if (strcmp(a, "--model") == 0 && strcmp(cmd, "import") == 0) {
-            if (!has_value)
-                return bad_usage("--model needs a value");
-            model = argv[++i];
-        } else if (strncmp(a, "--", 2) == 0 || npos == 2) {
-            snprintf(msg, sizeof msg, "%s: unexpected argument '%s'", cmd, a);
+    for (int i = 2; i < argc;) {
+        if (opts_parse(v->t, v->n, a, argc, argv, &i, err)) {
+            snprintf(msg, sizeof msg, "%s: %s", v->verb, err);
             return bad_usage(msg);
-        } else {
-            pos[npos++] = a;
         }
+        if (i == argc)
+            break;
+        if (a->npos == 2 || strncmp(argv[i], "--", 2) == 0) {
+            snprintf(msg, sizeof msg, "%s: unexpected argument '%s'", v->verb, argv[i]);
+            return bad_usage(msg);
+        }
+        a->pos[a->npos++] = argv[i++];
     }
-    o.chunk_bytes = (size_t)chunk_kib * 1024;
-    if (npos != 2) {
-        snprintf(msg, sizeof msg, "%s needs two paths", cmd);
+    if (a->npos != 2) {
+        snprintf(msg, sizeof msg, "%s needs two paths", v->verb);
         return bad_usage(msg);
     }
-    if (strcmp(cmd, "export") == 0) {
-        if ((dtype_given && x.layout == LAYOUT_NATIVE) ||
-            (shard_given && x.layout != LAYOUT_HF))
-            return bad_usage("--dtype goes with --layout hf or llmc, --max-shard-size with "
-                             "--layout hf");
-        if (x.layout == LAYOUT_LLMC && x.dtype == HF_F16)
-            return bad_usage("--dtype: llm.c's files hold f32 (version 3) or bf16 (version 5)");
-        if (all && x.layout != LAYOUT_NATIVE)
-            return bad_usage("--all: the hf and llmc layouts hold the model's parameters only");
-        x.all = all;
-        return cmd_export(pos[0], pos[1], &x);
-    }
-    if (strcmp(cmd, "cp") == 0)
-        return cmd_cp(pos[0], pos[1], &o, rewrite_opts);
-    if (!world)
-        return bad_usage("--world-size M is required");
-    if (strcmp(cmd, "reshard") == 0)
-        return cmd_reshard(pos[0], pos[1], (int)world, &o);
+    return 0;
+}
+
+static int convert_export(struct convert_args *a)
+{
+    struct export_opts *x = &a->x;
+    if ((x->dtype >= 0 && x->layout == LAYOUT_NATIVE) ||
+        (x->max_shard && x->layout != LAYOUT_HF))
+        return bad_usage("--dtype goes with --layout hf or llmc, --max-shard-size with "
+                         "--layout hf");
+    x->dtype = x->dtype >= 0 ? x->dtype : HF_F32;
+    x->max_shard = x->max_shard ? x->max_shard : 5000000000ull;
+    if (x->layout == LAYOUT_LLMC && x->dtype == HF_F16)
+        return bad_usage("--dtype: llm.c's files hold f32 (version 3) or bf16 (version 5)");
+    if (x->all && x->layout != LAYOUT_NATIVE)
+        return bad_usage("--all: the hf and llmc layouts hold the model's parameters only");
+    return cmd_export(a->pos[0], a->pos[1], x);
+}
+
+static int convert_import(const struct convert_args *a)
+{
+    const int *dims = a->dims;
     int custom = dims[0] || dims[1] || dims[2] || dims[3] || dims[4];
-    if (!model && !custom && x.layout == LAYOUT_NATIVE)
+    if (!a->model && !custom && a->x.layout == LAYOUT_NATIVE)
         return bad_usage("--model PRESET (and/or --layers, --dim, --heads, --seq, --vocab) is "
                          "required, or --layout hf or llmc: the model IN describes");
-    if ((model || custom) && x.layout != LAYOUT_NATIVE)
+    if ((a->model || custom) && a->x.layout != LAYOUT_NATIVE)
         return bad_usage("--model and the model's sizes: with --layout hf or llmc the model is "
                          "the one IN describes");
-    return cmd_import(pos[0], pos[1], model, dims, x.layout, (int)world, &o);
+    return cmd_import(a->pos[0], a->pos[1], a->model, dims, a->x.layout, (int)a->world, &a->w.o);
+}
+
+/* reshard / export / import / cp: positional arguments and flags */
+static int cmd_convert(const struct verb_flags *v, int argc, char **argv)
+{
+    const char *cmd = v->verb;
+    struct convert_args a = {.x = {0, LAYOUT_NATIVE, -1, 0}};
+    a.w.o = CKPT_WRITE_DEFAULTS;
+    int rc = parse_convert(v, argc, argv, &a);
+    if (rc)
+        return rc;
+    if (a.x.layout != LAYOUT_NATIVE && strcmp(cmd, "export") != 0 && strcmp(cmd, "import") != 0)
+        return bad_usage("--layout hf and llmc go with export and import");
+    a.w.o.chunk_bytes = (size_t)(a.chunk_kib ? a.chunk_kib : 4096) * 1024;
+    if (strcmp(cmd, "export") == 0)
+        return convert_export(&a);
+    if (strcmp(cmd, "cp") == 0)
+        return cmd_cp(a.pos[0], a.pos[1], &a.w.o, a.w.given || a.chunk_kib);
+    if (!a.world)
+        return bad_usage("--world-size M is required");
+    if (strcmp(cmd, "reshard") == 0)
+        return cmd_reshard(a.pos[0], a.pos[1], (int)a.world, &a.w.o);
+    return convert_import(&a);
 }
 
 static int is_help(const char *a) { return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0; }
@@ -777,6 +827,23 @@ static int ends_with(const char *s, const char *tail)
 {
     size_t n = strlen(s), k = strlen(tail);
     return n >= k && strcmp(s + n - k, tail) == 0;
+}
+
+/* A flag of some verb's that is followed by its value. */
+static int takes_value(const char *flag)
+{
+    const struct opt *o = opts_find(import_flags, OPTS_LEN(import_flags), flag);
+    if (!o)
+        o = opts_find(export_flags, OPTS_LEN(export_flags), flag);
+    return o && o->kind != OPT_SWITCH;
+}
+
+static const struct verb_flags *verb_named(const char *verb)
+{
+    for (size_t i = 0; i < OPTS_LEN(verb_flags); i++)
+        if (strcmp(verb_flags[i].verb, verb) == 0)
+            return &verb_flags[i];
+    return NULL;
 }
 
 /* convert SRC DST ...: the verb its two paths (and --world-size) call for. */
@@ -789,13 +856,7 @@ static const char *convert_verb(int argc, char **argv)
             world = 1;
         if (strcmp(argv[i], "--layout") == 0 && i + 1 < argc && strcmp(argv[i + 1], "native") != 0)
             layout = 1;
-        if (strcmp(argv[i], "--world-size") == 0 || strcmp(argv[i], "--compress") == 0 ||
-            strcmp(argv[i], "--hash") == 0 || strcmp(argv[i], "--chunk-kib") == 0 ||
-            strcmp(argv[i], "--model") == 0 || strcmp(argv[i], "--layout") == 0 ||
-            strcmp(argv[i], "--dtype") == 0 || strcmp(argv[i], "--max-shard-size") == 0 ||
-            strcmp(argv[i], "--layers") == 0 || strcmp(argv[i], "--dim") == 0 ||
-            strcmp(argv[i], "--heads") == 0 || strcmp(argv[i], "--seq") == 0 ||
-            strcmp(argv[i], "--vocab") == 0)
+        if (takes_value(argv[i]))
             i++; /* its value */
         else if (strncmp(argv[i], "--", 2) != 0 && npos < 2)
             pos[npos++] = argv[i];
@@ -838,27 +899,19 @@ int main(int argc, char **argv)
         strcmp(cmd, "verify") == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         long long threads = n < 1 ? 1 : n > 16 ? 16 : n;
-        if (argc == 5) {
-            char *end;
-            errno = 0;
-            threads = strtoll(argv[4], &end, 10);
-            if (!*argv[4] || *end || errno || threads < 1 || threads > 256)
-                return bad_usage("verify --threads needs an integer from 1 to 256");
-        }
+        if (argc == 5 && fsdp_parse_i64(argv[4], 1, 256, &threads))
+            return bad_usage("verify --threads needs an integer from 1 to 256");
         return cmd_verify(argv[2], (int)threads);
     }
     if (argc == 3 && strcmp(cmd, "digest") == 0)
         return cmd_digest(argv[2]);
-    if (strcmp(cmd, "reshard") == 0 || strcmp(cmd, "export") == 0 ||
-        strcmp(cmd, "import") == 0 || strcmp(cmd, "cp") == 0)
-        return cmd_convert(argc, argv);
+    if (verb_named(cmd))
+        return cmd_convert(verb_named(cmd), argc, argv);
     if (argc == 4 && strcmp(cmd, "diff") == 0)
         return cmd_diff(argv[2], argv[3]);
     if (argc == 5 && strcmp(cmd, "prune") == 0 && strcmp(argv[3], "--keep") == 0) {
-        char *end;
-        errno = 0;
-        long long k = strtoll(argv[4], &end, 10);
-        if (!*argv[4] || *end || errno || k < 1)
+        long long k;
+        if (fsdp_parse_i64(argv[4], 1, LLONG_MAX, &k))
             return bad_usage("prune --keep needs an integer >= 1 (--keep 0 would delete every "
                              "committed step)");
         return cmd_prune(argv[2], k);
