@@ -1,6 +1,10 @@
 /*
  * train_opts.c - parsing and checking fsdp-train's flags.
  *
+ * Every flag is a row of train_flags below (opts.h: its kind, bounds and
+ * field); --help prints that table. What the table cannot say is checked
+ * after it: the model, and flags that only make sense together.
+ *
  * Model shape: --model picks a preset; --layers/--dim/--heads/--seq/--vocab
  * override single fields, in any order relative to --model.
  */

@@ -2,7 +2,8 @@
  * fsdp_ckpt.c - fsdp-ckpt: look at and check checkpoints without MPI.
  *
  * The commands, their arguments and what each does: the table `commands`
- * below, which `fsdp-ckpt --help` and `fsdp-ckpt COMMAND --help` print.
+ * below, which `fsdp-ckpt --help` and `fsdp-ckpt COMMAND --help` print;
+ * the flags of reshard, export, import and cp: option tables (opts.h).
  *
  * URI is a path, file://PATH or s3://BUCKET/PREFIX; without @STEP the
  * newest committed step (cp: every committed step).
