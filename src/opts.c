@@ -48,8 +48,7 @@ static int set_int(const struct opt *o, void *field, const char *v, char *err)
 {
     long long x;
     if (fsdp_parse_i64(v, o->min, o->max, &x))
-        return fsdp_err(err, "%s '%s' is not an integer in %lld..%lld", o->flag, v, o->min,
-                        o->max);
+        return fsdp_err(err, "%s '%s' is not an integer in %lld..%lld", o->flag, v, o->min, o->max);
     if (o->kind == OPT_LLONG) {
         memcpy(field, &x, sizeof x);
     } else {
@@ -62,11 +61,12 @@ static int set_int(const struct opt *o, void *field, const char *v, char *err)
 static int set_num(const struct opt *o, void *field, const char *v, char *err)
 {
     double x;
-    int in = !fsdp_parse_f64(v, &x) &&
-             (o->open ? x > o->lo && x < o->hi : x >= o->lo && x <= o->hi);
+    int in =
+        !fsdp_parse_f64(v, &x) && (o->open ? x > o->lo && x < o->hi : x >= o->lo && x <= o->hi);
     if (!in)
-        return fsdp_err(err, o->open ? "%s '%s' is not a number in (%g, %g)"
-                                     : "%s '%s' is not a number in %g..%g",
+        return fsdp_err(err,
+                        o->open ? "%s '%s' is not a number in (%g, %g)"
+                                : "%s '%s' is not a number in %g..%g",
                         o->flag, v, o->lo, o->hi);
     memcpy(field, &x, sizeof x);
     return 0;

@@ -36,11 +36,11 @@ enum opt_kind {
 struct opt {
     const char *flag; /* "--steps" */
     enum opt_kind kind;
-    size_t off;            /* offsetof the field in the options struct */
-    long long min, max;    /* OPT_INT, OPT_LLONG */
-    double lo, hi;         /* OPT_NUM */
-    int open;              /* OPT_NUM: lo and hi themselves are refused */
-    const char *words[4];  /* OPT_WORD: the names of 0, 1, ... (unused: NULL) */
+    size_t off;           /* offsetof the field in the options struct */
+    long long min, max;   /* OPT_INT, OPT_LLONG */
+    double lo, hi;        /* OPT_NUM */
+    int open;             /* OPT_NUM: lo and hi themselves are refused */
+    const char *words[4]; /* OPT_WORD: the names of 0, 1, ... (unused: NULL) */
     /* OPT_PARSE: 0, or non-zero with a message in err, or with err left
      * empty for "FLAG 'ARG' is not EXPECT" */
     int (*parse)(void *field, const char *arg, char *err);

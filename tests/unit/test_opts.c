@@ -77,8 +77,8 @@ static void every_kind_lands_in_its_field(void)
     CHECK(strcmp(s.name, "x") == 0 && s.count == -5 && s.big == INT64_MAX, "%d %lld", s.count,
           s.big);
     CHECK(s.rate == 1 && s.frac == 0.25 && s.secs == 5400, "%g %g %g", s.rate, s.frac, s.secs);
-    CHECK(s.mode == 1 && s.parsed == 42 && s.on == 1 && next == 18, "%d %d %d %d", s.mode,
-          s.parsed, s.on, next);
+    CHECK(s.mode == 1 && s.parsed == 42 && s.on == 1 && next == 18, "%d %d %d %d", s.mode, s.parsed,
+          s.on, next);
 }
 
 static void a_flag_not_given_keeps_its_default_and_the_last_one_given_wins(void)
