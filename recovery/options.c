@@ -10,6 +10,9 @@
  */
 #include "super.h"
 
+#include "opts.h"
+#include "util.h"
+
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -21,51 +24,72 @@
 
 /* ---- options --------------------------------------------------------------- */
 
+/* What the flags give: super_opts, with its three counts as numbers (they
+ * have always been read as numbers and truncated) */
+struct super_given {
+    struct super_opts o;
+    double np, min_np, max_restarts;
+};
+
+#define AT(field) offsetof(struct super_given, field)
+
+/* Every option; the usage text is this table in this order. */
+static const struct opt super_flags[] = {
+    {"--np", OPT_NUM, AT(np), .lo = 1, .hi = SUPER_MAX_RANKS, .arg = "N",
+     .help = "ranks to run (default: the host file's capacity)"},
+    {"--min-np", OPT_NUM, AT(min_np), .lo = 1, .hi = SUPER_MAX_RANKS, .arg = "M",
+     .help = "fewest ranks worth running (default 1)"},
+    {"--hosts", OPT_STR, AT(o.hosts), .arg = "FILE",
+     .help = "'host slots' lines, re-read before every launch"},
+    {"--capacity-timeout", OPT_NUM, AT(o.capacity_timeout), .lo = 0, .hi = 1e7, .arg = "S",
+     .help = "give up when the host file offers fewer than --min-np\n"
+             "slots for this long (default 300)"},
+    {"--max-restarts", OPT_NUM, AT(max_restarts), .lo = 0, .hi = 1e6, .arg = "K",
+     .help = "give up after K restarts in a row (default 10)"},
+    {"--heartbeat-timeout", OPT_NUM, AT(o.hb_timeout), .lo = 0.5, .hi = 86400, .arg = "S",
+     .help = "a rank silent or without progress this long is hung (30)"},
+    {"--listen", OPT_STR, AT(o.listen), .arg = "HOST[:PORT]",
+     .help = "where the ranks' heartbeats arrive (default: every\n"
+             "interface, any port; the ranks are given the address\n"
+             "that routes to the first remote host, or 127.0.0.1)"},
+    {"--rank-silence", OPT_NUM, AT(o.rank_silence), .lo = 2, .hi = 1e6, .arg = "S",
+     .help = "a rank that hears nothing from fsdp-super this long\n"
+             "stops itself (default 3 x --heartbeat-timeout, >= 5)"},
+    {"--startup-timeout", OPT_NUM, AT(o.startup_timeout), .lo = 1, .hi = 86400, .arg = "S",
+     .help = "time to the first heartbeat (default 120)"},
+    {"--probe-timeout", OPT_NUM, AT(o.probe_timeout), .lo = 0, .hi = 600, .arg = "S",
+     .help = "before each launch every remote host must answer\n"
+             "'AGENT HOST true' within S (default 5; 0: no probe);\n"
+             "AGENT is Open MPI's plm_rsh_agent, else ssh"},
+    {"--grace", OPT_NUM, AT(o.grace), .lo = 0, .hi = 600, .arg = "S",
+     .help = "SIGTERM to SIGKILL (default 5)"},
+    {"--restart-backoff", OPT_NUM, AT(o.backoff), .lo = 0, .hi = 600, .arg = "S",
+     .help = "first wait before a relaunch, doubling (default 1)"},
+    {"--healthy-after", OPT_NUM, AT(o.healthy_after), .lo = 0, .hi = 1e6, .arg = "S",
+     .help = "progress this long resets the restart count (60)"},
+    {"--preempt-url", OPT_STR, AT(o.preempt_url), .arg = "URL",
+     .help = "poll an AWS spot/instance-action style notice; with\n"
+             "{host} in it, one per host of the launch (a host\n"
+             "with a notice is left out while it stands)"},
+    {"--preempt-poll", OPT_NUM, AT(o.preempt_poll), .lo = 0.1, .hi = 600, .arg = "S",
+     .help = "how often (default 2)"},
+    {"--preempt-deadline", OPT_NUM, AT(o.preempt_deadline), .lo = 1, .hi = 3600,
+     .help = NULL}, /* not listed */
+    {"--events", OPT_STR, AT(o.events), .arg = "FILE", .help = "JSON lines of every event"},
+    {"--chaos", OPT_STR, AT(o.chaos), .arg = "SPEC",
+     .help = "inject faults on training steps (see recovery/chaos.c;\n"
+             "needs the trainer's --steps)"},
+    {"--mpirun", OPT_STR, AT(o.mpirun), .arg = "PATH", .help = "(default mpirun)"},
+    {"--metrics", OPT_STR, AT(o.metrics), .arg = "ADDR:PORT",
+     .help = "serve Prometheus metrics at http://ADDR:PORT/metrics\n"
+             "(a numeric address: 127.0.0.1:9464, [::1]:9464)"},
+    {"--help", OPT_HELP, .help = NULL},
+};
+
 static void usage(void)
 {
-    printf("usage: fsdp-super [options] -- fsdp-train ARGS...\n"
-           "  --np N                  ranks to run (default: the host file's capacity)\n"
-           "  --min-np M              fewest ranks worth running (default 1)\n"
-           "  --hosts FILE            'host slots' lines, re-read before every launch\n"
-           "  --capacity-timeout S    give up when the host file offers fewer than --min-np\n"
-           "                          slots for this long (default 300)\n"
-           "  --max-restarts K        give up after K restarts in a row (default 10)\n"
-           "  --heartbeat-timeout S   a rank silent or without progress this long is hung (30)\n"
-           "  --listen HOST[:PORT]    where the ranks' heartbeats arrive (default: every\n"
-           "                          interface, any port; the ranks are given the address\n"
-           "                          that routes to the first remote host, or 127.0.0.1)\n"
-           "  --rank-silence S        a rank that hears nothing from fsdp-super this long\n"
-           "                          stops itself (default 3 x --heartbeat-timeout, >= 5)\n"
-           "  --startup-timeout S     time to the first heartbeat (default 120)\n"
-           "  --probe-timeout S       before each launch every remote host must answer\n"
-           "                          'AGENT HOST true' within S (default 5; 0: no probe);\n"
-           "                          AGENT is Open MPI's plm_rsh_agent, else ssh\n"
-           "  --grace S               SIGTERM to SIGKILL (default 5)\n"
-           "  --restart-backoff S     first wait before a relaunch, doubling (default 1)\n"
-           "  --healthy-after S       progress this long resets the restart count (60)\n"
-           "  --preempt-url URL       poll an AWS spot/instance-action style notice; with\n"
-           "                          {host} in it, one per host of the launch (a host\n"
-           "                          with a notice is left out while it stands)\n"
-           "  --preempt-poll S        how often (default 2)\n"
-           "  --events FILE           JSON lines of every event\n"
-           "  --chaos SPEC            inject faults on training steps (see recovery/chaos.c;\n"
-           "                          needs the trainer's --steps)\n"
-           "  --mpirun PATH           (default mpirun)\n"
-           "  --metrics ADDR:PORT     serve Prometheus metrics at http://ADDR:PORT/metrics\n"
-           "                          (a numeric address: 127.0.0.1:9464, [::1]:9464)\n");
-}
-
-static int num(const char *flag, const char *v, double lo, double hi, double *out)
-{
-    char *end;
-    double x = v ? strtod(v, &end) : 0;
-    if (!v || !*v || *end || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "fsdp-super: %s '%s' is not a number in %g..%g (see fsdp-super --help)\n",
-                flag, v ? v : "", lo, hi);
-        return -1;
-    }
-    *out = x;
-    return 0;
+    printf("usage: fsdp-super [options] -- fsdp-train ARGS...\n");
+    opts_usage(stdout, super_flags, OPTS_LEN(super_flags), 23);
 }
 
 /* The trainer's --ckpt and --steps (the last of each, as its parser does). */
@@ -84,97 +108,51 @@ static int trainer_args(struct super_opts *o)
     return 0;
 }
 
-enum { O_INT, O_NUM, O_STR };
-
-/* Every option: its flag, kind, bounds and field. */
-static const struct opt {
-    const char *flag;
-    int kind;
-    double lo, hi;
-    size_t off;
-} opts[] = {
-    {"--np", O_INT, 1, SUPER_MAX_RANKS, offsetof(struct super_opts, np)},
-    {"--min-np", O_INT, 1, SUPER_MAX_RANKS, offsetof(struct super_opts, min_np)},
-    {"--max-restarts", O_INT, 0, 1e6, offsetof(struct super_opts, max_restarts)},
-    {"--heartbeat-timeout", O_NUM, 0.5, 86400, offsetof(struct super_opts, hb_timeout)},
-    {"--startup-timeout", O_NUM, 1, 86400, offsetof(struct super_opts, startup_timeout)},
-    {"--grace", O_NUM, 0, 600, offsetof(struct super_opts, grace)},
-    {"--restart-backoff", O_NUM, 0, 600, offsetof(struct super_opts, backoff)},
-    {"--healthy-after", O_NUM, 0, 1e6, offsetof(struct super_opts, healthy_after)},
-    {"--preempt-poll", O_NUM, 0.1, 600, offsetof(struct super_opts, preempt_poll)},
-    {"--preempt-deadline", O_NUM, 1, 3600, offsetof(struct super_opts, preempt_deadline)},
-    {"--capacity-timeout", O_NUM, 0, 1e7, offsetof(struct super_opts, capacity_timeout)},
-    {"--probe-timeout", O_NUM, 0, 600, offsetof(struct super_opts, probe_timeout)},
-    {"--rank-silence", O_NUM, 2, 1e6, offsetof(struct super_opts, rank_silence)},
-    {"--listen", O_STR, 0, 0, offsetof(struct super_opts, listen)},
-    {"--hosts", O_STR, 0, 0, offsetof(struct super_opts, hosts)},
-    {"--preempt-url", O_STR, 0, 0, offsetof(struct super_opts, preempt_url)},
-    {"--events", O_STR, 0, 0, offsetof(struct super_opts, events)},
-    {"--chaos", O_STR, 0, 0, offsetof(struct super_opts, chaos)},
-    {"--mpirun", O_STR, 0, 0, offsetof(struct super_opts, mpirun)},
-    {"--metrics", O_STR, 0, 0, offsetof(struct super_opts, metrics)},
-};
-
-static int set_option(struct super_opts *o, const struct opt *op, const char *v)
+/* The options up to "--": 0, 1 after --help, -1 after a message. */
+static int parse_flags(struct super_opts *out, int argc, char **argv, int *sep)
 {
-    char *field = (char *)o + op->off;
-    double x;
-    if (!v) {
-        fprintf(stderr, "fsdp-super: %s needs a value (see fsdp-super --help)\n", op->flag);
+    struct super_given g = {
+        .o = {.mpirun = "mpirun",
+              .hb_timeout = 30,
+              .startup_timeout = 120,
+              .grace = 5,
+              .backoff = 1,
+              .healthy_after = 60,
+              .preempt_poll = 2,
+              .preempt_deadline = 110,
+              .capacity_timeout = 300,
+              .probe_timeout = 5},
+        .min_np = 1,
+        .max_restarts = 10,
+    };
+    char err[FSDP_ERR_LEN];
+    *sep = 1;
+    int rc = opts_parse(super_flags, OPTS_LEN(super_flags), &g, argc, argv, sep, err);
+    if (rc == OPTS_HELP) {
+        usage();
+        return 1;
+    }
+    if (!rc && *sep < argc && strcmp(argv[*sep], "--") != 0)
+        rc = fsdp_err(err, "unknown option '%s'", argv[*sep]);
+    if (!rc && *sep + 1 >= argc)
+        rc = fsdp_err(err, "expected -- fsdp-train ARGS...");
+    if (rc) {
+        fprintf(stderr, "fsdp-super: %s (see fsdp-super --help)\n", err);
         return -1;
     }
-    if (op->kind == O_STR) {
-        memcpy(field, &v, sizeof v);
-        return 0;
-    }
-    if (num(op->flag, v, op->lo, op->hi, &x))
-        return -1;
-    if (op->kind == O_INT) {
-        int n = (int)x;
-        memcpy(field, &n, sizeof n);
-    } else {
-        memcpy(field, &x, sizeof x);
-    }
+    *out = g.o;
+    out->np = (int)g.np;
+    out->min_np = (int)g.min_np;
+    out->max_restarts = (int)g.max_restarts;
     return 0;
 }
 
 int super_parse(struct super_opts *o, int argc, char **argv)
 {
-    *o = (struct super_opts){
-        .min_np = 1,
-        .max_restarts = 10,
-        .mpirun = "mpirun",
-        .hb_timeout = 30,
-        .startup_timeout = 120,
-        .grace = 5,
-        .backoff = 1,
-        .healthy_after = 60,
-        .preempt_poll = 2,
-        .preempt_deadline = 110,
-        .capacity_timeout = 300,
-        .probe_timeout = 5,
-    };
     int i;
-    for (i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
-        if (strcmp(argv[i], "--help") == 0) {
-            usage();
-            return 1;
-        }
-        size_t k = 0;
-        while (k < sizeof opts / sizeof opts[0] && strcmp(argv[i], opts[k].flag) != 0)
-            k++;
-        if (k == sizeof opts / sizeof opts[0]) {
-            fprintf(stderr, "fsdp-super: unknown option '%s' (see fsdp-super --help)\n", argv[i]);
-            return -1;
-        }
-        if (set_option(o, &opts[k], i + 1 < argc ? argv[i + 1] : NULL))
-            return -1;
-        i++;
-    }
-    if (i + 1 >= argc) {
-        fprintf(stderr, "fsdp-super: expected -- fsdp-train ARGS... (see fsdp-super --help)\n");
-        return -1;
-    }
+    int rc = parse_flags(o, argc, argv, &i);
+    if (rc)
+        return rc;
     o->targc = argc - i - 1;
     o->targv = argv + i + 1;
     if (trainer_args(o))

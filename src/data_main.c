@@ -12,9 +12,11 @@
  * index falls below the fraction.
  */
 #include "data.h"
+#include "opts.h"
 #include "util.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,17 +167,51 @@ static int split_file(struct split *s, const char *path, const char *sep, char *
     return rc;
 }
 
+struct data_opts {
+    const char *out, *val_out, *sep;
+    double frac;
+};
+
+static const struct opt data_flags[] = {
+    {"--out", OPT_STR, offsetof(struct data_opts, out), .arg = "FILE", .help = "training tokens"},
+    {"--val-out", OPT_STR, offsetof(struct data_opts, val_out), .arg = "FILE",
+     .help = "validation tokens (a deterministic split of documents)"},
+    {"--val-fraction", OPT_NUM, offsetof(struct data_opts, frac), .lo = 0, .hi = 1, .open = 1,
+     .arg = "F", .help = "share of documents for validation (default 0.05)"},
+    {"--doc-sep", OPT_STR, offsetof(struct data_opts, sep), .arg = "LINE",
+     .help = "a line that separates documents inside a file (e.g. %)"},
+    {"--help", OPT_HELP, .help = NULL},
+};
+
 static void usage(void)
 {
     printf("usage: fsdp-data prepare --out FILE [--val-out FILE] [--val-fraction F]\n"
            "                         [--doc-sep LINE] INPUT...\n"
            "\n"
            "Turns UTF-8 text files into byte-level token files in llm.c's format\n"
-           "(vocabulary 256, token 0 = end of text before every document).\n"
-           "  --out FILE          training tokens\n"
-           "  --val-out FILE      validation tokens (a deterministic split of documents)\n"
-           "  --val-fraction F    share of documents for validation (default 0.05)\n"
-           "  --doc-sep LINE      a line that separates documents inside a file (e.g. %%)\n");
+           "(vocabulary 256, token 0 = end of text before every document).\n");
+    opts_usage(stdout, data_flags, OPTS_LEN(data_flags), 19);
+}
+
+/* prepare's flags, then its inputs from *first: 0 to run, 1 after --help,
+ * -1 after a message */
+static int parse_prepare(struct data_opts *o, int argc, char **argv, int *first)
+{
+    char err[FSDP_ERR_LEN];
+    *o = (struct data_opts){.frac = 0.05};
+    *first = 2;
+    int rc = opts_parse(data_flags, OPTS_LEN(data_flags), o, argc, argv, first, err);
+    if (rc == OPTS_HELP) {
+        usage();
+        return 1;
+    }
+    if (!rc && *first < argc && strcmp(argv[*first], "--") == 0)
+        rc = fsdp_err(err, "unknown option '--'");
+    if (!rc && (!o->out || *first == argc))
+        rc = fsdp_err(err, "--out FILE and at least one INPUT are required");
+    if (rc)
+        fprintf(stderr, "fsdp-data: %s (see fsdp-data --help)\n", err);
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -189,45 +225,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "fsdp-data: expected the command 'prepare' (see fsdp-data --help)\n");
         return 2;
     }
-    const char *out = NULL, *val_out = NULL, *sep = NULL;
-    double frac = 0.05;
-    int first_input = 0;
-    for (int i = 2; i < argc; i++) {
-        const char *f = argv[i];
-        if (strcmp(f, "--help") == 0) {
-            usage();
-            return 0;
-        }
-        if (strncmp(f, "--", 2) != 0) {
-            first_input = i;
-            break;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "fsdp-data: %s needs a value (see fsdp-data --help)\n", f);
-            return 2;
-        }
-        const char *v = argv[++i];
-        if (strcmp(f, "--out") == 0)
-            out = v;
-        else if (strcmp(f, "--val-out") == 0)
-            val_out = v;
-        else if (strcmp(f, "--doc-sep") == 0)
-            sep = v;
-        else if (strcmp(f, "--val-fraction") == 0) {
-            if (fsdp_parse_f64(v, &frac) || frac <= 0 || frac >= 1) {
-                fprintf(stderr, "fsdp-data: --val-fraction '%s' is not a number in (0, 1)\n", v);
-                return 2;
-            }
-        } else {
-            fprintf(stderr, "fsdp-data: unknown option '%s' (see fsdp-data --help)\n", f);
-            return 2;
-        }
-    }
-    if (!out || !first_input) {
-        fprintf(stderr, "fsdp-data: --out FILE and at least one INPUT are required "
-                        "(see fsdp-data --help)\n");
-        return 2;
-    }
+    struct data_opts o;
+    int first_input, prc = parse_prepare(&o, argc, argv, &first_input);
+    if (prc)
+        return prc > 0 ? 0 : 2;
+    const char *out = o.out, *val_out = o.val_out, *sep = o.sep;
+    double frac = o.frac;
     struct split s = {.val_fraction = val_out ? frac : 0.0};
     /* before any work: an output that is not a regular file is refused */
     int rc = token_file_check_output(out, err);

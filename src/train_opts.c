@@ -1,137 +1,206 @@
 /*
  * train_opts.c - parsing and checking fsdp-train's flags.
  *
+ * Every flag is a row of train_flags below (opts.h: its kind, bounds and
+ * field); --help prints that table. What the table cannot say is checked
+ * after it: the model, and flags that only make sense together.
+ *
  * Model shape: --model picks a preset; --layers/--dim/--heads/--seq/--vocab
  * override single fields, in any order relative to --model.
  */
 #include "train_opts.h"
 
+#include "opts.h"
 #include "util.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* What the flags give, before it becomes struct train_opts. */
+struct given {
+    struct train_opts o;
+    long long layers, dim, heads, seq, vocab, seed, chunk_kib; /* 0: not given (but seed) */
+    const char *s3_endpoint;
+};
+
+#define AT(field) offsetof(struct given, field)
+
+static int parse_shard(void *field, const char *v, char *err)
+{
+    (void)err;
+    return fsdp_shard_parse(v, field);
+}
+
+static int parse_recompute(void *field, const char *v, char *err)
+{
+    (void)err;
+    return fsdp_recompute_parse(v, field);
+}
+
+static int parse_hash(void *field, const char *v, char *err)
+{
+    (void)err;
+    return ckpt_parse_hash(v, field);
+}
+
+static int parse_compress(void *field, const char *v, char *err)
+{
+    return ckpt_parse_compress(v, field, err);
+}
+
+/* Every flag; the usage text is this table in this order. */
+static const struct opt train_flags[] = {
+    {.kind = OPT_SECTION, .help = "data and model:"},
+    {"--data", OPT_STR, AT(o.data), .arg = "FILE",
+     .help = "training tokens (llm.c format; fsdp-data prepare)"},
+    {"--val-data", OPT_STR, AT(o.val_data), .arg = "FILE", .help = "validation tokens"},
+    {"--model", OPT_STR, AT(o.model_name), .arg = "NAME", /* checked after the loop */
+     .help = "tiny | small | gpt2-124m (default tiny)"},
+    {"--layers", OPT_LLONG, AT(layers), .min = 1, .max = 256,
+     .arg = "N --dim N --heads N --seq N --vocab N", .help = "override the preset"},
+    {"--dim", OPT_LLONG, AT(dim), .min = 1, .max = 16384},
+    {"--heads", OPT_LLONG, AT(heads), .min = 1, .max = 1024},
+    {"--seq", OPT_LLONG, AT(seq), .min = 1, .max = 65536},
+    {"--vocab", OPT_LLONG, AT(vocab), .min = 2, .max = 65536},
+
+    {.kind = OPT_SECTION, .help = "training:"},
+    {"--global-batch", OPT_LLONG, AT(o.global_batch), .min = 1, .max = 1 << 20, .arg = "G",
+     .help = "sequences per step over all ranks (default 8)"},
+    {"--micro-batch", OPT_LLONG, AT(o.micro_batch), .min = 1, .max = 1 << 20, .arg = "B",
+     .help = "sequences per rank per forward (default G/ranks)"},
+    {"--steps", OPT_LLONG, AT(o.steps), .min = 1, .max = 1LL << 40, .arg = "N",
+     .help = "optimizer steps (default 200); the learning-rate\n"
+             "schedule spans them however the run is cut"},
+    {"--stop-at-step", OPT_LLONG, AT(o.stop_at_step), .min = 1, .max = 1LL << 40, .arg = "N",
+     .help = "stop after step N with a checkpoint (rerun to go on)"},
+    {"--time-limit", OPT_DURATION, AT(o.time_limit), .arg = "D",
+     .help = "stop with a checkpoint before D has passed since the\n"
+             "start (90s, 45m, 1.5h, 2d), or before Slurm's\n"
+             "SLURM_JOB_END_TIME, whichever comes first"},
+    {"--lr", OPT_NUM, AT(o.lr), .lo = 0, .hi = 10, .arg = "X",
+     .help = "peak learning rate (default 3e-3)"},
+    {"--min-lr-frac", OPT_NUM, AT(o.min_lr_frac), .lo = 0, .hi = 1, .arg = "F",
+     .help = "cosine floor as a fraction of --lr (default 0.1)"},
+    {"--warmup", OPT_LLONG, AT(o.warmup), .min = 0, .max = 1LL << 40, .arg = "N",
+     .help = "linear warmup steps (default steps/20)"},
+    {"--weight-decay", OPT_NUM, AT(o.weight_decay), .lo = 0, .hi = 10, .arg = "X",
+     .help = "AdamW decoupled decay on matrices (default 0.1)"},
+    {"--beta1", OPT_NUM, AT(o.beta1), .lo = 0, .hi = 0.999999, .arg = "X --beta2 X --eps X",
+     .help = "AdamW (default 0.9, 0.95, 1e-8)"},
+    {"--beta2", OPT_NUM, AT(o.beta2), .lo = 0, .hi = 0.999999},
+    {"--eps", OPT_NUM, AT(o.eps), .lo = 1e-30, .hi = 1},
+    {"--grad-clip", OPT_NUM, AT(o.grad_clip), .lo = 0, .hi = 1e30, .arg = "X",
+     .help = "global gradient norm limit, 0 = off (default 1.0)"},
+    {"--seed", OPT_LLONG, AT(seed), .min = 0, .max = INT64_MAX, .arg = "S",
+     .help = "initialisation and data order (default 1337)"},
+    {"--shard", OPT_PARSE, AT(o.shard), .parse = parse_shard,
+     .expect = "one of full, grad-op, none", .arg = "full|grad-op|none",
+     .help = "FSDP strategy (default full)"},
+    {"--precision", OPT_WORD, AT(o.bf16), .words = {"fp32", "bf16"}, .arg = "fp32|bf16",
+     .help = "bf16: mixed precision, as FSDP's MixedPrecision with\n"
+             "param_dtype bf16: bf16 all-gathers and matmuls, fp32\n"
+             "master state, optimizer and checkpoints (default fp32;\n"
+             "fp32 where the CPU lacks AVX512_BF16, said in the banner)"},
+    {"--reduce-dtype", OPT_WORD, AT(o.reduce_bf16), .words = {"fp32", "bf16"},
+     .arg = "fp32|bf16",
+     .help = "the gradients' type in their reduce-scatter\n"
+             "(all-reduce for --shard none), as MixedPrecision's\n"
+             "reduce_dtype: bf16 moves half the bytes; the shard\n"
+             "accumulates in fp32 either way (default fp32)"},
+    {"--prefetch", OPT_WORD, AT(o.prefetch), .words = {"off", "on"}, .arg = "on|off",
+     .help = "overlap communication with compute: the next unit's\n"
+             "all-gather and the last unit's reduce-scatter run\n"
+             "while a unit computes (forward and backward prefetch;\n"
+             "the same bits either way; default on)"},
+    {"--unit-blocks", OPT_INT, AT(o.unit_blocks), .min = 1, .max = 1 << 20, .arg = "K",
+     .help = "K consecutive blocks form one FSDP unit (the auto-wrap\n"
+             "policy): gathered, freed and reduce-scattered as one;\n"
+             "--shard full and grad-op; checkpoints do not depend\n"
+             "on it (default 1)"},
+    {"--bucket-mib", OPT_NUM, AT(o.bucket_mib), .lo = 0, .hi = 1 << 20, .arg = "X",
+     .help = "gradient reduction in buckets of about X MiB: --shard\n"
+             "none all-reduces each bucket as the last backward\n"
+             "finishes it (default 25, 0: one all-reduce after the\n"
+             "backward); grad-op reduce-scatters units of about X MiB\n"
+             "(sets --unit-blocks); the same bits either way"},
+    {"--activation-checkpointing", OPT_PARSE, AT(o.recompute_every), .parse = parse_recompute,
+     .expect = "none, blocks or every-N (N in 1..256)", .arg = "none|blocks|every-N",
+     .help = "recompute blocks' activations in the backward instead\n"
+             "of keeping them: every block, or blocks 0, N, 2N, ...\n"
+             "(default none; the losses are the same bits)"},
+    {"--device", OPT_WORD, AT(o.cuda), .words = {"cpu", "cuda"}, .arg = "cpu|cuda",
+     .help = "where each rank computes: cuda runs one rank per GPU\n"
+             "(device = rank on its host), NCCL collectives, the\n"
+             "same checkpoints (default cpu)"},
+    {"--threads", OPT_LLONG, AT(o.threads), .min = 1, .max = 1024, .arg = "N",
+     .help = "compute threads per rank (default cores / local ranks)"},
+    {"--cpu-kernels", OPT_STR, AT(o.cpu_kernels), .arg = "ISA", /* checked against the CPU */
+     .help = "auto | x86-64 | x86-64-v3 | x86-64-v4: the CPU kernels'\n"
+             "instruction set (default auto: the widest this CPU\n"
+             "runs; name one to get the same bits on every host)"},
+    {"--matmul", OPT_STR, AT(o.matmul), .arg = "LIB", /* checked against the build in main */
+     .help = "auto | onednn | openblas: the library for the model's\n"
+             "matmuls (default auto: oneDNN when the build has it)"},
+
+    {.kind = OPT_SECTION, .help = "checkpoints:"},
+    {"--ckpt", OPT_STR, AT(o.ckpt.uri), .arg = "URI",
+     .help = "where checkpoints live: a path, file://PATH or\n"
+             "s3://BUCKET/PREFIX (AWS_* settings, see README)"},
+    {"--s3-endpoint", OPT_STR, AT(s3_endpoint), .arg = "URL",
+     .help = "S3 endpoint (else AWS_ENDPOINT_URL)"},
+    {"--ckpt-every", OPT_LLONG, AT(o.ckpt.every), .min = 1, .max = 1LL << 40, .arg = "N",
+     .help = "checkpoint every N steps, and always after the last"},
+    {"--keep", OPT_LLONG, AT(o.ckpt.keep), .min = 1, .max = 1 << 20, .arg = "K",
+     .help = "committed checkpoints to keep (default 3)"},
+    {"--resume", OPT_WORD, AT(o.ckpt.resume), .words = {"none", "auto"}, .arg = "auto|none",
+     .help = "auto: continue from the newest committed checkpoint\n"
+             "that verifies (default); none: start fresh"},
+    {"--compress", OPT_PARSE, AT(o.ckpt.write), .parse = parse_compress, .arg = "C",
+     .help = "none | zstd[:LEVEL] | zstd+shuffle[:LEVEL]\n(default zstd+shuffle:1)"},
+    {"--ckpt-chunk-kib", OPT_LLONG, AT(chunk_kib), .min = 1, .max = 256 * 1024, .arg = "N",
+     .help = "raw bytes per chunk (default 4096)"},
+    {"--ckpt-hash", OPT_PARSE, AT(o.ckpt.write.hash), .parse = parse_hash,
+     .expect = "sha256 or xxh3", .arg = "H",
+     .help = "xxh3 | sha256: the chunks' digest (default xxh3:\n"
+             "XXH3-128, ten times faster to verify; sha256 when\n"
+             "the digests must be cryptographic)"},
+    {"--ckpt-async", OPT_SWITCH, AT(o.ckpt.async),
+     .help = "write checkpoints in the background (training goes on)"},
+    {"--verify-load", OPT_WORD, AT(o.ckpt.verify_load), .words = {"off", "on"}, .arg = "on",
+     .help = "after loading, check the state's digest against the\n"
+             "checkpoint's (proves a reshard; reads it twice)"},
+
+    {.kind = OPT_SECTION, .help = "output:"},
+    {"--log", OPT_STR, AT(o.log_path), .arg = "FILE", .help = "one JSON object per step"},
+    {"--log-every", OPT_LLONG, AT(o.log_every), .min = 1, .max = 1LL << 40, .arg = "K",
+     .help = "progress line every K steps (default 1)"},
+    {"--log-samples", OPT_WORD, AT(o.log_samples), .words = {"off", "on"}, .arg = "on",
+     .help = "add each step's global sample indices to the log"},
+    {"--val-every", OPT_LLONG, AT(o.val_every), .min = 0, .max = 1LL << 40, .arg = "N",
+     .help = "validation loss every N steps (default: at the end)"},
+    {"--val-samples", OPT_LLONG, AT(o.val_samples), .min = 1, .max = 1 << 24, .arg = "N",
+     .help = "validation sequences (default 64)"},
+    {"--sample", OPT_LLONG, AT(o.sample_len), .min = 0, .max = 1 << 20, .arg = "N",
+     .help = "print N generated tokens at the end"},
+    {"--temperature", OPT_NUM, AT(o.temperature), .lo = 1e-3, .hi = 100, .arg = "X",
+     .help = "sampling temperature (default 0.8)"},
+    {"--help", OPT_HELP, .help = "this text"},
+    {"-h", OPT_HELP, .help = NULL}, /* not listed */
+};
+
 void train_opts_usage(void)
 {
     printf("usage: fsdp-train --data FILE [options]\n"
-           "       mpirun -np N fsdp-train --data FILE [options]\n"
-           "\n"
-           "data and model:\n"
-           "  --data FILE            training tokens (llm.c format; fsdp-data prepare)\n"
-           "  --val-data FILE        validation tokens\n"
-           "  --model NAME           tiny | small | gpt2-124m (default tiny)\n"
-           "  --layers N --dim N --heads N --seq N --vocab N   override the preset\n"
-           "\n"
-           "training:\n"
-           "  --global-batch G       sequences per step over all ranks (default 8)\n"
-           "  --micro-batch B        sequences per rank per forward (default G/ranks)\n"
-           "  --steps N              optimizer steps (default 200); the learning-rate\n"
-           "                         schedule spans them however the run is cut\n"
-           "  --stop-at-step N       stop after step N with a checkpoint (rerun to go on)\n"
-           "  --time-limit D         stop with a checkpoint before D has passed since the\n"
-           "                         start (90s, 45m, 1.5h, 2d), or before Slurm's\n"
-           "                         SLURM_JOB_END_TIME, whichever comes first\n"
-           "  --lr X                 peak learning rate (default 3e-3)\n"
-           "  --min-lr-frac F        cosine floor as a fraction of --lr (default 0.1)\n"
-           "  --warmup N             linear warmup steps (default steps/20)\n"
-           "  --weight-decay X       AdamW decoupled decay on matrices (default 0.1)\n"
-           "  --beta1 X --beta2 X --eps X   AdamW (default 0.9, 0.95, 1e-8)\n"
-           "  --grad-clip X          global gradient norm limit, 0 = off (default 1.0)\n"
-           "  --seed S               initialisation and data order (default 1337)\n"
-           "  --shard full|grad-op|none   FSDP strategy (default full)\n"
-           "  --precision fp32|bf16  bf16: mixed precision, as FSDP's MixedPrecision with\n"
-           "                         param_dtype bf16: bf16 all-gathers and matmuls, fp32\n"
-           "                         master state, optimizer and checkpoints (default fp32;\n"
-           "                         fp32 where the CPU lacks AVX512_BF16, said in the banner)\n"
-           "  --reduce-dtype fp32|bf16  the gradients' type in their reduce-scatter\n"
-           "                         (all-reduce for --shard none), as MixedPrecision's\n"
-           "                         reduce_dtype: bf16 moves half the bytes; the shard\n"
-           "                         accumulates in fp32 either way (default fp32)\n"
-           "  --prefetch on|off      overlap communication with compute: the next unit's\n"
-           "                         all-gather and the last unit's reduce-scatter run\n"
-           "                         while a unit computes (forward and backward prefetch;\n"
-           "                         the same bits either way; default on)\n"
-           "  --unit-blocks K        K consecutive blocks form one FSDP unit (the auto-wrap\n"
-           "                         policy): gathered, freed and reduce-scattered as one;\n"
-           "                         --shard full and grad-op; checkpoints do not depend\n"
-           "                         on it (default 1)\n"
-           "  --bucket-mib X         gradient reduction in buckets of about X MiB: --shard\n"
-           "                         none all-reduces each bucket as the last backward\n"
-           "                         finishes it (default 25, 0: one all-reduce after the\n"
-           "                         backward); grad-op reduce-scatters units of about X MiB\n"
-           "                         (sets --unit-blocks); the same bits either way\n"
-           "  --activation-checkpointing none|blocks|every-N\n"
-           "                         recompute blocks' activations in the backward instead\n"
-           "                         of keeping them: every block, or blocks 0, N, 2N, ...\n"
-           "                         (default none; the losses are the same bits)\n"
-           "  --device cpu|cuda      where each rank computes: cuda runs one rank per GPU\n"
-           "                         (device = rank on its host), NCCL collectives, the\n"
-           "                         same checkpoints (default cpu)\n"
-           "  --threads N            compute threads per rank (default cores / local ranks)\n"
-           "  --cpu-kernels ISA      auto | x86-64 | x86-64-v3 | x86-64-v4: the CPU kernels'\n"
-           "                         instruction set (default auto: the widest this CPU\n"
-           "                         runs; name one to get the same bits on every host)\n"
-           "  --matmul LIB           auto | onednn | openblas: the library for the model's\n"
-           "                         matmuls (default auto: oneDNN when the build has it)\n"
-           "\n"
-           "checkpoints:\n"
-           "  --ckpt URI             where checkpoints live: a path, file://PATH or\n"
-           "                         s3://BUCKET/PREFIX (AWS_* settings, see README)\n"
-           "  --s3-endpoint URL      S3 endpoint (else AWS_ENDPOINT_URL)\n"
-           "  --ckpt-every N         checkpoint every N steps, and always after the last\n"
-           "  --keep K               committed checkpoints to keep (default 3)\n"
-           "  --resume auto|none     auto: continue from the newest committed checkpoint\n"
-           "                         that verifies (default); none: start fresh\n"
-           "  --compress C           none | zstd[:LEVEL] | zstd+shuffle[:LEVEL]\n"
-           "                         (default zstd+shuffle:1)\n"
-           "  --ckpt-chunk-kib N     raw bytes per chunk (default 4096)\n"
-           "  --ckpt-hash H          xxh3 | sha256: the chunks' digest (default xxh3:\n"
-           "                         XXH3-128, ten times faster to verify; sha256 when\n"
-           "                         the digests must be cryptographic)\n"
-           "  --ckpt-async           write checkpoints in the background (training goes on)\n"
-           "  --verify-load on       after loading, check the state's digest against the\n"
-           "                         checkpoint's (proves a reshard; reads it twice)\n"
-           "\n"
-           "output:\n"
-           "  --log FILE             one JSON object per step\n"
-           "  --log-every K          progress line every K steps (default 1)\n"
-           "  --log-samples on       add each step's global sample indices to the log\n"
-           "  --val-every N          validation loss every N steps (default: at the end)\n"
-           "  --val-samples N        validation sequences (default 64)\n"
-           "  --sample N             print N generated tokens at the end\n"
-           "  --temperature X        sampling temperature (default 0.8)\n"
-           "  --help                 this text\n");
+           "       mpirun -np N fsdp-train --data FILE [options]\n");
+    opts_usage(stdout, train_flags, OPTS_LEN(train_flags), 22);
 }
 
-static int need_int(const char *flag, const char *v, long long lo, long long hi, long long *out,
-                    char *err)
+static void set_defaults(struct given *g)
 {
-    if (fsdp_parse_i64(v, lo, hi, out))
-        return fsdp_err(err, "%s '%s' is not an integer in %lld..%lld", flag, v, lo, hi);
-    return 0;
-}
-
-static int need_num(const char *flag, const char *v, double lo, double hi, double *out, char *err)
-{
-    if (fsdp_parse_f64(v, out) || *out < lo || *out > hi)
-        return fsdp_err(err, "%s '%s' is not a number in %g..%g", flag, v, lo, hi);
-    return 0;
-}
-
-/* v is one of two words: *out = 0 for the first, 1 for the second */
-static int need_word(const char *flag, const char *v, const char *w0, const char *w1, int *out,
-                     char *err)
-{
-    if (strcmp(v, w0) != 0 && strcmp(v, w1) != 0)
-        return fsdp_err(err, "%s '%s' is not %s or %s", flag, v, w0, w1);
-    *out = strcmp(v, w1) == 0;
-    return 0;
-}
-
-int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
-{
-    memset(o, 0, sizeof *o);
+    struct train_opts *o = &g->o;
+    memset(g, 0, sizeof *g);
     o->model_name = "tiny";
     o->cpu_kernels = "auto";
     o->matmul = "auto";
@@ -148,182 +217,45 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
     o->beta2 = 0.95;
     o->eps = 1e-8;
     o->grad_clip = 1.0;
-    o->seed = 1337;
     o->shard = FSDP_SHARD_FULL;
     o->prefetch = 1;
     o->bucket_mib = -1;
     o->ckpt.keep = 3;
     o->ckpt.resume = 1;
     o->ckpt.write = CKPT_WRITE_DEFAULTS;
-    long long chunk_kib = 4096;
-    long long layers = 0, dim = 0, heads = 0, seq = 0, vocab = 0, seed = 1337;
+    g->chunk_kib = 4096;
+    g->seed = 1337;
+}
 
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        if (strcmp(f, "--help") == 0 || strcmp(f, "-h") == 0)
-            return 1;
-        if (strncmp(f, "--", 2) != 0)
-            return fsdp_err(err, "unexpected argument '%s'", f);
-        if (strcmp(f, "--ckpt-async") == 0) { /* the one flag without a value */
-            o->ckpt.async = 1;
-            continue;
-        }
-        if (i + 1 >= argc)
-            return fsdp_err(err, "%s needs a value", f);
-        const char *v = argv[++i];
-        int rc = 0;
-        if (strcmp(f, "--data") == 0)
-            o->data = v;
-        else if (strcmp(f, "--val-data") == 0)
-            o->val_data = v;
-        else if (strcmp(f, "--log") == 0)
-            o->log_path = v;
-        else if (strcmp(f, "--verify-load") == 0)
-            rc = need_word(f, v, "off", "on", &o->ckpt.verify_load, err);
-        else if (strcmp(f, "--log-samples") == 0)
-            rc = need_word(f, v, "off", "on", &o->log_samples, err);
-        else if (strcmp(f, "--model") == 0)
-            o->model_name = v;
-        else if (strcmp(f, "--cpu-kernels") == 0)
-            o->cpu_kernels = v; /* checked against the CPU in main */
-        else if (strcmp(f, "--matmul") == 0)
-            o->matmul = v; /* checked against the build in main */
-        else if (strcmp(f, "--device") == 0) {
-            if (strcmp(v, "cpu") == 0 || strcmp(v, "cuda") == 0)
-                o->cuda = v[1] == 'u';
-            else
-                rc = fsdp_err(err, "--device '%s' is not cpu or cuda", v);
-        }
-        else if (strcmp(f, "--layers") == 0)
-            rc = need_int(f, v, 1, 256, &layers, err);
-        else if (strcmp(f, "--dim") == 0)
-            rc = need_int(f, v, 1, 16384, &dim, err);
-        else if (strcmp(f, "--heads") == 0)
-            rc = need_int(f, v, 1, 1024, &heads, err);
-        else if (strcmp(f, "--seq") == 0)
-            rc = need_int(f, v, 1, 65536, &seq, err);
-        else if (strcmp(f, "--vocab") == 0)
-            rc = need_int(f, v, 2, 65536, &vocab, err);
-        else if (strcmp(f, "--global-batch") == 0)
-            rc = need_int(f, v, 1, 1 << 20, &o->global_batch, err);
-        else if (strcmp(f, "--micro-batch") == 0)
-            rc = need_int(f, v, 1, 1 << 20, &o->micro_batch, err);
-        else if (strcmp(f, "--steps") == 0)
-            rc = need_int(f, v, 1, 1LL << 40, &o->steps, err);
-        else if (strcmp(f, "--stop-at-step") == 0)
-            rc = need_int(f, v, 1, 1LL << 40, &o->stop_at_step, err);
-        else if (strcmp(f, "--time-limit") == 0) {
-            if (fsdp_parse_duration(v, &o->time_limit))
-                rc = fsdp_err(err, "--time-limit '%s' is not a duration (90, 90s, 45m, 1.5h, "
-                                   "2d)", v);
-        }
-        else if (strcmp(f, "--warmup") == 0)
-            rc = need_int(f, v, 0, 1LL << 40, &o->warmup, err);
-        else if (strcmp(f, "--val-every") == 0)
-            rc = need_int(f, v, 0, 1LL << 40, &o->val_every, err);
-        else if (strcmp(f, "--val-samples") == 0)
-            rc = need_int(f, v, 1, 1 << 24, &o->val_samples, err);
-        else if (strcmp(f, "--log-every") == 0)
-            rc = need_int(f, v, 1, 1LL << 40, &o->log_every, err);
-        else if (strcmp(f, "--sample") == 0)
-            rc = need_int(f, v, 0, 1 << 20, &o->sample_len, err);
-        else if (strcmp(f, "--threads") == 0)
-            rc = need_int(f, v, 1, 1024, &o->threads, err);
-        else if (strcmp(f, "--seed") == 0)
-            rc = need_int(f, v, 0, INT64_MAX, &seed, err);
-        else if (strcmp(f, "--temperature") == 0)
-            rc = need_num(f, v, 1e-3, 100, &o->temperature, err);
-        else if (strcmp(f, "--lr") == 0)
-            rc = need_num(f, v, 0, 10, &o->lr, err);
-        else if (strcmp(f, "--min-lr-frac") == 0)
-            rc = need_num(f, v, 0, 1, &o->min_lr_frac, err);
-        else if (strcmp(f, "--weight-decay") == 0)
-            rc = need_num(f, v, 0, 10, &o->weight_decay, err);
-        else if (strcmp(f, "--beta1") == 0)
-            rc = need_num(f, v, 0, 0.999999, &o->beta1, err);
-        else if (strcmp(f, "--beta2") == 0)
-            rc = need_num(f, v, 0, 0.999999, &o->beta2, err);
-        else if (strcmp(f, "--eps") == 0)
-            rc = need_num(f, v, 1e-30, 1, &o->eps, err);
-        else if (strcmp(f, "--grad-clip") == 0)
-            rc = need_num(f, v, 0, 1e30, &o->grad_clip, err);
-        else if (strcmp(f, "--ckpt") == 0)
-            o->ckpt.uri = v;
-        else if (strcmp(f, "--s3-endpoint") == 0)
-            setenv("AWS_ENDPOINT_URL", v, 1); /* read by the S3 backend */
-        else if (strcmp(f, "--ckpt-every") == 0)
-            rc = need_int(f, v, 1, 1LL << 40, &o->ckpt.every, err);
-        else if (strcmp(f, "--keep") == 0)
-            rc = need_int(f, v, 1, 1 << 20, &o->ckpt.keep, err);
-        else if (strcmp(f, "--ckpt-chunk-kib") == 0)
-            rc = need_int(f, v, 1, 256 * 1024, &chunk_kib, err);
-        else if (strcmp(f, "--ckpt-hash") == 0) {
-            if (ckpt_parse_hash(v, &o->ckpt.write.hash))
-                rc = fsdp_err(err, "--ckpt-hash: '%s' is not sha256 or xxh3", v);
-        } else if (strcmp(f, "--compress") == 0) {
-            char sub[FSDP_ERR_LEN];
-            if (ckpt_parse_compress(v, &o->ckpt.write, sub))
-                rc = fsdp_err(err, "%s", sub);
-        } else if (strcmp(f, "--resume") == 0) {
-            if (strcmp(v, "auto") == 0 || strcmp(v, "none") == 0)
-                o->ckpt.resume = strcmp(v, "auto") == 0;
-            else
-                rc = fsdp_err(err, "--resume '%s' is not auto or none", v);
-        } else if (strcmp(f, "--unit-blocks") == 0) {
-            long long k = 0;
-            rc = need_int(f, v, 1, 1 << 20, &k, err);
-            o->unit_blocks = (int)k;
-        } else if (strcmp(f, "--bucket-mib") == 0) {
-            rc = need_num(f, v, 0, 1 << 20, &o->bucket_mib, err);
-        } else if (strcmp(f, "--prefetch") == 0) {
-            rc = need_word(f, v, "off", "on", &o->prefetch, err);
-        } else if (strcmp(f, "--reduce-dtype") == 0) {
-            rc = need_word(f, v, "fp32", "bf16", &o->reduce_bf16, err);
-        } else if (strcmp(f, "--precision") == 0) {
-            rc = need_word(f, v, "fp32", "bf16", &o->bf16, err);
-        } else if (strcmp(f, "--activation-checkpointing") == 0) {
-            if (fsdp_recompute_parse(v, &o->recompute_every))
-                rc = fsdp_err(err, "--activation-checkpointing '%s' is not none, blocks or "
-                                   "every-N (N in 1..256)", v);
-        } else if (strcmp(f, "--shard") == 0) {
-            if (fsdp_shard_parse(v, &o->shard))
-                rc = fsdp_err(err, "--shard '%s' is not one of full, grad-op, none", v);
-        } else
-            return fsdp_err(err, "unknown option '%s'", f);
-        if (rc)
-            return rc;
-    }
-    if (!o->data)
-        return fsdp_err(err, "--data FILE is required");
-    const char *end = getenv("SLURM_JOB_END_TIME"); /* Slurm's: when the job is killed */
-    long long end_s;
-    if (end && *end) {
-        if (fsdp_parse_i64(end, 1, INT64_MAX / 2, &end_s))
-            return fsdp_err(err, "SLURM_JOB_END_TIME '%.40s' is not a Unix time in seconds", end);
-        o->slurm_end = (double)end_s;
-    }
+/* --model and its overrides: the model config and its label */
+static int set_model(struct given *g, char *err)
+{
+    struct train_opts *o = &g->o;
     if (model_preset(o->model_name, &o->cfg))
         return fsdp_err(err, "--model '%s' is not one of tiny, small, gpt2-124m", o->model_name);
-    if (layers)
-        o->cfg.layers = (int)layers;
-    if (dim)
-        o->cfg.dim = (int)dim;
-    if (heads)
-        o->cfg.heads = (int)heads;
-    if (seq)
-        o->cfg.seq = (int)seq;
-    if (vocab) {
-        o->cfg.vocab = (int)vocab;
-        o->cfg.vocab_pad = model_vocab_pad((int)vocab);
+    if (g->layers)
+        o->cfg.layers = (int)g->layers;
+    if (g->dim)
+        o->cfg.dim = (int)g->dim;
+    if (g->heads)
+        o->cfg.heads = (int)g->heads;
+    if (g->seq)
+        o->cfg.seq = (int)g->seq;
+    if (g->vocab) {
+        o->cfg.vocab = (int)g->vocab;
+        o->cfg.vocab_pad = model_vocab_pad((int)g->vocab);
     }
-    snprintf(o->model_label, sizeof o->model_label, "%s",
-             layers || dim || heads || seq || vocab ? "custom" : o->model_name);
-    o->seed = (uint64_t)seed;
-    o->ckpt.write.chunk_bytes = (size_t)chunk_kib * 1024;
+    int custom = g->layers || g->dim || g->heads || g->seq || g->vocab;
+    snprintf(o->model_label, sizeof o->model_label, "%s", custom ? "custom" : o->model_name);
+    return 0;
+}
+
+/* What the flags mean together. */
+static int check_combinations(const struct train_opts *o, char *err)
+{
     if ((o->ckpt.every || o->ckpt.async) && !o->ckpt.uri)
-        return fsdp_err(err, "%s needs --ckpt URI", o->ckpt.async ? "--ckpt-async" : "--ckpt-every");
-    if (o->warmup < 0)
-        o->warmup = o->steps / 20;
+        return fsdp_err(err, "%s needs --ckpt URI",
+                        o->ckpt.async ? "--ckpt-async" : "--ckpt-every");
     if (o->unit_blocks && o->shard == FSDP_SHARD_NONE)
         return fsdp_err(err, "--unit-blocks groups what --shard full and grad-op gather; "
                              "--shard none gathers nothing");
@@ -336,4 +268,39 @@ int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err)
         return fsdp_err(err, "--unit-blocks %d exceeds the model's %d blocks", o->unit_blocks,
                         o->cfg.layers);
     return model_config_check(&o->cfg, err);
+}
+
+int train_opts_parse(struct train_opts *out, int argc, char **argv, char *err)
+{
+    memset(out, 0, sizeof *out);
+    struct given g;
+    struct train_opts *o = &g.o;
+    set_defaults(&g);
+    int next = 1;
+    int rc = opts_parse(train_flags, OPTS_LEN(train_flags), &g, argc, argv, &next, err);
+    if (rc)
+        return rc;
+    if (next < argc)
+        return fsdp_err(err, "unexpected argument '%s'", argv[next]);
+    if (g.s3_endpoint)
+        setenv("AWS_ENDPOINT_URL", g.s3_endpoint, 1); /* read by the S3 backend */
+    if (!o->data)
+        return fsdp_err(err, "--data FILE is required");
+    const char *end = getenv("SLURM_JOB_END_TIME"); /* Slurm's: when the job is killed */
+    long long end_s;
+    if (end && *end) {
+        if (fsdp_parse_i64(end, 1, INT64_MAX / 2, &end_s))
+            return fsdp_err(err, "SLURM_JOB_END_TIME '%.40s' is not a Unix time in seconds", end);
+        o->slurm_end = (double)end_s;
+    }
+    if (set_model(&g, err))
+        return -1;
+    o->seed = (uint64_t)g.seed;
+    o->ckpt.write.chunk_bytes = (size_t)g.chunk_kib * 1024;
+    if (o->warmup < 0)
+        o->warmup = o->steps / 20;
+    if (check_combinations(o, err))
+        return -1;
+    *out = g.o;
+    return 0;
 }

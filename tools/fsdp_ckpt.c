@@ -2,7 +2,8 @@
  * fsdp_ckpt.c - fsdp-ckpt: look at and check checkpoints without MPI.
  *
  * The commands, their arguments and what each does: the table `commands`
- * below, which `fsdp-ckpt --help` and `fsdp-ckpt COMMAND --help` print.
+ * below, which `fsdp-ckpt --help` and `fsdp-ckpt COMMAND --help` print;
+ * the flags of reshard, export, import and cp: option tables (opts.h).
  *
  * URI is a path, file://PATH or s3://BUCKET/PREFIX; without @STEP the
  * newest committed step (cp: every committed step).
@@ -13,6 +14,7 @@
 #include "hf.h"
 #include "llmc.h"
 #include "model.h"
+#include "opts.h"
 #include "progress.h"
 #include "safetensors.h"
 #include "storage.h"
@@ -20,6 +22,8 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,7 +104,8 @@ static void usage(FILE *f, const struct command *cmd)
     fprintf(f, "fsdp-ckpt COMMAND --help: what COMMAND does\n%s", usage_notes);
 }
 
-static int die(const char *msg)
+/* Prints a failure (the store, a check) and gives its exit status, 1. */
+static int report_failure(const char *msg)
 {
     fprintf(stderr, "fsdp-ckpt: %s\n", msg);
     return 1;
@@ -170,6 +175,27 @@ static int load(const char *arg, struct storage **st, struct ckpt_manifest *m, c
     return 0;
 }
 
+/* Opens URI[@STEP], loads its manifest and a reader of it, runs fn on the
+ * reader, then frees them all: fn's status, or -1 with err when the step
+ * cannot be opened. */
+static int with_reader(const char *arg, int (*fn)(struct ckpt_reader *r, void *ctx, char *err),
+                       void *ctx, char *err)
+{
+    struct storage *st;
+    struct ckpt_manifest m;
+    if (load(arg, &st, &m, err))
+        return -1;
+    struct ckpt_reader r;
+    int rc = ckpt_reader_init(&r, st, &m, err);
+    if (!rc) {
+        rc = fn(&r, ctx, err);
+        ckpt_reader_free(&r);
+    }
+    ckpt_manifest_free(&m);
+    storage_close(st);
+    return rc;
+}
+
 static double mib(uint64_t b) { return (double)b / 1048576.0; }
 
 static int cmd_ls(const char *uri)
@@ -177,12 +203,12 @@ static int cmd_ls(const char *uri)
     char err[FSDP_ERR_LEN];
     struct storage *st;
     if (open_store(uri, &st, err))
-        return die(err);
+        return report_failure(err);
     struct ckpt_step_info *steps;
     int n;
     if (ckpt_list_steps(st, &steps, &n, err)) {
         storage_close(st);
-        return die(err);
+        return report_failure(err);
     }
     printf("%-14s %-11s %5s %12s %12s %6s\n", "STEP", "STATE", "WORLD", "STORED_MIB", "RAW_MIB",
            "RATIO");
@@ -222,7 +248,7 @@ static int cmd_inspect(const char *arg, int as_json)
     struct storage *st;
     struct ckpt_manifest m;
     if (load(arg, &st, &m, err))
-        return die(err);
+        return report_failure(err);
     if (as_json) {
         char *doc = ckpt_manifest_dump(&m);
         printf("%s\n", doc ? doc : "{}");
@@ -286,41 +312,45 @@ static uint64_t stored_bytes(const struct ckpt_manifest *m)
     return n;
 }
 
-static int cmd_verify(const char *arg, int threads)
+struct verify_job {
+    int threads, bad;
+};
+
+static int verify_step(struct ckpt_reader *r, void *ctx, char *err)
 {
-    char err[FSDP_ERR_LEN], dir[32];
-    struct storage *st;
-    struct ckpt_manifest m;
-    if (load(arg, &st, &m, err))
-        return die(err);
-    struct ckpt_reader r;
-    if (ckpt_reader_init(&r, st, &m, err)) {
-        ckpt_manifest_free(&m);
-        storage_close(st);
-        return die(err);
-    }
-    r.threads = threads;
+    struct verify_job *job = ctx;
+    const struct ckpt_manifest *m = r->m;
+    char dir[32];
+    (void)err;
+    r->threads = job->threads;
     int chunks = 0;
     struct progress p;
-    progress_start(&p, "verify", &st->bytes_read, stored_bytes(&m));
+    progress_start(&p, "verify", &r->st->bytes_read, stored_bytes(m));
     struct verify_out v = {0, &p};
-    for (int s = 0; s < m.nshards; s++) {
-        ckpt_verify_shard(&r, s, report_bad, &v);
-        chunks += m.shards[s].nchunks;
+    for (int s = 0; s < m->nshards; s++) {
+        ckpt_verify_shard(r, s, report_bad, &v);
+        chunks += m->shards[s].nchunks;
     }
     progress_stop(&p);
     int bad = v.bad;
-    ckpt_step_dir(m.step, dir, sizeof dir);
+    ckpt_step_dir(m->step, dir, sizeof dir);
     if (bad)
-        fprintf(stderr, "fsdp-ckpt: %s/%s: %d problem%s in %d shards, %d chunks\n", st->uri, dir,
-                bad, bad > 1 ? "s" : "", m.nshards, chunks);
+        fprintf(stderr, "fsdp-ckpt: %s/%s: %d problem%s in %d shards, %d chunks\n", r->st->uri,
+                dir, bad, bad > 1 ? "s" : "", m->nshards, chunks);
     else
         printf("%s/%s: OK (%d shards, %d chunks, every chunk and shard digest verified)\n",
-               st->uri, dir, m.nshards, chunks);
-    ckpt_reader_free(&r);
-    ckpt_manifest_free(&m);
-    storage_close(st);
-    return bad ? 1 : 0;
+               r->st->uri, dir, m->nshards, chunks);
+    job->bad = bad;
+    return 0;
+}
+
+static int cmd_verify(const char *arg, int threads)
+{
+    char err[FSDP_ERR_LEN];
+    struct verify_job job = {threads, 0};
+    if (with_reader(arg, verify_step, &job, err))
+        return report_failure(err);
+    return job.bad ? 1 : 0;
 }
 
 static int print_digest(void *arg, const char *tensor, const char *kind, const char *hex)
@@ -330,22 +360,15 @@ static int print_digest(void *arg, const char *tensor, const char *kind, const c
     return 0;
 }
 
+static int print_digests(struct ckpt_reader *r, void *ctx, char *err)
+{
+    return ckpt_digest(r, print_digest, ctx, err);
+}
+
 static int cmd_digest(const char *arg)
 {
     char err[FSDP_ERR_LEN];
-    struct storage *st;
-    struct ckpt_manifest m;
-    if (load(arg, &st, &m, err))
-        return die(err);
-    struct ckpt_reader r;
-    int rc = ckpt_reader_init(&r, st, &m, err);
-    if (!rc) {
-        rc = ckpt_digest(&r, print_digest, NULL, err);
-        ckpt_reader_free(&r);
-    }
-    ckpt_manifest_free(&m);
-    storage_close(st);
-    return rc ? die(err) : 0;
+    return with_reader(arg, print_digests, NULL, err) ? report_failure(err) : 0;
 }
 
 static int cmd_reshard(const char *src_arg, const char *dst_uri, int world,
@@ -355,7 +378,7 @@ static int cmd_reshard(const char *src_arg, const char *dst_uri, int world,
     struct storage *st, *dst;
     struct ckpt_manifest m;
     if (load(src_arg, &st, &m, err))
-        return die(err);
+        return report_failure(err);
     int rc = open_store(dst_uri, &dst, err);
     if (!rc) {
         struct progress p;
@@ -369,48 +392,49 @@ static int cmd_reshard(const char *src_arg, const char *dst_uri, int world,
     }
     ckpt_manifest_free(&m);
     storage_close(st);
-    return rc ? die(err) : 0;
+    return rc ? report_failure(err) : 0;
 }
 
-enum layout { LAYOUT_NATIVE, LAYOUT_HF, LAYOUT_LLMC };
-static const char *const layouts[] = {"native", "hf", "llmc"};
+enum layout { LAYOUT_NATIVE, LAYOUT_HF, LAYOUT_LLMC }; /* --layout native|hf|llmc */
 
 struct export_opts {
     int all, layout, dtype;
     uint64_t max_shard;
 };
 
+struct export_job {
+    const char *out;
+    const struct export_opts *x;
+};
+
+static int export_step(struct ckpt_reader *r, void *ctx, char *err)
+{
+    const struct export_job *job = ctx;
+    const struct export_opts *x = job->x;
+    /* the parameters are a third of the state (all three kinds with --all) */
+    struct progress p;
+    progress_start(&p, "export", &r->st->bytes_read, stored_bytes(r->m) / (x->all ? 1 : 3));
+    int rc;
+    if (x->layout == LAYOUT_HF)
+        rc = hf_export(r, job->out, x->dtype, x->max_shard, err);
+    else if (x->layout == LAYOUT_LLMC)
+        rc = llmc_export(r, job->out, x->dtype == HF_BF16, err);
+    else
+        rc = st_export(r, job->out, x->all, err);
+    progress_stop(&p);
+    return rc;
+}
+
 static int cmd_export(const char *src_arg, const char *out, const struct export_opts *x)
 {
     char err[FSDP_ERR_LEN];
-    struct storage *st;
-    struct ckpt_manifest m;
-    if (load(src_arg, &st, &m, err))
-        return die(err);
-    struct ckpt_reader r;
-    int rc = ckpt_reader_init(&r, st, &m, err);
-    if (!rc) {
-        /* the parameters are a third of the state (all three kinds with --all) */
-        struct progress p;
-        progress_start(&p, "export", &st->bytes_read, stored_bytes(&m) / (x->all ? 1 : 3));
-        if (x->layout == LAYOUT_HF)
-            rc = hf_export(&r, out, x->dtype, x->max_shard, err);
-        else if (x->layout == LAYOUT_LLMC)
-            rc = llmc_export(&r, out, x->dtype == HF_BF16, err);
-        else
-            rc = st_export(&r, out, x->all, err);
-        progress_stop(&p);
-        ckpt_reader_free(&r);
-    }
-    ckpt_manifest_free(&m);
-    storage_close(st);
-    return rc ? die(err) : 0;
+    struct export_job job = {out, x};
+    return with_reader(src_arg, export_step, &job, err) ? report_failure(err) : 0;
 }
 
 /* layout hf or llmc: the model is IN's (preset NULL), converted to a
- * temporary file in this trainer's layout, then imported as always */
-/* --layers --dim --heads --seq --vocab, as fsdp-train takes them (0: not given) */
-static const char *const dim_flags[5] = {"--layers", "--dim", "--heads", "--seq", "--vocab"};
+ * temporary file in this trainer's layout, then imported as always; dims:
+ * --layers --dim --heads --seq --vocab, as fsdp-train takes them (0: not given) */
 
 static int cmd_import(const char *in, const char *dst_uri, const char *preset, const int *dims,
                       int layout, int world, const struct ckpt_write_opts *o)
@@ -419,9 +443,9 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, c
     struct model_config cfg;
     struct model_layout m;
     if (layout == LAYOUT_HF && hf_read_config(in, &cfg, err))
-        return die(err);
+        return report_failure(err);
     if (layout == LAYOUT_LLMC && llmc_read_config(in, &cfg, err))
-        return die(err);
+        return report_failure(err);
     int custom = dims[0] || dims[1] || dims[2] || dims[3] || dims[4];
     if (layout == LAYOUT_NATIVE && model_preset(preset ? preset : "tiny", &cfg)) {
         fprintf(stderr, "fsdp-ckpt: --model '%s' is not one of tiny, small, gpt2-124m "
@@ -435,7 +459,7 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, c
         cfg.vocab_pad = dims[4] ? model_vocab_pad(dims[4]) : cfg.vocab_pad;
     }
     if (model_layout_init(&m, &cfg, err))
-        return die(err);
+        return report_failure(err);
     const char *name = custom                  ? "custom"
                        : preset                ? preset
                        : layout == LAYOUT_HF   ? "config.json"
@@ -474,7 +498,7 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, c
     if (fd >= 0)
         close(fd);
     model_layout_free(&m);
-    return rc ? die(err) : 0;
+    return rc ? report_failure(err) : 0;
 }
 
 static int cmd_cp(const char *src_arg, const char *dst_uri, const struct ckpt_write_opts *o,
@@ -486,10 +510,10 @@ static int cmd_cp(const char *src_arg, const char *dst_uri, const struct ckpt_wr
     split_uri(src_arg, uri, sizeof uri, &step, &has_step);
     struct storage *st, *dst;
     if (open_store(uri, &st, err))
-        return die(err);
+        return report_failure(err);
     if (open_store(dst_uri, &dst, err)) {
         storage_close(st);
-        return die(err);
+        return report_failure(err);
     }
     struct ckpt_step_info *steps = NULL;
     int n = 0, rc = 0, copied = 0;
@@ -536,7 +560,7 @@ static int cmd_cp(const char *src_arg, const char *dst_uri, const struct ckpt_wr
     free(steps);
     storage_close(st);
     storage_close(dst);
-    return rc ? die(err) : 0;
+    return rc ? report_failure(err) : 0;
 }
 
 struct digests {
@@ -544,7 +568,7 @@ struct digests {
     char (*lines)[200];
 };
 
-static int keep_digest(void *arg, const char *tensor, const char *kind, const char *hex)
+static int append_digest_line(void *arg, const char *tensor, const char *kind, const char *hex)
 {
     struct digests *d = arg;
     if (d->n == d->cap) {
@@ -559,31 +583,19 @@ static int keep_digest(void *arg, const char *tensor, const char *kind, const ch
     return 0;
 }
 
-static int digests_of(const char *arg, struct digests *d, char *err)
+static int collect_digests(struct ckpt_reader *r, void *ctx, char *err)
 {
-    struct storage *st;
-    struct ckpt_manifest m;
-    if (load(arg, &st, &m, err))
-        return -1;
-    struct ckpt_reader r;
-    int rc = ckpt_reader_init(&r, st, &m, err);
-    if (!rc) {
-        rc = ckpt_digest(&r, keep_digest, d, err);
-        ckpt_reader_free(&r);
-    }
-    ckpt_manifest_free(&m);
-    storage_close(st);
-    return rc;
+    return ckpt_digest(r, append_digest_line, ctx, err);
 }
 
 static int cmd_diff(const char *a, const char *b)
 {
     char err[FSDP_ERR_LEN];
     struct digests da = {0}, db = {0};
-    if (digests_of(a, &da, err) || digests_of(b, &db, err)) {
+    if (with_reader(a, collect_digests, &da, err) || with_reader(b, collect_digests, &db, err)) {
         free(da.lines);
         free(db.lines);
-        return die(err);
+        return report_failure(err);
     }
     int differ = 0;
     for (int i = 0; i < da.n || i < db.n; i++) {
@@ -604,7 +616,7 @@ static int cmd_prune(const char *uri, long long keep)
     char err[FSDP_ERR_LEN];
     struct storage *st;
     if (open_store(uri, &st, err))
-        return die(err);
+        return report_failure(err);
     /* not fenced (generation 0): a tool does not take the store from a
      * running job; garbage is judged against the store's generation */
     struct ckpt_clean_policy p = {.generation = 0, .keep = keep, .upto = UINT64_MAX};
@@ -620,7 +632,7 @@ static int cmd_prune(const char *uri, long long keep)
                    rep.incomplete_left == 1 ? "" : "s");
     }
     storage_close(st);
-    return rc ? die(err) : 0;
+    return rc ? report_failure(err) : 0;
 }
 
 static int bad_usage(const char *what)
@@ -649,116 +661,165 @@ static int parse_size(const char *s, uint64_t *out)
     return -1;
 }
 
-/* reshard / export / import / cp: positional arguments and flags */
-static int cmd_convert(int argc, char **argv)
+/* reshard / export / import / cp: what their flags and paths give */
+struct rewrite {
+    struct ckpt_write_opts o;
+    int given; /* --compress or --hash */
+};
+
+struct convert_args {
+    const char *pos[2], *model;
+    int npos, dims[5];          /* --layers --dim --heads --seq --vocab; 0: not given */
+    long long world, chunk_kib; /* 0: not given */
+    struct export_opts x;       /* x.dtype -1, x.max_shard 0: not given */
+    struct rewrite w;
+};
+
+static int parse_dtype(void *field, const char *v, char *err)
 {
-    const char *cmd = argv[1], *pos[2] = {NULL, NULL}, *model = NULL;
-    long long world = 0, chunk_kib = 4096;
-    int npos = 0, all = 0, rewrite_opts = 0, dtype_given = 0, shard_given = 0, dims[5] = {0};
-    struct export_opts x = {0, LAYOUT_NATIVE, HF_F32, 5000000000ull};
-    struct ckpt_write_opts o = CKPT_WRITE_DEFAULTS;
+    (void)err;
+    return hf_parse_dtype(v, field);
+}
+
+static int parse_shard_size(void *field, const char *v, char *err)
+{
+    (void)err;
+    return parse_size(v, field);
+}
+
+static int parse_compress(void *field, const char *v, char *err)
+{
+    struct rewrite *w = field;
+    w->given = 1;
+    return ckpt_parse_compress(v, &w->o, err);
+}
+
+static int parse_hash(void *field, const char *v, char *err)
+{
+    struct rewrite *w = field;
+    (void)err;
+    w->given = 1;
+    return ckpt_parse_hash(v, &w->o.hash);
+}
+
+#define CV(field) offsetof(struct convert_args, field)
+#define LAYOUT_FLAG                                                                                \
+    {"--layout", OPT_WORD, CV(x.layout), .words = {"native", "hf", "llmc"}}
+#define WORLD_FLAG {"--world-size", OPT_LLONG, CV(world), .min = 1, .max = 65536}
+#define REWRITE_FLAGS                                                                              \
+    {"--compress", OPT_PARSE, CV(w), .parse = parse_compress},                                     \
+        {"--hash", OPT_PARSE, CV(w), .parse = parse_hash, .expect = "sha256 or xxh3"},             \
+        {"--chunk-kib", OPT_LLONG, CV(chunk_kib), .min = 1, .max = 256 * 1024}
+#define DIM_FLAG(name, i) {name, OPT_INT, CV(dims[i]), .min = 1, .max = 65536}
+
+/* Each verb's flags (what they mean: `commands` above) */
+static const struct opt export_flags[] = {
+    LAYOUT_FLAG,
+    {"--all", OPT_SWITCH, CV(x.all), .arg = NULL},
+    {"--dtype", OPT_PARSE, CV(x.dtype), .parse = parse_dtype, .expect = "f32, bf16 or f16"},
+    {"--max-shard-size", OPT_PARSE, CV(x.max_shard), .parse = parse_shard_size,
+     .expect = "a size such as 5GB, 500MiB or a byte count"},
+};
+static const struct opt import_flags[] = {
+    LAYOUT_FLAG,
+    WORLD_FLAG,
+    REWRITE_FLAGS,
+    {"--model", OPT_STR, CV(model), .arg = "PRESET"},
+    DIM_FLAG("--layers", 0),
+    DIM_FLAG("--dim", 1),
+    DIM_FLAG("--heads", 2),
+    DIM_FLAG("--seq", 3),
+    DIM_FLAG("--vocab", 4),
+};
+static const struct opt reshard_flags[] = {LAYOUT_FLAG, WORLD_FLAG, REWRITE_FLAGS};
+static const struct opt cp_flags[] = {LAYOUT_FLAG, REWRITE_FLAGS};
+
+static const struct verb_flags {
+    const char *verb;
+    const struct opt *t;
+    size_t n;
+} verb_flags[] = {
+    {"export", export_flags, OPTS_LEN(export_flags)},
+    {"import", import_flags, OPTS_LEN(import_flags)},
+    {"reshard", reshard_flags, OPTS_LEN(reshard_flags)},
+    {"cp", cp_flags, OPTS_LEN(cp_flags)},
+};
+
+/* The flags of cmd's table and its two paths, in any order; 0, or the exit
+ * status of bad usage. */
+static int parse_convert(const struct verb_flags *v, int argc, char **argv, struct convert_args *a)
+{
     char err[FSDP_ERR_LEN], msg[FSDP_ERR_LEN + 64];
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        int has_value = i + 1 < argc;
-        if (strcmp(a, "--all") == 0 && strcmp(cmd, "export") == 0) {
-            all = 1;
-        } else if (strcmp(a, "--layout") == 0) {
-            x.layout = -1;
-            for (int l = 0; has_value && l < 3; l++)
-                x.layout = strcmp(argv[i + 1], layouts[l]) == 0 ? l : x.layout;
-            if (x.layout < 0)
-                return bad_usage("--layout needs native, hf or llmc");
-            if (x.layout != LAYOUT_NATIVE && strcmp(cmd, "export") != 0 &&
-                strcmp(cmd, "import") != 0)
-                return bad_usage("--layout hf and llmc go with export and import");
-            i++;
-        } else if (strcmp(a, "--dtype") == 0 && strcmp(cmd, "export") == 0) {
-            if (!has_value || hf_parse_dtype(argv[++i], &x.dtype))
-                return bad_usage("--dtype needs f32, bf16 or f16");
-            dtype_given = 1;
-        } else if (strcmp(a, "--max-shard-size") == 0 && strcmp(cmd, "export") == 0) {
-            if (!has_value || parse_size(argv[++i], &x.max_shard))
-                return bad_usage("--max-shard-size needs a size such as 5GB, 500MiB or a byte "
-                                 "count");
-            shard_given = 1;
-        } else if (strcmp(a, "--world-size") == 0 && strcmp(cmd, "export") != 0 &&
-                   strcmp(cmd, "cp") != 0) {
-            char *end = NULL;
-            world = has_value ? strtoll(argv[++i], &end, 10) : 0;
-            if (!has_value || *end || world < 1 || world > 65536)
-                return bad_usage("--world-size needs an integer in 1..65536");
-        } else if (strcmp(a, "--compress") == 0 && strcmp(cmd, "export") != 0) {
-            rewrite_opts = 1;
-            if (!has_value)
-                return bad_usage("--compress needs a value");
-            if (ckpt_parse_compress(argv[++i], &o, err))
-                return bad_usage(err);
-        } else if (strcmp(a, "--hash") == 0 && strcmp(cmd, "export") != 0) {
-            rewrite_opts = 1;
-            if (!has_value || ckpt_parse_hash(argv[++i], &o.hash))
-                return bad_usage("--hash needs sha256 or xxh3");
-        } else if (strcmp(a, "--chunk-kib") == 0 && strcmp(cmd, "export") != 0) {
-            rewrite_opts = 1;
-            char *end = NULL;
-            chunk_kib = has_value ? strtoll(argv[++i], &end, 10) : 0;
-            if (!has_value || *end || chunk_kib < 1 || chunk_kib > 256 * 1024)
-                return bad_usage("--chunk-kib needs an integer in 1..262144");
-        } else if (strncmp(a, "--", 2) == 0 && strcmp(cmd, "import") == 0 &&
-                   (strcmp(a, dim_flags[0]) == 0 || strcmp(a, dim_flags[1]) == 0 ||
-                    strcmp(a, dim_flags[2]) == 0 || strcmp(a, dim_flags[3]) == 0 ||
-                    strcmp(a, dim_flags[4]) == 0)) {
-            int d = 0;
-            while (strcmp(a, dim_flags[d]) != 0)
-                d++;
-            long long v;
-            if (!has_value || fsdp_parse_i64(argv[++i], 1, 65536, &v)) {
-                snprintf(msg, sizeof msg, "%s needs an integer in 1..65536", a);
-                return bad_usage(msg);
-            }
-            dims[d] = (int)v;
-        } else if (strcmp(a, "--model") == 0 && strcmp(cmd, "import") == 0) {
-            if (!has_value)
-                return bad_usage("--model needs a value");
-            model = argv[++i];
-        } else if (strncmp(a, "--", 2) == 0 || npos == 2) {
-            snprintf(msg, sizeof msg, "%s: unexpected argument '%s'", cmd, a);
+    for (int i = 2; i < argc;) {
+        if (opts_parse(v->t, v->n, a, argc, argv, &i, err)) {
+            snprintf(msg, sizeof msg, "%s: %s", v->verb, err);
             return bad_usage(msg);
-        } else {
-            pos[npos++] = a;
         }
+        if (i == argc)
+            break;
+        if (a->npos == 2 || strncmp(argv[i], "--", 2) == 0) {
+            snprintf(msg, sizeof msg, "%s: unexpected argument '%s'", v->verb, argv[i]);
+            return bad_usage(msg);
+        }
+        a->pos[a->npos++] = argv[i++];
     }
-    o.chunk_bytes = (size_t)chunk_kib * 1024;
-    if (npos != 2) {
-        snprintf(msg, sizeof msg, "%s needs two paths", cmd);
+    if (a->npos != 2) {
+        snprintf(msg, sizeof msg, "%s needs two paths", v->verb);
         return bad_usage(msg);
     }
-    if (strcmp(cmd, "export") == 0) {
-        if ((dtype_given && x.layout == LAYOUT_NATIVE) ||
-            (shard_given && x.layout != LAYOUT_HF))
-            return bad_usage("--dtype goes with --layout hf or llmc, --max-shard-size with "
-                             "--layout hf");
-        if (x.layout == LAYOUT_LLMC && x.dtype == HF_F16)
-            return bad_usage("--dtype: llm.c's files hold f32 (version 3) or bf16 (version 5)");
-        if (all && x.layout != LAYOUT_NATIVE)
-            return bad_usage("--all: the hf and llmc layouts hold the model's parameters only");
-        x.all = all;
-        return cmd_export(pos[0], pos[1], &x);
-    }
-    if (strcmp(cmd, "cp") == 0)
-        return cmd_cp(pos[0], pos[1], &o, rewrite_opts);
-    if (!world)
-        return bad_usage("--world-size M is required");
-    if (strcmp(cmd, "reshard") == 0)
-        return cmd_reshard(pos[0], pos[1], (int)world, &o);
+    return 0;
+}
+
+static int convert_export(struct convert_args *a)
+{
+    struct export_opts *x = &a->x;
+    if ((x->dtype >= 0 && x->layout == LAYOUT_NATIVE) ||
+        (x->max_shard && x->layout != LAYOUT_HF))
+        return bad_usage("--dtype goes with --layout hf or llmc, --max-shard-size with "
+                         "--layout hf");
+    x->dtype = x->dtype >= 0 ? x->dtype : HF_F32;
+    x->max_shard = x->max_shard ? x->max_shard : 5000000000ull;
+    if (x->layout == LAYOUT_LLMC && x->dtype == HF_F16)
+        return bad_usage("--dtype: llm.c's files hold f32 (version 3) or bf16 (version 5)");
+    if (x->all && x->layout != LAYOUT_NATIVE)
+        return bad_usage("--all: the hf and llmc layouts hold the model's parameters only");
+    return cmd_export(a->pos[0], a->pos[1], x);
+}
+
+static int convert_import(const struct convert_args *a)
+{
+    const int *dims = a->dims;
     int custom = dims[0] || dims[1] || dims[2] || dims[3] || dims[4];
-    if (!model && !custom && x.layout == LAYOUT_NATIVE)
+    if (!a->model && !custom && a->x.layout == LAYOUT_NATIVE)
         return bad_usage("--model PRESET (and/or --layers, --dim, --heads, --seq, --vocab) is "
                          "required, or --layout hf or llmc: the model IN describes");
-    if ((model || custom) && x.layout != LAYOUT_NATIVE)
+    if ((a->model || custom) && a->x.layout != LAYOUT_NATIVE)
         return bad_usage("--model and the model's sizes: with --layout hf or llmc the model is "
                          "the one IN describes");
-    return cmd_import(pos[0], pos[1], model, dims, x.layout, (int)world, &o);
+    return cmd_import(a->pos[0], a->pos[1], a->model, dims, a->x.layout, (int)a->world, &a->w.o);
+}
+
+/* reshard / export / import / cp: positional arguments and flags */
+static int cmd_convert(const struct verb_flags *v, int argc, char **argv)
+{
+    const char *cmd = v->verb;
+    struct convert_args a = {.x = {0, LAYOUT_NATIVE, -1, 0}};
+    a.w.o = CKPT_WRITE_DEFAULTS;
+    int rc = parse_convert(v, argc, argv, &a);
+    if (rc)
+        return rc;
+    if (a.x.layout != LAYOUT_NATIVE && strcmp(cmd, "export") != 0 && strcmp(cmd, "import") != 0)
+        return bad_usage("--layout hf and llmc go with export and import");
+    a.w.o.chunk_bytes = (size_t)(a.chunk_kib ? a.chunk_kib : 4096) * 1024;
+    if (strcmp(cmd, "export") == 0)
+        return convert_export(&a);
+    if (strcmp(cmd, "cp") == 0)
+        return cmd_cp(a.pos[0], a.pos[1], &a.w.o, a.w.given || a.chunk_kib);
+    if (!a.world)
+        return bad_usage("--world-size M is required");
+    if (strcmp(cmd, "reshard") == 0)
+        return cmd_reshard(a.pos[0], a.pos[1], (int)a.world, &a.w.o);
+    return convert_import(&a);
 }
 
 static int is_help(const char *a) { return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0; }
@@ -767,6 +828,23 @@ static int ends_with(const char *s, const char *tail)
 {
     size_t n = strlen(s), k = strlen(tail);
     return n >= k && strcmp(s + n - k, tail) == 0;
+}
+
+/* A flag of some verb's that is followed by its value. */
+static int takes_value(const char *flag)
+{
+    const struct opt *o = opts_find(import_flags, OPTS_LEN(import_flags), flag);
+    if (!o)
+        o = opts_find(export_flags, OPTS_LEN(export_flags), flag);
+    return o && o->kind != OPT_SWITCH;
+}
+
+static const struct verb_flags *verb_named(const char *verb)
+{
+    for (size_t i = 0; i < OPTS_LEN(verb_flags); i++)
+        if (strcmp(verb_flags[i].verb, verb) == 0)
+            return &verb_flags[i];
+    return NULL;
 }
 
 /* convert SRC DST ...: the verb its two paths (and --world-size) call for. */
@@ -779,13 +857,7 @@ static const char *convert_verb(int argc, char **argv)
             world = 1;
         if (strcmp(argv[i], "--layout") == 0 && i + 1 < argc && strcmp(argv[i + 1], "native") != 0)
             layout = 1;
-        if (strcmp(argv[i], "--world-size") == 0 || strcmp(argv[i], "--compress") == 0 ||
-            strcmp(argv[i], "--hash") == 0 || strcmp(argv[i], "--chunk-kib") == 0 ||
-            strcmp(argv[i], "--model") == 0 || strcmp(argv[i], "--layout") == 0 ||
-            strcmp(argv[i], "--dtype") == 0 || strcmp(argv[i], "--max-shard-size") == 0 ||
-            strcmp(argv[i], "--layers") == 0 || strcmp(argv[i], "--dim") == 0 ||
-            strcmp(argv[i], "--heads") == 0 || strcmp(argv[i], "--seq") == 0 ||
-            strcmp(argv[i], "--vocab") == 0)
+        if (takes_value(argv[i]))
             i++; /* its value */
         else if (strncmp(argv[i], "--", 2) != 0 && npos < 2)
             pos[npos++] = argv[i];
@@ -828,27 +900,19 @@ int main(int argc, char **argv)
         strcmp(cmd, "verify") == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         long long threads = n < 1 ? 1 : n > 16 ? 16 : n;
-        if (argc == 5) {
-            char *end;
-            errno = 0;
-            threads = strtoll(argv[4], &end, 10);
-            if (!*argv[4] || *end || errno || threads < 1 || threads > 256)
-                return bad_usage("verify --threads needs an integer from 1 to 256");
-        }
+        if (argc == 5 && fsdp_parse_i64(argv[4], 1, 256, &threads))
+            return bad_usage("verify --threads needs an integer from 1 to 256");
         return cmd_verify(argv[2], (int)threads);
     }
     if (argc == 3 && strcmp(cmd, "digest") == 0)
         return cmd_digest(argv[2]);
-    if (strcmp(cmd, "reshard") == 0 || strcmp(cmd, "export") == 0 ||
-        strcmp(cmd, "import") == 0 || strcmp(cmd, "cp") == 0)
-        return cmd_convert(argc, argv);
+    if (verb_named(cmd))
+        return cmd_convert(verb_named(cmd), argc, argv);
     if (argc == 4 && strcmp(cmd, "diff") == 0)
         return cmd_diff(argv[2], argv[3]);
     if (argc == 5 && strcmp(cmd, "prune") == 0 && strcmp(argv[3], "--keep") == 0) {
-        char *end;
-        errno = 0;
-        long long k = strtoll(argv[4], &end, 10);
-        if (!*argv[4] || *end || errno || k < 1)
+        long long k;
+        if (fsdp_parse_i64(argv[4], 1, LLONG_MAX, &k))
             return bad_usage("prune --keep needs an integer >= 1 (--keep 0 would delete every "
                              "committed step)");
         return cmd_prune(argv[2], k);
