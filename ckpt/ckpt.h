@@ -1,6 +1,14 @@
 /*
- * ckpt.h - the checkpoint format: manifest, shard writer and verified
- * reader, step listing and retention.
+ * ckpt.h - the checkpoint format and the policy that needs no collective:
+ * manifest (manifest.c), chunk index (index.c), shard writer (writer.c)
+ * and verified reader (reader.c, parallel.c: a load plan on several
+ * threads), resharding (reshard.c), step listing (steps.c), generations
+ * and fences (fence.c), and cleanup.c: a step's commit (ckpt_commit_step)
+ * and the one place that decides what may be deleted (ckpt_clean:
+ * retention, incomplete steps, fenced garbage). The trainer's collective
+ * protocol on top of it is src/checkpoint.h; fsdp-ckpt uses it directly.
+ * Errors follow util.h: 0 or a negative enum fsdp_status, with a line in
+ * err (FSDP_ERR_LEN).
  *
  * Layout in a store (storage.h):
  *   step-00001000/shard-00000-of-00004   one per rank, written in parallel

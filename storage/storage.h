@@ -16,9 +16,10 @@
  * was lost); it reports success when the object holds exactly the bytes it
  * was given, so writers make those bytes their own (a nonce, a generation).
  *
- * Errors: negative returns with a one-line message in err naming the
- * operation, the object and the cause (errno text); STORAGE_NOT_FOUND and
- * STORAGE_EXISTS are distinguishable outcomes, not failures to report.
+ * Errors (util.h's convention): negative returns with a one-line message in
+ * err (FSDP_ERR_LEN) naming the operation, the object and the cause (errno
+ * text); STORAGE_NOT_FOUND and STORAGE_EXISTS (util.h's enum fsdp_status)
+ * are distinguishable outcomes, not failures to report.
  *
  * Threads: a struct storage, and every writer it hands out, is used by one
  * thread at a time; a caller that passes it between threads orders the
