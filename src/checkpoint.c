@@ -31,62 +31,32 @@
  * different model is refused outright. Nothing is deleted because a read
  * failed.
  *
- * Test hook: FSDP_TEST_STOP_AT=POINT:N makes the process stop itself
- * (SIGSTOP) at POINT during its N-th save: shard-chunk (after the first
- * chunk of its shard is written), before-commit (rank 0, shards durable,
- * manifest not yet written), fence-checked (rank 0, its generation still
- * the store's, manifest not yet written), after-commit (rank 0). Tests
- * then SIGKILL or SIGCONT the whole job at a moment they know.
+ * Test hook: testhook_stop (testhook.h, FSDP_TEST_STOP_AT) at the points
+ * shard-chunk, before-commit, fence-checked and after-commit below.
  */
 #include "checkpoint.h"
 
 #include "heartbeat.h"
 #include "model_ckpt.h"
+#include "testhook.h"
 #include "util.h"
 
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-/* ---- test hook --------------------------------------------------------------- */
-
-static char stop_point[32];
-static int stop_nth, current_save;
-
-static void stop_init(void)
-{
-    const char *s = getenv("FSDP_TEST_STOP_AT");
-    if (!s)
-        return;
-    const char *colon = strchr(s, ':');
-    size_t n = colon ? (size_t)(colon - s) : strlen(s);
-    if (n >= sizeof stop_point)
-        return;
-    memcpy(stop_point, s, n);
-    stop_point[n] = 0;
-    stop_nth = colon ? atoi(colon + 1) : 1;
-}
-
-static void stop_here(const char *point)
-{
-    if (stop_point[0] && current_save == stop_nth && strcmp(point, stop_point) == 0) {
-        fprintf(stderr, "fsdp-train: test hook: stopping at %s of save %d\n", point,
-                current_save);
-        raise(SIGSTOP);
-    }
-}
-
+/* ckpt_shard_write's callback after each chunk of this rank's shard: the
+ * heartbeat sees progress, and the test hook's first point is here. */
 static void chunk_hook(int chunk)
 {
     hb_progress();
     if (chunk == 0)
-        stop_here("shard-chunk");
+        testhook_stop("shard-chunk");
 }
 
 /* ---- agreement ---------------------------------------------------------------- */
@@ -158,7 +128,6 @@ int tckpt_open(struct tckpt *c, const struct tckpt_opts *o, struct fsdp_engine *
     c->m = m;
     c->world = e->shard == FSDP_SHARD_NONE ? 1 : comm->world;
     c->generation = hb_generation();
-    stop_init();
     int rc = storage_open(o->uri, &c->st, err);
     if (!rc && !(c->codec = ckpt_codec_new(o->write.chunk_bytes)))
         rc = fsdp_err(err, "checkpoint: out of memory for the codec");
@@ -307,11 +276,11 @@ static int commit(struct tckpt *c, uint64_t step, json_t *trainer, const char *a
         json_decref(j);
     }
     if (!rc) {
-        stop_here("before-commit");
+        testhook_stop("before-commit");
         rc = ckpt_fence_check(c->st, c->generation, err);
     }
     if (!rc)
-        stop_here("fence-checked"); /* a frozen or partitioned rank 0 can stop here */
+        testhook_stop("fence-checked"); /* a frozen or partitioned rank 0 can stop here */
     if (!rc) {
         *attempted = 1;
         struct ckpt_commit_result res;
@@ -424,7 +393,7 @@ static int finish_save(struct tckpt *c, uint64_t step, json_t *trainer, char *mi
             hb_event("checkpoint_committed step=%llu seconds=%.3f bytes=%llu",
                      (unsigned long long)step, fsdp_now() - c->save_t0,
                      (unsigned long long)c->stored_bytes);
-            stop_here("after-commit");
+            testhook_stop("after-commit");
             if (c->async)
                 async_retain(c, step); /* rank 0's writer thread deletes old steps */
             else
@@ -445,7 +414,7 @@ int tckpt_save(struct tckpt *c, uint64_t step, json_t *trainer, char *err)
 {
     if (c->async) /* an emergency save: rank 0's writer may still apply retention */
         async_quiesce(c);
-    current_save = ++c->saves;
+    testhook_save_begins(++c->saves);
     c->save_t0 = fsdp_now();
     hb_set(step, HB_SAVE);
     char *mine = NULL;
@@ -625,7 +594,7 @@ int tckpt_async_state(struct tckpt *c, int *in_flight, int *failed)
 int tckpt_save_async(struct tckpt *c, uint64_t step, json_t *trainer, char *err)
 {
     struct tckpt_async *a = c->async;
-    current_save = ++c->saves;
+    testhook_save_begins(++c->saves);
     c->save_t0 = fsdp_now();
     pthread_mutex_lock(&a->mu);
     a->step = step;
