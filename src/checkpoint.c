@@ -31,10 +31,15 @@
  * different model is refused outright. Nothing is deleted because a read
  * failed.
  *
+ * Asynchronous saves (--ckpt-async) are checkpoint_async.c: the same
+ * protocol, with step 1 on a background thread (checkpoint_internal.h is
+ * what the two files share). With --verify-load, the state as loaded is
+ * compared with the checkpoint's digest (tckpt_verify_loaded).
+ *
  * Test hook: testhook_stop (testhook.h, FSDP_TEST_STOP_AT) at the points
  * shard-chunk, before-commit, fence-checked and after-commit below.
  */
-#include "checkpoint.h"
+#include "checkpoint_internal.h"
 
 #include "heartbeat.h"
 #include "model_ckpt.h"
@@ -42,28 +47,16 @@
 #include "util.h"
 
 #include <openssl/evp.h>
-#include <pthread.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-/* ckpt_shard_write's callback after each chunk of this rank's shard: the
- * heartbeat sees progress, and the test hook's first point is here. */
-static void chunk_hook(int chunk)
-{
-    hb_progress();
-    if (chunk == 0)
-        testhook_stop("shard-chunk");
-}
-
 /* ---- agreement ---------------------------------------------------------------- */
 
 /* All ranks learn whether any failed; rank 0 learns the first failing
  * rank's message. Returns 0 if every rank succeeded. */
-static int agree(struct fsdp_comm *comm, int rc, char *err)
+int tckpt_agree(struct fsdp_comm *comm, int rc, char *err)
 {
     double bad = rc != 0;
     char local[FSDP_ERR_LEN];
@@ -138,7 +131,7 @@ int tckpt_open(struct tckpt *c, const struct tckpt_opts *o, struct fsdp_engine *
             rc = fsdp_err(err, "checkpoint: out of host memory for a copy of the state");
     if (!rc && comm->rank == 0)
         rc = claim_and_probe(c, err);
-    if (agree(comm, rc, err) ||
+    if (tckpt_agree(comm, rc, err) ||
         comm->bcast_bytes(comm, &c->generation, sizeof c->generation, 0, err) ||
         comm->bcast_bytes(comm, c->tag, sizeof c->tag, 0, err)) {
         tckpt_close(c);
@@ -164,7 +157,7 @@ void tckpt_close(struct tckpt *c)
 /* ---- save -------------------------------------------------------------------------- */
 
 /* The engine's state of one kind (backend memory). */
-static float *kind_base(struct fsdp_engine *e, int kind)
+float *tckpt_kind_base(struct fsdp_engine *e, int kind)
 {
     return kind == CKPT_PARAM ? e->params : kind == CKPT_EXP_AVG ? e->exp_avg : e->exp_avg_sq;
 }
@@ -172,7 +165,7 @@ static float *kind_base(struct fsdp_engine *e, int kind)
 /* The same in host memory, where the storage code reads and writes it. */
 static float *host_base(struct tckpt *c, int kind)
 {
-    return c->host[kind] ? c->host[kind] : kind_base(c->e, kind);
+    return c->host[kind] ? c->host[kind] : tckpt_kind_base(c->e, kind);
 }
 
 /* Device engines: the state's host copy is made current (before a save)
@@ -181,19 +174,30 @@ static void state_to_host(struct tckpt *c)
 {
     for (int k = 0; k < CKPT_NKINDS; k++)
         if (c->host[k])
-            c->e->k->download(c->host[k], kind_base(c->e, k), c->e->shard_total * sizeof(float));
+            c->e->k->download(c->host[k], tckpt_kind_base(c->e, k),
+                              c->e->shard_total * sizeof(float));
 }
 
 static void state_to_device(struct tckpt *c)
 {
     for (int k = 0; k < CKPT_NKINDS; k++)
         if (c->host[k])
-            c->e->k->upload(kind_base(c->e, k), c->host[k], c->e->shard_total * sizeof(float));
+            c->e->k->upload(tckpt_kind_base(c->e, k), c->host[k],
+                            c->e->shard_total * sizeof(float));
+}
+
+/* ckpt_shard_write's callback after each chunk of this rank's shard: the
+ * heartbeat sees progress, and the test hook's first point is here. */
+static void chunk_hook(int chunk)
+{
+    hb_progress();
+    if (chunk == 0)
+        testhook_stop("shard-chunk");
 }
 
 /* Writes this rank's shard from bases[kind] (the engine's state, or the
  * async staging copy of it). */
-static int write_own_shard(struct tckpt *c, uint64_t step, float *const bases[CKPT_NKINDS],
+int tckpt_write_own_shard(struct tckpt *c, uint64_t step, float *const bases[CKPT_NKINDS],
                            char **json_out, char *err)
 {
     const struct model_layout *m = c->m;
@@ -320,7 +324,7 @@ static int commit(struct tckpt *c, uint64_t step, json_t *trainer, const char *a
 
 /* Rank 0, after committing step upto: retention and garbage (cleanup.c
  * decides). */
-static int retain(struct tckpt *c, uint64_t upto, char *err)
+int tckpt_retain(struct tckpt *c, uint64_t upto, char *err)
 {
     struct ckpt_clean_policy p = {.generation = c->generation, .keep = c->o.keep, .upto = upto};
     struct ckpt_clean_report rep;
@@ -329,9 +333,6 @@ static int retain(struct tckpt *c, uint64_t upto, char *err)
         return fsdp_err(err, "%s", sub);
     return 0;
 }
-
-static void async_retain(struct tckpt *c, uint64_t upto);
-static void async_quiesce(struct tckpt *c);
 
 /* Rank 0: removes the shards this launch wrote for a step it did not
  * commit. Best effort and silent: the store may be what failed (its error
@@ -347,8 +348,9 @@ static void discard_own(struct tckpt *c, uint64_t step)
  * claimed the store, this launch is fenced (see TCKPT_FENCED_EXIT). The
  * verdict is said here, before any collective: the other ranks of a stale
  * launch (a host frozen through a partition, thawed after the job moved
- * on) may be gone, and waiting for them in agree() would hang unheard. A
- * store that cannot be read decides nothing: the caller reports its error. */
+ * on) may be gone, and waiting for them in tckpt_agree() would hang
+ * unheard. A store that cannot be read decides nothing: the caller reports
+ * its error. */
 static void exit_if_fenced(struct tckpt *c, uint64_t step, const char *why)
 {
     uint64_t cur;
@@ -370,10 +372,10 @@ static void exit_if_fenced(struct tckpt *c, uint64_t step, const char *why)
 
 /* Collective, after every rank wrote (or failed to write) its shard: the
  * agreement, the shard records to rank 0, the commit, retention. Takes mine. */
-static int finish_save(struct tckpt *c, uint64_t step, json_t *trainer, char *mine, int rc,
+int tckpt_finish_save(struct tckpt *c, uint64_t step, json_t *trainer, char *mine, int rc,
                        char *err)
 {
-    if (agree(c->comm, rc, err)) {
+    if (tckpt_agree(c->comm, rc, err)) {
         free(mine);
         if (c->comm->rank == 0)
             discard_own(c, step);
@@ -395,9 +397,9 @@ static int finish_save(struct tckpt *c, uint64_t step, json_t *trainer, char *mi
                      (unsigned long long)c->stored_bytes);
             testhook_stop("after-commit");
             if (c->async)
-                async_retain(c, step); /* rank 0's writer thread deletes old steps */
+                tckpt_async_retain(c, step); /* rank 0's writer thread deletes old steps */
             else
-                rc = retain(c, step, err); /* a failure here leaves the commit as it is */
+                rc = tckpt_retain(c, step, err); /* a failure here leaves the commit as it is */
         } else if (rc < 0 && !attempted) { /* never committed: our shards are garbage */
             discard_own(c, step);
         }
@@ -407,13 +409,13 @@ static int finish_save(struct tckpt *c, uint64_t step, json_t *trainer, char *mi
             rc = 0;
     }
     free(all);
-    return agree(c->comm, rc, err);
+    return tckpt_agree(c->comm, rc, err);
 }
 
 int tckpt_save(struct tckpt *c, uint64_t step, json_t *trainer, char *err)
 {
     if (c->async) /* an emergency save: rank 0's writer may still apply retention */
-        async_quiesce(c);
+        tckpt_async_quiesce(c);
     testhook_save_begins(++c->saves);
     c->save_t0 = fsdp_now();
     hb_set(step, HB_SAVE);
@@ -423,236 +425,10 @@ int tckpt_save(struct tckpt *c, uint64_t step, json_t *trainer, char *err)
                                        host_base(c, CKPT_EXP_AVG_SQ)};
     if (c->comm->rank < c->world) {
         state_to_host(c);
-        rc = write_own_shard(c, step, bases, &mine, err);
+        rc = tckpt_write_own_shard(c, step, bases, &mine, err);
     }
-    return finish_save(c, step, trainer, mine, rc, err);
+    return tckpt_finish_save(c, step, trainer, mine, rc, err);
 }
-
-/* ---- asynchronous saves ---------------------------------------------------------------
- *
- * One background thread per rank, at nice 10 so the compute threads keep
- * their cores (when it competes with one, the fair scheduler gives it about
- * a tenth of that core). At a due step boundary the trainer only hands it
- * the step: the thread first copies this rank's shard of every state kind
- * into staging buffers (allocated and touched once), which overlaps with the
- * next step's forward and backward, since those only read the shard; the
- * trainer waits for the copy (tckpt_async_snapshot_wait) only before the
- * optimizer step, the first thing that writes the shard. Then the thread
- * chunks, shuffles, compresses, hashes and writes the staged copy. Each
- * step the trainer adds "my write is done" and "my write failed" to the
- * loss all-reduce it makes anyway; the step in which every rank is done
- * runs the commit (the chunk-table gather and rank 0's manifest), so no step
- * waits on storage unless a checkpoint is due while the previous one is
- * still being written. After a commit, rank 0's thread applies retention. */
-
-enum { A_IDLE, A_COPYING, A_WRITING, A_DONE, A_FAILED };
-
-struct tckpt_async {
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int state, quit, job;
-    int retain, retain_failed; /* rank 0: retention to apply; it failed */
-    uint64_t retain_upto;      /* the step just committed */
-    uint64_t step;
-    json_t *trainer;
-    float *staging[CKPT_NKINDS];
-    char *json;
-    char err[FSDP_ERR_LEN], retain_err[FSDP_ERR_LEN];
-};
-
-static void async_snapshot(struct tckpt *c, struct tckpt_async *a)
-{
-    /* Staging is host memory: on the CPU the copy is a memcpy, on a GPU a
-     * device-to-host copy on this thread's own stream (kernels.h). */
-    struct fsdp_engine *e = c->e;
-    for (int k = 0; k < CKPT_NKINDS; k++)
-        e->k->download(a->staging[k], kind_base(e, k), e->shard_total * sizeof(float));
-}
-
-static void *async_main(void *arg)
-{
-    struct tckpt *c = arg;
-    struct tckpt_async *a = c->async;
-    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
-    pthread_mutex_lock(&a->mu);
-    for (;;) {
-        while (!a->job && !a->retain && !a->quit)
-            pthread_cond_wait(&a->cv, &a->mu);
-        if (a->retain) {
-            uint64_t upto = a->retain_upto;
-            pthread_mutex_unlock(&a->mu);
-            char err[FSDP_ERR_LEN] = "";
-            int rc = retain(c, upto, err);
-            pthread_mutex_lock(&a->mu);
-            if (rc && !a->retain_failed) {
-                a->retain_failed = 1;
-                snprintf(a->retain_err, sizeof a->retain_err, "%s", err);
-            }
-            a->retain = 0;
-            pthread_cond_broadcast(&a->cv);
-            continue;
-        }
-        if (a->quit)
-            break;
-        uint64_t step = a->step;
-        pthread_mutex_unlock(&a->mu);
-        async_snapshot(c, a);
-        pthread_mutex_lock(&a->mu);
-        a->state = A_WRITING;
-        pthread_cond_broadcast(&a->cv);
-        pthread_mutex_unlock(&a->mu);
-        char *json = NULL, err[FSDP_ERR_LEN] = "";
-        int rc = write_own_shard(c, step, a->staging, &json, err);
-        pthread_mutex_lock(&a->mu);
-        a->json = json;
-        snprintf(a->err, sizeof a->err, "%s", err);
-        a->state = rc ? A_FAILED : A_DONE;
-        a->job = 0;
-        pthread_cond_broadcast(&a->cv);
-    }
-    pthread_mutex_unlock(&a->mu);
-    return NULL;
-}
-
-static void async_retain(struct tckpt *c, uint64_t upto)
-{
-    struct tckpt_async *a = c->async;
-    pthread_mutex_lock(&a->mu);
-    a->retain = 1;
-    a->retain_upto = upto;
-    pthread_cond_broadcast(&a->cv);
-    pthread_mutex_unlock(&a->mu);
-}
-
-static void async_quiesce(struct tckpt *c)
-{
-    struct tckpt_async *a = c->async;
-    pthread_mutex_lock(&a->mu);
-    while (a->retain)
-        pthread_cond_wait(&a->cv, &a->mu);
-    pthread_mutex_unlock(&a->mu);
-}
-
-int tckpt_async_start(struct tckpt *c, char *err)
-{
-    struct tckpt_async *a = calloc(1, sizeof *a);
-    int rc = a ? 0 : -1;
-    for (int k = 0; !rc && k < CKPT_NKINDS; k++)
-        if (!(a->staging[k] = c->e->k->host_alloc(c->e->shard_total * sizeof(float))))
-            rc = -1;
-    if (!rc) {
-        pthread_mutex_init(&a->mu, NULL);
-        pthread_cond_init(&a->cv, NULL);
-        c->async = a;
-        if (pthread_create(&a->thread, NULL, async_main, c)) {
-            c->async = NULL;
-            rc = -1;
-        }
-    }
-    if (rc && a) {
-        for (int k = 0; k < CKPT_NKINDS; k++)
-            if (a->staging[k])
-                c->e->k->host_free(a->staging[k]);
-        free(a);
-    }
-    return agree(c->comm, rc ? fsdp_err(err, "checkpoint: cannot set up async saves") : 0, err);
-}
-
-void tckpt_async_stop(struct tckpt *c)
-{
-    struct tckpt_async *a = c->async;
-    if (!a)
-        return;
-    pthread_mutex_lock(&a->mu);
-    a->quit = 1; /* after any retention it was given */
-    pthread_cond_broadcast(&a->cv);
-    pthread_mutex_unlock(&a->mu);
-    pthread_join(a->thread, NULL);
-    for (int k = 0; k < CKPT_NKINDS; k++)
-        c->e->k->host_free(a->staging[k]);
-    free(a->json);
-    json_decref(a->trainer);
-    free(a);
-    c->async = NULL;
-}
-
-int tckpt_async_state(struct tckpt *c, int *in_flight, int *failed)
-{
-    struct tckpt_async *a = c->async;
-    *in_flight = *failed = 0;
-    if (!a)
-        return 0;
-    pthread_mutex_lock(&a->mu);
-    int st = a->state;
-    pthread_mutex_unlock(&a->mu);
-    *in_flight = st != A_IDLE;
-    *failed = st == A_FAILED;
-    return st == A_DONE || st == A_FAILED;
-}
-
-int tckpt_save_async(struct tckpt *c, uint64_t step, json_t *trainer, char *err)
-{
-    struct tckpt_async *a = c->async;
-    testhook_save_begins(++c->saves);
-    c->save_t0 = fsdp_now();
-    pthread_mutex_lock(&a->mu);
-    a->step = step;
-    json_decref(a->trainer);
-    a->trainer = json_incref(trainer);
-    free(a->json);
-    a->json = NULL;
-    if (c->comm->rank < c->world) {
-        a->state = A_COPYING;
-        a->job = 1;
-        pthread_cond_broadcast(&a->cv);
-    } else {
-        a->state = A_DONE; /* NO_SHARD: rank 0's copy is the checkpoint */
-    }
-    pthread_mutex_unlock(&a->mu);
-    (void)err;
-    return 0;
-}
-
-int tckpt_async_snapshot_wait(struct tckpt *c)
-{
-    struct tckpt_async *a = c->async;
-    if (!a)
-        return 0;
-    pthread_mutex_lock(&a->mu);
-    int waited = a->state == A_COPYING;
-    while (a->state == A_COPYING)
-        pthread_cond_wait(&a->cv, &a->mu);
-    pthread_mutex_unlock(&a->mu);
-    return waited;
-}
-
-int tckpt_async_finish(struct tckpt *c, char *err)
-{
-    struct tckpt_async *a = c->async;
-    pthread_mutex_lock(&a->mu);
-    while (a->state == A_COPYING || a->state == A_WRITING)
-        pthread_cond_wait(&a->cv, &a->mu);
-    int rc = a->state == A_FAILED;
-    if (rc)
-        fsdp_err(err, "%s", a->err);
-    else if (a->retain_failed) /* of the previous commit; surfaces now */
-        rc = fsdp_err(err, "%s", a->retain_err);
-    char *mine = a->json;
-    a->json = NULL;
-    json_t *trainer = a->trainer;
-    a->trainer = NULL;
-    uint64_t step = a->step;
-    pthread_mutex_unlock(&a->mu);
-    rc = finish_save(c, step, trainer, mine, rc ? -1 : 0, err);
-    json_decref(trainer);
-    pthread_mutex_lock(&a->mu);
-    a->state = A_IDLE;
-    pthread_mutex_unlock(&a->mu);
-    return rc;
-}
-
-uint64_t tckpt_async_step(struct tckpt *c) { return c->async ? c->async->step : 0; }
 
 /* ---- verifying a load --------------------------------------------------------------- */
 
@@ -689,7 +465,7 @@ int tckpt_verify_loaded(struct tckpt *c, const struct ckpt_manifest *man, char *
             ckpt_reader_free(&r);
         }
     }
-    if (agree(c->comm, rc, err)) {
+    if (tckpt_agree(c->comm, rc, err)) {
         free(want.v);
         return -1;
     }
@@ -702,7 +478,7 @@ int tckpt_verify_loaded(struct tckpt *c, const struct ckpt_manifest *man, char *
     float *hostunit = e->k->on_device && c->comm->rank == 0
                           ? e->k->host_alloc(max_unit * sizeof(float)) : NULL;
     int oom = !md || (e->k->on_device && c->comm->rank == 0 && !hostunit);
-    if (agree(c->comm, oom ? fsdp_err(err, "verify-load: out of memory") : 0, err)) {
+    if (tckpt_agree(c->comm, oom ? fsdp_err(err, "verify-load: out of memory") : 0, err)) {
         EVP_MD_CTX_free(md);
         if (hostunit)
             e->k->host_free(hostunit);
@@ -713,7 +489,7 @@ int tckpt_verify_loaded(struct tckpt *c, const struct ckpt_manifest *man, char *
         struct fsdp_unit *U = &e->units[u];
         float *full = e->shard == FSDP_SHARD_NONE ? NULL : U->full;
         for (int k = 0; !rc && k < CKPT_NKINDS; k++) {
-            const float *src = kind_base(e, k) + U->shard_off;
+            const float *src = tckpt_kind_base(e, k) + U->shard_off;
             if (full)
                 rc = c->comm->allgather(c->comm, src, full, U->shard_n, err);
             const float *unit = full ? full : src;
@@ -746,7 +522,7 @@ int tckpt_verify_loaded(struct tckpt *c, const struct ckpt_manifest *man, char *
     free(want.v);
     want.v = NULL;
     fsdp_params_changed(e); /* the gather buffers held other kinds */
-    if (agree(c->comm, rc, err))
+    if (tckpt_agree(c->comm, rc, err))
         return -1;
     double bad = mismatches;
     if (c->comm->allreduce_sum_f64(c->comm, &bad, 1, err))
@@ -806,7 +582,7 @@ differ:;
 
 /* Collective: rank 0 loads the manifest (judging that it is live) and
  * broadcasts its bytes; the others parse them. A failure on rank 0 is every
- * rank's, with the same code (agree() then reports rank 0's message). */
+ * rank's, with the same code (tckpt_agree() then reports rank 0's message). */
 static int share_manifest(struct tckpt *c, uint64_t step, struct ckpt_manifest *man, char *err)
 {
     char *doc = NULL;
@@ -917,7 +693,7 @@ int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *loaded, char *err)
     int n = 0, rc = 0;
     if (comm->rank == 0)
         rc = ckpt_list_steps(c->st, &steps, &n, err);
-    if (agree(comm, rc, err))
+    if (tckpt_agree(comm, rc, err))
         return -1;
     double count = comm->rank == 0 ? n : 0;
     if (comm->allreduce_sum_f64(comm, &count, 1, err))
@@ -929,7 +705,7 @@ int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *loaded, char *err)
         if (steps[i].committed)
             cand[ncand++] = steps[i].step;
     free(steps);
-    if (agree(comm, cand ? 0 : fsdp_err(err, "checkpoint: out of memory"), err)) {
+    if (tckpt_agree(comm, cand ? 0 : fsdp_err(err, "checkpoint: out of memory"), err)) {
         free(cand);
         return -1;
     }
@@ -947,7 +723,7 @@ int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *loaded, char *err)
                             (unsigned long long)newest);
         /* a fresh run owns the location: clear what a crashed run left */
         rc = comm->rank == 0 ? clean_for_start(c, err) : 0;
-        return agree(comm, rc, err);
+        return tckpt_agree(comm, rc, err);
     }
     for (int i = ncand - 1; i >= 0; i--) {
         struct ckpt_manifest man = {0};
@@ -978,7 +754,7 @@ int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *loaded, char *err)
                 fsdp_err(err, "another rank refused the checkpoint");
             return TCKPT_REFUSED;
         }
-        if (agree(comm, rc, err) == 0) {
+        if (tckpt_agree(comm, rc, err) == 0) {
             report_reads(c, &man, bytes_read, load_s);
             c->load_s = load_s;
             if (comm->rank == 0)
@@ -1011,7 +787,7 @@ int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *loaded, char *err)
     }
     free(cand);
     rc = comm->rank == 0 ? clean_for_start(c, err) : 0;
-    if (agree(comm, rc, err)) {
+    if (tckpt_agree(comm, rc, err)) {
         json_decref(*trainer);
         *trainer = NULL;
         return -1;
