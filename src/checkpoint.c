@@ -46,7 +46,6 @@
 #include "testhook.h"
 #include "util.h"
 
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -432,12 +431,15 @@ int tckpt_save(struct tckpt *c, uint64_t step, json_t *trainer, char *err)
 
 /* ---- verifying a load --------------------------------------------------------------- */
 
+/* The checkpoint's digest: a line "tensor kind hex" per tensor and kind,
+ * in ckpt_digest's order (tensor-major). */
 struct digest_list {
     int n;
     char (*v)[200];
 };
 
-static int keep(void *arg, const char *tensor, const char *kind, const char *hex)
+/* ckpt_digest's callback: appends one line to the list. */
+static int collect_digest(void *arg, const char *tensor, const char *kind, const char *hex)
 {
     struct digest_list *d = arg;
     void *v = realloc(d->v, (size_t)(d->n + 1) * sizeof *d->v);
@@ -448,43 +450,57 @@ static int keep(void *arg, const char *tensor, const char *kind, const char *hex
     return 0;
 }
 
-/* Collective. The digest of the state as loaded (gathered unit by unit on
- * rank 0) against the digest of the checkpoint it came from: proves a
- * reshard placed every byte where it belongs. Reported on stderr and to
- * the supervisor. */
-int tckpt_verify_loaded(struct tckpt *c, const struct ckpt_manifest *man, char *err)
+/* Rank 0: the digest of checkpoint man, read from the store. */
+static int checkpoint_digest(struct tckpt *c, const struct ckpt_manifest *man,
+                             struct digest_list *want, char *err)
+{
+    struct ckpt_reader r;
+    if (ckpt_reader_init(&r, c->st, man, err))
+        return -1;
+    int rc = ckpt_digest(&r, collect_digest, want, err);
+    ckpt_reader_free(&r);
+    return rc;
+}
+
+/* ckpt_tensor_digest's source of values when they are all in memory. */
+static const float *in_memory(void *arg, uint64_t off, uint64_t n, char *err)
+{
+    (void)n;
+    (void)err;
+    return (const float *)arg + off;
+}
+
+/* Rank 0: the digest of each tensor of unit u's state of kind k (the whole
+ * unit at `unit`, host memory), looked up in the checkpoint's digest. */
+static int compare_unit(struct tckpt *c, int u, int k, const float *unit,
+                        const struct digest_list *want, int *checked, int *mismatches, char *err)
+{
+    const struct model_unit *mu = &c->m->units[u];
+    for (int t = 0; t < mu->ntensors; t++) {
+        const struct model_tensor *T = &c->m->tensors[mu->first_tensor + t];
+        char hex[65], line[200];
+        if (ckpt_tensor_digest(T->numel, in_memory, (void *)(unit + T->offset), hex, err))
+            return -1;
+        snprintf(line, sizeof line, "%s %s %s", T->name, ckpt_kind_name(k), hex);
+        int found = 0; /* the checkpoint's digest lists tensor-major order */
+        for (int i = 0; i < want->n && !found; i++)
+            found = strcmp(line, want->v[i]) == 0;
+        *mismatches += !found;
+        (*checked)++;
+    }
+    return 0;
+}
+
+/* Collective: every unit's state, kind by kind, gathered on rank 0 (a
+ * device engine's into hostunit there), which compares it tensor by tensor.
+ * The gathers run on every rank whatever rank 0's hashing meets; its
+ * failure is reported after them. */
+static int compare_state(struct tckpt *c, const struct digest_list *want, float *hostunit,
+                         int *checked, int *mismatches, char *err)
 {
     struct fsdp_engine *e = c->e;
-    struct digest_list want = {0};
-    int rc = 0, mismatches = 0, checked = 0;
-    if (c->comm->rank == 0) {
-        struct ckpt_reader r;
-        rc = ckpt_reader_init(&r, c->st, man, err);
-        if (!rc) {
-            rc = ckpt_digest(&r, keep, &want, err);
-            ckpt_reader_free(&r);
-        }
-    }
-    if (tckpt_agree(c->comm, rc, err)) {
-        free(want.v);
-        return -1;
-    }
-    EVP_MD_CTX *md = EVP_MD_CTX_new(); /* agreed on: the loop below is collective */
-    /* a device engine's gathered unit is hashed from a host copy (rank 0) */
-    size_t max_unit = 0;
-    for (int u = 0; u < c->m->nunits; u++)
-        if (e->units[u].padded > max_unit)
-            max_unit = e->units[u].padded;
-    float *hostunit = e->k->on_device && c->comm->rank == 0
-                          ? e->k->host_alloc(max_unit * sizeof(float)) : NULL;
-    int oom = !md || (e->k->on_device && c->comm->rank == 0 && !hostunit);
-    if (tckpt_agree(c->comm, oom ? fsdp_err(err, "verify-load: out of memory") : 0, err)) {
-        EVP_MD_CTX_free(md);
-        if (hostunit)
-            e->k->host_free(hostunit);
-        free(want.v);
-        return -1;
-    }
+    int rc = 0, hash_rc = 0;
+    char hash_err[FSDP_ERR_LEN] = "";
     for (int u = 0; !rc && u < c->m->nunits; u++) {
         struct fsdp_unit *U = &e->units[u];
         float *full = e->shard == FSDP_SHARD_NONE ? NULL : U->full;
@@ -497,31 +513,58 @@ int tckpt_verify_loaded(struct tckpt *c, const struct ckpt_manifest *man, char *
                 e->k->download(hostunit, unit, (full ? U->padded : U->shard_n) * sizeof(float));
                 unit = hostunit;
             }
-            const struct model_unit *mu = &c->m->units[u];
-            for (int t = 0; !rc && c->comm->rank == 0 && t < mu->ntensors; t++) {
-                const struct model_tensor *T = &c->m->tensors[mu->first_tensor + t];
-                unsigned char sha[32];
-                unsigned int dl = 32;
-                char hex[65], line[200];
-                EVP_DigestInit_ex(md, EVP_sha256(), NULL);
-                EVP_DigestUpdate(md, unit + T->offset, T->numel * sizeof(float));
-                EVP_DigestFinal_ex(md, sha, &dl);
-                ckpt_hex(sha, hex);
-                snprintf(line, sizeof line, "%s %s %s", T->name, ckpt_kind_name(k), hex);
-                int found = 0; /* the checkpoint's digest lists tensor-major order */
-                for (int i = 0; i < want.n && !found; i++)
-                    found = strcmp(line, want.v[i]) == 0;
-                mismatches += !found;
-                checked++;
-            }
+            if (!rc && !hash_rc && c->comm->rank == 0)
+                hash_rc = compare_unit(c, u, k, unit, want, checked, mismatches, hash_err);
         }
     }
-    EVP_MD_CTX_free(md);
+    if (!rc && hash_rc)
+        rc = fsdp_err(err, "%s", hash_err);
+    return rc;
+}
+
+/* Rank 0 of a device engine: room for the largest gathered unit on the
+ * host. NULL (nothing to allocate) elsewhere. */
+static int alloc_host_unit(struct tckpt *c, float **hostunit)
+{
+    struct fsdp_engine *e = c->e;
+    *hostunit = NULL;
+    if (!e->k->on_device || c->comm->rank != 0)
+        return 0;
+    size_t max_unit = 0;
+    for (int u = 0; u < c->m->nunits; u++)
+        if (e->units[u].padded > max_unit)
+            max_unit = e->units[u].padded;
+    *hostunit = e->k->host_alloc(max_unit * sizeof(float));
+    return *hostunit ? 0 : -1;
+}
+
+/* Collective. The digest of the state as loaded (gathered unit by unit on
+ * rank 0) against the digest of the checkpoint it came from: proves a
+ * reshard placed every byte where it belongs. Reported on stderr and to
+ * the supervisor. */
+int tckpt_verify_loaded(struct tckpt *c, const struct ckpt_manifest *man, char *err)
+{
+    struct digest_list want = {0};
+    int rc = c->comm->rank == 0 ? checkpoint_digest(c, man, &want, err) : 0;
+    if (tckpt_agree(c->comm, rc, err)) {
+        free(want.v);
+        return -1;
+    }
+    float *hostunit; /* agreed on: compare_state is collective */
+    int oom = alloc_host_unit(c, &hostunit);
+    if (tckpt_agree(c->comm, oom ? fsdp_err(err, "verify-load: out of memory") : 0, err)) {
+        if (hostunit)
+            c->e->k->host_free(hostunit);
+        free(want.v);
+        return -1;
+    }
+    int checked = 0, mismatches = 0;
+    rc = compare_state(c, &want, hostunit, &checked, &mismatches, err);
     if (hostunit)
-        e->k->host_free(hostunit);
+        c->e->k->host_free(hostunit);
     free(want.v);
     want.v = NULL;
-    fsdp_params_changed(e); /* the gather buffers held other kinds */
+    fsdp_params_changed(c->e); /* the gather buffers held other kinds */
     if (tckpt_agree(c->comm, rc, err))
         return -1;
     double bad = mismatches;
