@@ -725,102 +725,141 @@ static void report_reads(struct tckpt *c, const struct ckpt_manifest *man, uint6
     free(all);
 }
 
-int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *loaded, char *err)
+/* Collective: the committed steps, oldest first, the same on every rank
+ * (rank 0 lists the store and broadcasts them). *cand is malloc'd. */
+static int list_committed(struct tckpt *c, uint64_t **cand, int *ncand, char *err)
 {
-    *trainer = NULL;
-    *loaded = 0;
     struct fsdp_comm *comm = c->comm;
-    hb_set(0, HB_LOAD);
-    /* rank 0 lists; everyone tries the same candidates in the same order */
     struct ckpt_step_info *steps = NULL;
     int n = 0, rc = 0;
+    *cand = NULL;
+    *ncand = 0;
     if (comm->rank == 0)
         rc = ckpt_list_steps(c->st, &steps, &n, err);
     if (tckpt_agree(comm, rc, err))
         return -1;
     double count = comm->rank == 0 ? n : 0;
-    if (comm->allreduce_sum_f64(comm, &count, 1, err))
+    if (comm->allreduce_sum_f64(comm, &count, 1, err)) {
+        free(steps);
         return -1;
+    }
     n = (int)count;
-    uint64_t *cand = calloc((size_t)n + 1, sizeof *cand);
-    int ncand = 0;
-    for (int i = 0; cand && comm->rank == 0 && i < n; i++)
+    uint64_t *v = calloc((size_t)n + 1, sizeof *v);
+    int nv = 0;
+    for (int i = 0; v && comm->rank == 0 && i < n; i++)
         if (steps[i].committed)
-            cand[ncand++] = steps[i].step;
+            v[nv++] = steps[i].step;
     free(steps);
-    if (tckpt_agree(comm, cand ? 0 : fsdp_err(err, "checkpoint: out of memory"), err)) {
-        free(cand);
+    if (tckpt_agree(comm, v ? 0 : fsdp_err(err, "checkpoint: out of memory"), err) ||
+        comm->bcast_bytes(comm, &nv, sizeof nv, 0, err) ||
+        comm->bcast_bytes(comm, v, (size_t)n * sizeof *v, 0, err)) {
+        free(v);
         return -1;
     }
-    if (comm->bcast_bytes(comm, &ncand, sizeof ncand, 0, err) ||
-        comm->bcast_bytes(comm, cand, (size_t)n * sizeof *cand, 0, err)) {
-        free(cand);
+    *cand = v;
+    *ncand = nv;
+    return 0;
+}
+
+/* Collective, with --resume none: a store that holds committed steps is
+ * refused; an empty one the fresh run owns, and clears of what a crashed
+ * run left. */
+static int start_fresh(struct tckpt *c, const uint64_t *cand, int ncand, char *err)
+{
+    if (ncand > 0)
+        return fsdp_err(err,
+                        "%s already holds committed checkpoints (newest step %llu): "
+                        "use --resume auto, or another --ckpt",
+                        c->st->uri, (unsigned long long)cand[ncand - 1]);
+    int rc = c->comm->rank == 0 ? clean_for_start(c, err) : 0;
+    return tckpt_agree(c->comm, rc, err);
+}
+
+/* Collective, once step is loaded on every rank: what each rank read, and
+ * the events a supervisor counts (a reshard when the world size changed). */
+static void announce_load(struct tckpt *c, const struct ckpt_manifest *man, uint64_t step,
+                          uint64_t bytes_read, double load_s)
+{
+    struct fsdp_comm *comm = c->comm;
+    report_reads(c, man, bytes_read, load_s);
+    c->load_s = load_s;
+    if (comm->rank == 0)
+        hb_event("loaded step=%llu seconds=%.3f", (unsigned long long)step, load_s);
+    if (comm->rank == 0 && man->world != comm->world) {
+        fprintf(stderr, "fsdp-train: resharding step %llu from %d to %d ranks\n",
+                (unsigned long long)step, man->world, comm->world);
+        hb_event("reshard step=%llu from=%d to=%d", (unsigned long long)step, man->world,
+                 comm->world);
+    }
+}
+
+/* Collective: loads committed step into the engine on every rank (and
+ * verifies it with --verify-load). Returns 0 when loaded (*man filled), 1
+ * when some rank could not load it (err says why: the caller falls back to
+ * an older step), TCKPT_REFUSED for another model's checkpoint, -1 when
+ * nothing more may be tried. The caller frees *man in every case. */
+static int try_step(struct tckpt *c, uint64_t step, struct ckpt_manifest *man, char *err)
+{
+    struct fsdp_comm *comm = c->comm;
+    uint64_t bytes_read = 0;
+    double t0 = fsdp_now();
+    int rc = load_step(c, step, man, &bytes_read, err);
+    double load_s = fsdp_now() - t0;
+    int refused = rc == TCKPT_REFUSED;
+    double votes[3] = {rc != 0, refused, rc == CKPT_CANNOT_JUDGE};
+    char sub[FSDP_ERR_LEN];
+    if (comm->allreduce_sum_f64(comm, votes, 3, sub))
+        return fsdp_err(err, "%s", sub);
+    if (votes[2] > 0) { /* the seals cannot be read: no step may be judged, none skipped */
+        if (rc != CKPT_CANNOT_JUDGE)
+            fsdp_err(err, "another rank could not tell whether step %llu is live",
+                     (unsigned long long)step);
         return -1;
     }
+    if (votes[1] > 0) { /* same verdict on every rank: the model differs */
+        if (!refused)
+            fsdp_err(err, "another rank refused the checkpoint");
+        return TCKPT_REFUSED;
+    }
+    if (tckpt_agree(comm, rc, err))
+        return 1;
+    announce_load(c, man, step, bytes_read, load_s);
+    if (c->o.verify_load && tckpt_verify_loaded(c, man, err))
+        return -1;
+    return 0;
+}
+
+int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *loaded, char *err)
+{
+    *trainer = NULL;
+    *loaded = 0;
+    hb_set(0, HB_LOAD);
+    /* rank 0 lists; everyone tries the same candidates in the same order */
+    uint64_t *cand;
+    int ncand, rc;
+    if (list_committed(c, &cand, &ncand, err))
+        return -1;
     if (!c->o.resume) {
-        uint64_t newest = ncand > 0 ? cand[ncand - 1] : 0;
+        rc = start_fresh(c, cand, ncand, err);
         free(cand);
-        if (ncand > 0)
-            return fsdp_err(err, "%s already holds committed checkpoints (newest step %llu): "
-                            "use --resume auto, or another --ckpt", c->st->uri,
-                            (unsigned long long)newest);
-        /* a fresh run owns the location: clear what a crashed run left */
-        rc = comm->rank == 0 ? clean_for_start(c, err) : 0;
-        return tckpt_agree(comm, rc, err);
+        return rc;
     }
     for (int i = ncand - 1; i >= 0; i--) {
         struct ckpt_manifest man = {0};
-        uint64_t bytes_read = 0;
-        double t0 = fsdp_now();
-        rc = load_step(c, cand[i], &man, &bytes_read, err);
-        double load_s = fsdp_now() - t0;
-        int refused = rc == TCKPT_REFUSED;
-        double votes[3] = {rc != 0, refused, rc == CKPT_CANNOT_JUDGE};
-        char sub[FSDP_ERR_LEN];
-        if (comm->allreduce_sum_f64(comm, votes, 3, sub)) {
-            ckpt_manifest_free(&man);
-            free(cand);
-            return fsdp_err(err, "%s", sub);
-        }
-        if (votes[2] > 0) { /* the seals cannot be read: no step may be judged, none skipped */
-            ckpt_manifest_free(&man);
-            if (rc != CKPT_CANNOT_JUDGE)
-                fsdp_err(err, "another rank could not tell whether step %llu is live",
-                         (unsigned long long)cand[i]);
-            free(cand);
-            return -1;
-        }
-        if (votes[1] > 0) { /* same verdict on every rank: the model differs */
-            ckpt_manifest_free(&man);
-            free(cand);
-            if (!refused)
-                fsdp_err(err, "another rank refused the checkpoint");
-            return TCKPT_REFUSED;
-        }
-        if (tckpt_agree(comm, rc, err) == 0) {
-            report_reads(c, &man, bytes_read, load_s);
-            c->load_s = load_s;
-            if (comm->rank == 0)
-                hb_event("loaded step=%llu seconds=%.3f", (unsigned long long)cand[i], load_s);
-            if (comm->rank == 0 && man.world != comm->world) {
-                fprintf(stderr, "fsdp-train: resharding step %llu from %d to %d ranks\n",
-                        (unsigned long long)cand[i], man.world, comm->world);
-                hb_event("reshard step=%llu from=%d to=%d", (unsigned long long)cand[i],
-                         man.world, comm->world);
-            }
-            if (c->o.verify_load && tckpt_verify_loaded(c, &man, err)) {
-                ckpt_manifest_free(&man);
-                free(cand);
-                return -1;
-            }
+        rc = try_step(c, cand[i], &man, err);
+        if (rc == 0) {
             *trainer = json_incref(man.trainer);
             *loaded = cand[i];
             c->newest_committed = cand[i];
-            ckpt_manifest_free(&man);
-            break;
         }
         ckpt_manifest_free(&man);
-        if (comm->rank == 0)
+        if (rc == 0)
+            break;
+        if (rc < 0) {
+            free(cand);
+            return rc;
+        }
+        if (c->comm->rank == 0)
             fprintf(stderr, "fsdp-train: checkpoint step %llu is unusable: %s; %s (step %llu "
                     "stays in the store: fsdp-ckpt verify %s@%llu)\n",
                     (unsigned long long)cand[i], err,
@@ -829,8 +868,8 @@ int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *loaded, char *err)
                     (unsigned long long)cand[i], c->st->uri, (unsigned long long)cand[i]);
     }
     free(cand);
-    rc = comm->rank == 0 ? clean_for_start(c, err) : 0;
-    if (tckpt_agree(comm, rc, err)) {
+    rc = c->comm->rank == 0 ? clean_for_start(c, err) : 0;
+    if (tckpt_agree(c->comm, rc, err)) {
         json_decref(*trainer);
         *trainer = NULL;
         return -1;
