@@ -1,5 +1,6 @@
 /*
- * checkpoint.c - the commit protocol and resume with fallback.
+ * checkpoint.c - the commit protocol, resume with fallback, and the check
+ * of a loaded state against its checkpoint (--verify-load).
  *
  * Save (DESIGN.md, Checkpoints):
  *   1. every rank writes its own shard, in parallel, straight from its

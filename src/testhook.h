@@ -33,7 +33,8 @@
  *                              fence-checked  rank 0: its generation still
  *                                             the store's, the manifest not
  *                                             yet written
- *                              after-commit   rank 0: the manifest written
+ *                              after-commit   rank 0: the manifest written,
+ *                                             retention not yet applied
  *                            tests/ and recovery/chaos.c name them.
  */
 #ifndef FSDP_TESTHOOK_H
