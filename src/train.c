@@ -898,7 +898,7 @@ static int setup_failed(struct trainer *t, int rc, const char *err)
 /* A failure after set-up: said once (rank 0) when every rank knows,
  * otherwise by this rank, which then ends the job. Returns the exit
  * status. */
-static int fail(struct trainer *t, int rc, const char *err)
+static int end_after_failure(struct trainer *t, int rc, const char *err)
 {
     if (t->agreed_error) { /* every rank knows; rank 0 speaks for all */
         if (t->comm.rank == 0)
@@ -966,7 +966,7 @@ int main(int argc, char **argv)
     if (!rc && t.o.sample_len > 0 && !t.stopped)
         rc = generate(&t, err);
     if (rc)
-        return fail(&t, rc, err);
+        return end_after_failure(&t, rc, err);
     report_peak_memory(&t);
     report_end(&t, t0);
     hb_stop();
