@@ -337,10 +337,22 @@ int ckpt_verify_chunk(struct ckpt_reader *r, int shard, int chunk, char *err);
 int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, const char *msg),
                       void *arg);
 
-/* SHA-256 of each tensor's logical little-endian bytes for each kind. */
+/* SHA-256 of each tensor's logical little-endian bytes for each kind
+ * (ckpt_tensor_digest), tensor-major: fn(arg, tensor, kind, hex) each. */
 int ckpt_digest(struct ckpt_reader *r, int (*fn)(void *arg, const char *tensor, const char *kind,
                                                  const char *hex),
                 void *arg, char *err);
+
+/* One tensor's logical digest, the one definition ckpt_digest lists and
+ * fsdp-train --verify-load compares with: the SHA-256 of its numel fp32
+ * values in order, as 64 hex digits. The values come from piece(arg, off,
+ * n, err), called in order for at most CKPT_DIGEST_PIECE values from value
+ * off on, which returns them (valid until its next call) or NULL with err
+ * set. Returns 0, or -1 with err set. */
+enum { CKPT_DIGEST_PIECE = 1 << 16 };
+int ckpt_tensor_digest(uint64_t numel,
+                       const float *(*piece)(void *arg, uint64_t off, uint64_t n, char *err),
+                       void *arg, char hex[65], char *err);
 
 /* ---- resharding ---------------------------------------------------------- */
 

@@ -422,41 +422,70 @@ int ckpt_read_unit(struct ckpt_reader *r, int unit, int kind, uint64_t lo, uint6
     return ckpt_load(r, &w, 1, err);
 }
 
+int ckpt_tensor_digest(uint64_t numel,
+                       const float *(*piece)(void *arg, uint64_t off, uint64_t n, char *err),
+                       void *arg, char hex[65], char *err)
+{
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    if (!md)
+        return fsdp_err(err, "digest: out of memory");
+    int rc = 0;
+    EVP_DigestInit_ex(md, EVP_sha256(), NULL);
+    for (uint64_t x = 0; !rc && x < numel; x += CKPT_DIGEST_PIECE) {
+        uint64_t n = numel - x < CKPT_DIGEST_PIECE ? numel - x : CKPT_DIGEST_PIECE;
+        const float *v = piece(arg, x, n, err);
+        if (v)
+            EVP_DigestUpdate(md, v, (size_t)n * sizeof *v);
+        else
+            rc = -1;
+    }
+    unsigned char sha[32];
+    unsigned int dl = 32;
+    EVP_DigestFinal_ex(md, sha, &dl);
+    EVP_MD_CTX_free(md);
+    if (!rc)
+        ckpt_hex(sha, hex);
+    return rc;
+}
+
+/* ckpt_digest's source of values: one tensor of one kind, read through the
+ * reader into buf (CKPT_DIGEST_PIECE floats). */
+struct tensor_source {
+    struct ckpt_reader *r;
+    int unit, kind;
+    uint64_t offset; /* the tensor's, in its unit */
+    float *buf;
+};
+
+static const float *read_piece(void *arg, uint64_t off, uint64_t n, char *err)
+{
+    struct tensor_source *s = arg;
+    if (ckpt_read_unit(s->r, s->unit, s->kind, s->offset + off, n, s->buf, err))
+        return NULL;
+    return s->buf;
+}
+
 int ckpt_digest(struct ckpt_reader *r,
                 int (*fn)(void *arg, const char *tensor, const char *kind, const char *hex),
                 void *arg, char *err)
 {
-    enum { PIECE = 1 << 16 };
-    float *buf = malloc(PIECE * sizeof *buf);
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    float *buf = malloc(CKPT_DIGEST_PIECE * sizeof *buf);
+    if (!buf)
+        return fsdp_err(err, "digest: out of memory");
     int rc = 0;
-    if (!buf || !md) {
-        fsdp_err(err, "digest: out of memory");
-        rc = -1;
-    }
     for (int u = 0; !rc && u < r->m->nunits; u++) {
         const struct ckpt_unit *U = &r->m->units[u];
         for (int t = 0; !rc && t < U->ntensors; t++) {
             const struct ckpt_tensor *T = &U->tensors[t];
             for (int k = 0; !rc && k < CKPT_NKINDS; k++) {
-                EVP_DigestInit_ex(md, EVP_sha256(), NULL);
-                for (uint64_t x = 0; !rc && x < T->numel; x += PIECE) {
-                    uint64_t n = T->numel - x < PIECE ? T->numel - x : PIECE;
-                    rc = ckpt_read_unit(r, u, k, T->offset + x, n, buf, err);
-                    if (!rc)
-                        EVP_DigestUpdate(md, buf, (size_t)n * 4);
-                }
-                unsigned char sha[32];
-                unsigned int dl = 32;
+                struct tensor_source src = {r, u, k, T->offset, buf};
                 char hex[65];
-                EVP_DigestFinal_ex(md, sha, &dl);
-                ckpt_hex(sha, hex);
+                rc = ckpt_tensor_digest(T->numel, read_piece, &src, hex, err);
                 if (!rc)
                     rc = fn(arg, T->name, ckpt_kind_name(k), hex);
             }
         }
     }
-    EVP_MD_CTX_free(md);
     free(buf);
     return rc;
 }

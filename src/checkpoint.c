@@ -1,5 +1,6 @@
 /*
- * checkpoint.c - the commit protocol and resume with fallback.
+ * checkpoint.c - the commit protocol, resume with fallback, and the check
+ * of a loaded state against its checkpoint (--verify-load).
  *
  * Save (DESIGN.md, Checkpoints):
  *   1. every rank writes its own shard, in parallel, straight from its
@@ -31,69 +32,31 @@
  * different model is refused outright. Nothing is deleted because a read
  * failed.
  *
- * Test hook: FSDP_TEST_STOP_AT=POINT:N makes the process stop itself
- * (SIGSTOP) at POINT during its N-th save: shard-chunk (after the first
- * chunk of its shard is written), before-commit (rank 0, shards durable,
- * manifest not yet written), fence-checked (rank 0, its generation still
- * the store's, manifest not yet written), after-commit (rank 0). Tests
- * then SIGKILL or SIGCONT the whole job at a moment they know.
+ * Asynchronous saves (--ckpt-async) are checkpoint_async.c: the same
+ * protocol, with step 1 on a background thread (checkpoint_internal.h is
+ * what the two files share). With --verify-load, the state as loaded is
+ * compared with the checkpoint's digest (tckpt_verify_loaded).
+ *
+ * Test hook: testhook_stop (testhook.h, FSDP_TEST_STOP_AT) at the points
+ * shard-chunk, before-commit, fence-checked and after-commit below.
  */
-#include "checkpoint.h"
+#include "checkpoint_internal.h"
 
 #include "heartbeat.h"
 #include "model_ckpt.h"
+#include "testhook.h"
 #include "util.h"
 
-#include <openssl/evp.h>
-#include <pthread.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-/* ---- test hook --------------------------------------------------------------- */
-
-static char stop_point[32];
-static int stop_nth, current_save;
-
-static void stop_init(void)
-{
-    const char *s = getenv("FSDP_TEST_STOP_AT");
-    if (!s)
-        return;
-    const char *colon = strchr(s, ':');
-    size_t n = colon ? (size_t)(colon - s) : strlen(s);
-    if (n >= sizeof stop_point)
-        return;
-    memcpy(stop_point, s, n);
-    stop_point[n] = 0;
-    stop_nth = colon ? atoi(colon + 1) : 1;
-}
-
-static void stop_here(const char *point)
-{
-    if (stop_point[0] && current_save == stop_nth && strcmp(point, stop_point) == 0) {
-        fprintf(stderr, "fsdp-train: test hook: stopping at %s of save %d\n", point,
-                current_save);
-        raise(SIGSTOP);
-    }
-}
-
-static void chunk_hook(int chunk)
-{
-    hb_progress();
-    if (chunk == 0)
-        stop_here("shard-chunk");
-}
-
 /* ---- agreement ---------------------------------------------------------------- */
 
 /* All ranks learn whether any failed; rank 0 learns the first failing
  * rank's message. Returns 0 if every rank succeeded. */
-static int agree(struct fsdp_comm *comm, int rc, char *err)
+int tckpt_agree(struct fsdp_comm *comm, int rc, char *err)
 {
     double bad = rc != 0;
     char local[FSDP_ERR_LEN];
@@ -158,7 +121,6 @@ int tckpt_open(struct tckpt *c, const struct tckpt_opts *o, struct fsdp_engine *
     c->m = m;
     c->world = e->shard == FSDP_SHARD_NONE ? 1 : comm->world;
     c->generation = hb_generation();
-    stop_init();
     int rc = storage_open(o->uri, &c->st, err);
     if (!rc && !(c->codec = ckpt_codec_new(o->write.chunk_bytes)))
         rc = fsdp_err(err, "checkpoint: out of memory for the codec");
@@ -169,7 +131,7 @@ int tckpt_open(struct tckpt *c, const struct tckpt_opts *o, struct fsdp_engine *
             rc = fsdp_err(err, "checkpoint: out of host memory for a copy of the state");
     if (!rc && comm->rank == 0)
         rc = claim_and_probe(c, err);
-    if (agree(comm, rc, err) ||
+    if (tckpt_agree(comm, rc, err) ||
         comm->bcast_bytes(comm, &c->generation, sizeof c->generation, 0, err) ||
         comm->bcast_bytes(comm, c->tag, sizeof c->tag, 0, err)) {
         tckpt_close(c);
@@ -195,7 +157,7 @@ void tckpt_close(struct tckpt *c)
 /* ---- save -------------------------------------------------------------------------- */
 
 /* The engine's state of one kind (backend memory). */
-static float *kind_base(struct fsdp_engine *e, int kind)
+float *tckpt_kind_base(struct fsdp_engine *e, int kind)
 {
     return kind == CKPT_PARAM ? e->params : kind == CKPT_EXP_AVG ? e->exp_avg : e->exp_avg_sq;
 }
@@ -203,7 +165,7 @@ static float *kind_base(struct fsdp_engine *e, int kind)
 /* The same in host memory, where the storage code reads and writes it. */
 static float *host_base(struct tckpt *c, int kind)
 {
-    return c->host[kind] ? c->host[kind] : kind_base(c->e, kind);
+    return c->host[kind] ? c->host[kind] : tckpt_kind_base(c->e, kind);
 }
 
 /* Device engines: the state's host copy is made current (before a save)
@@ -212,19 +174,30 @@ static void state_to_host(struct tckpt *c)
 {
     for (int k = 0; k < CKPT_NKINDS; k++)
         if (c->host[k])
-            c->e->k->download(c->host[k], kind_base(c->e, k), c->e->shard_total * sizeof(float));
+            c->e->k->download(c->host[k], tckpt_kind_base(c->e, k),
+                              c->e->shard_total * sizeof(float));
 }
 
 static void state_to_device(struct tckpt *c)
 {
     for (int k = 0; k < CKPT_NKINDS; k++)
         if (c->host[k])
-            c->e->k->upload(kind_base(c->e, k), c->host[k], c->e->shard_total * sizeof(float));
+            c->e->k->upload(tckpt_kind_base(c->e, k), c->host[k],
+                            c->e->shard_total * sizeof(float));
+}
+
+/* ckpt_shard_write's callback after each chunk of this rank's shard: the
+ * heartbeat sees progress, and the test hook's first point is here. */
+static void chunk_hook(int chunk)
+{
+    hb_progress();
+    if (chunk == 0)
+        testhook_stop("shard-chunk");
 }
 
 /* Writes this rank's shard from bases[kind] (the engine's state, or the
  * async staging copy of it). */
-static int write_own_shard(struct tckpt *c, uint64_t step, float *const bases[CKPT_NKINDS],
+int tckpt_write_own_shard(struct tckpt *c, uint64_t step, float *const bases[CKPT_NKINDS],
                            char **json_out, char *err)
 {
     const struct model_layout *m = c->m;
@@ -307,11 +280,11 @@ static int commit(struct tckpt *c, uint64_t step, json_t *trainer, const char *a
         json_decref(j);
     }
     if (!rc) {
-        stop_here("before-commit");
+        testhook_stop("before-commit");
         rc = ckpt_fence_check(c->st, c->generation, err);
     }
     if (!rc)
-        stop_here("fence-checked"); /* a frozen or partitioned rank 0 can stop here */
+        testhook_stop("fence-checked"); /* a frozen or partitioned rank 0 can stop here */
     if (!rc) {
         *attempted = 1;
         struct ckpt_commit_result res;
@@ -351,7 +324,7 @@ static int commit(struct tckpt *c, uint64_t step, json_t *trainer, const char *a
 
 /* Rank 0, after committing step upto: retention and garbage (cleanup.c
  * decides). */
-static int retain(struct tckpt *c, uint64_t upto, char *err)
+int tckpt_retain(struct tckpt *c, uint64_t upto, char *err)
 {
     struct ckpt_clean_policy p = {.generation = c->generation, .keep = c->o.keep, .upto = upto};
     struct ckpt_clean_report rep;
@@ -360,9 +333,6 @@ static int retain(struct tckpt *c, uint64_t upto, char *err)
         return fsdp_err(err, "%s", sub);
     return 0;
 }
-
-static void async_retain(struct tckpt *c, uint64_t upto);
-static void async_quiesce(struct tckpt *c);
 
 /* Rank 0: removes the shards this launch wrote for a step it did not
  * commit. Best effort and silent: the store may be what failed (its error
@@ -378,8 +348,9 @@ static void discard_own(struct tckpt *c, uint64_t step)
  * claimed the store, this launch is fenced (see TCKPT_FENCED_EXIT). The
  * verdict is said here, before any collective: the other ranks of a stale
  * launch (a host frozen through a partition, thawed after the job moved
- * on) may be gone, and waiting for them in agree() would hang unheard. A
- * store that cannot be read decides nothing: the caller reports its error. */
+ * on) may be gone, and waiting for them in tckpt_agree() would hang
+ * unheard. A store that cannot be read decides nothing: the caller reports
+ * its error. */
 static void exit_if_fenced(struct tckpt *c, uint64_t step, const char *why)
 {
     uint64_t cur;
@@ -401,10 +372,10 @@ static void exit_if_fenced(struct tckpt *c, uint64_t step, const char *why)
 
 /* Collective, after every rank wrote (or failed to write) its shard: the
  * agreement, the shard records to rank 0, the commit, retention. Takes mine. */
-static int finish_save(struct tckpt *c, uint64_t step, json_t *trainer, char *mine, int rc,
+int tckpt_finish_save(struct tckpt *c, uint64_t step, json_t *trainer, char *mine, int rc,
                        char *err)
 {
-    if (agree(c->comm, rc, err)) {
+    if (tckpt_agree(c->comm, rc, err)) {
         free(mine);
         if (c->comm->rank == 0)
             discard_own(c, step);
@@ -424,11 +395,11 @@ static int finish_save(struct tckpt *c, uint64_t step, json_t *trainer, char *mi
             hb_event("checkpoint_committed step=%llu seconds=%.3f bytes=%llu",
                      (unsigned long long)step, fsdp_now() - c->save_t0,
                      (unsigned long long)c->stored_bytes);
-            stop_here("after-commit");
+            testhook_stop("after-commit");
             if (c->async)
-                async_retain(c, step); /* rank 0's writer thread deletes old steps */
+                tckpt_async_retain(c, step); /* rank 0's writer thread deletes old steps */
             else
-                rc = retain(c, step, err); /* a failure here leaves the commit as it is */
+                rc = tckpt_retain(c, step, err); /* a failure here leaves the commit as it is */
         } else if (rc < 0 && !attempted) { /* never committed: our shards are garbage */
             discard_own(c, step);
         }
@@ -438,14 +409,14 @@ static int finish_save(struct tckpt *c, uint64_t step, json_t *trainer, char *mi
             rc = 0;
     }
     free(all);
-    return agree(c->comm, rc, err);
+    return tckpt_agree(c->comm, rc, err);
 }
 
 int tckpt_save(struct tckpt *c, uint64_t step, json_t *trainer, char *err)
 {
     if (c->async) /* an emergency save: rank 0's writer may still apply retention */
-        async_quiesce(c);
-    current_save = ++c->saves;
+        tckpt_async_quiesce(c);
+    testhook_save_begins(++c->saves);
     c->save_t0 = fsdp_now();
     hb_set(step, HB_SAVE);
     char *mine = NULL;
@@ -454,245 +425,22 @@ int tckpt_save(struct tckpt *c, uint64_t step, json_t *trainer, char *err)
                                        host_base(c, CKPT_EXP_AVG_SQ)};
     if (c->comm->rank < c->world) {
         state_to_host(c);
-        rc = write_own_shard(c, step, bases, &mine, err);
+        rc = tckpt_write_own_shard(c, step, bases, &mine, err);
     }
-    return finish_save(c, step, trainer, mine, rc, err);
+    return tckpt_finish_save(c, step, trainer, mine, rc, err);
 }
-
-/* ---- asynchronous saves ---------------------------------------------------------------
- *
- * One background thread per rank, at nice 10 so the compute threads keep
- * their cores (when it competes with one, the fair scheduler gives it about
- * a tenth of that core). At a due step boundary the trainer only hands it
- * the step: the thread first copies this rank's shard of every state kind
- * into staging buffers (allocated and touched once), which overlaps with the
- * next step's forward and backward, since those only read the shard; the
- * trainer waits for the copy (tckpt_async_snapshot_wait) only before the
- * optimizer step, the first thing that writes the shard. Then the thread
- * chunks, shuffles, compresses, hashes and writes the staged copy. Each
- * step the trainer adds "my write is done" and "my write failed" to the
- * loss all-reduce it makes anyway; the step in which every rank is done
- * runs the commit (the chunk-table gather and rank 0's manifest), so no step
- * waits on storage unless a checkpoint is due while the previous one is
- * still being written. After a commit, rank 0's thread applies retention. */
-
-enum { A_IDLE, A_COPYING, A_WRITING, A_DONE, A_FAILED };
-
-struct tckpt_async {
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int state, quit, job;
-    int retain, retain_failed; /* rank 0: retention to apply; it failed */
-    uint64_t retain_upto;      /* the step just committed */
-    uint64_t step;
-    json_t *trainer;
-    float *staging[CKPT_NKINDS];
-    char *json;
-    char err[FSDP_ERR_LEN], retain_err[FSDP_ERR_LEN];
-};
-
-static void async_snapshot(struct tckpt *c, struct tckpt_async *a)
-{
-    /* Staging is host memory: on the CPU the copy is a memcpy, on a GPU a
-     * device-to-host copy on this thread's own stream (kernels.h). */
-    struct fsdp_engine *e = c->e;
-    for (int k = 0; k < CKPT_NKINDS; k++)
-        e->k->download(a->staging[k], kind_base(e, k), e->shard_total * sizeof(float));
-}
-
-static void *async_main(void *arg)
-{
-    struct tckpt *c = arg;
-    struct tckpt_async *a = c->async;
-    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
-    pthread_mutex_lock(&a->mu);
-    for (;;) {
-        while (!a->job && !a->retain && !a->quit)
-            pthread_cond_wait(&a->cv, &a->mu);
-        if (a->retain) {
-            uint64_t upto = a->retain_upto;
-            pthread_mutex_unlock(&a->mu);
-            char err[FSDP_ERR_LEN] = "";
-            int rc = retain(c, upto, err);
-            pthread_mutex_lock(&a->mu);
-            if (rc && !a->retain_failed) {
-                a->retain_failed = 1;
-                snprintf(a->retain_err, sizeof a->retain_err, "%s", err);
-            }
-            a->retain = 0;
-            pthread_cond_broadcast(&a->cv);
-            continue;
-        }
-        if (a->quit)
-            break;
-        uint64_t step = a->step;
-        pthread_mutex_unlock(&a->mu);
-        async_snapshot(c, a);
-        pthread_mutex_lock(&a->mu);
-        a->state = A_WRITING;
-        pthread_cond_broadcast(&a->cv);
-        pthread_mutex_unlock(&a->mu);
-        char *json = NULL, err[FSDP_ERR_LEN] = "";
-        int rc = write_own_shard(c, step, a->staging, &json, err);
-        pthread_mutex_lock(&a->mu);
-        a->json = json;
-        snprintf(a->err, sizeof a->err, "%s", err);
-        a->state = rc ? A_FAILED : A_DONE;
-        a->job = 0;
-        pthread_cond_broadcast(&a->cv);
-    }
-    pthread_mutex_unlock(&a->mu);
-    return NULL;
-}
-
-static void async_retain(struct tckpt *c, uint64_t upto)
-{
-    struct tckpt_async *a = c->async;
-    pthread_mutex_lock(&a->mu);
-    a->retain = 1;
-    a->retain_upto = upto;
-    pthread_cond_broadcast(&a->cv);
-    pthread_mutex_unlock(&a->mu);
-}
-
-static void async_quiesce(struct tckpt *c)
-{
-    struct tckpt_async *a = c->async;
-    pthread_mutex_lock(&a->mu);
-    while (a->retain)
-        pthread_cond_wait(&a->cv, &a->mu);
-    pthread_mutex_unlock(&a->mu);
-}
-
-int tckpt_async_start(struct tckpt *c, char *err)
-{
-    struct tckpt_async *a = calloc(1, sizeof *a);
-    int rc = a ? 0 : -1;
-    for (int k = 0; !rc && k < CKPT_NKINDS; k++)
-        if (!(a->staging[k] = c->e->k->host_alloc(c->e->shard_total * sizeof(float))))
-            rc = -1;
-    if (!rc) {
-        pthread_mutex_init(&a->mu, NULL);
-        pthread_cond_init(&a->cv, NULL);
-        c->async = a;
-        if (pthread_create(&a->thread, NULL, async_main, c)) {
-            c->async = NULL;
-            rc = -1;
-        }
-    }
-    if (rc && a) {
-        for (int k = 0; k < CKPT_NKINDS; k++)
-            if (a->staging[k])
-                c->e->k->host_free(a->staging[k]);
-        free(a);
-    }
-    return agree(c->comm, rc ? fsdp_err(err, "checkpoint: cannot set up async saves") : 0, err);
-}
-
-void tckpt_async_stop(struct tckpt *c)
-{
-    struct tckpt_async *a = c->async;
-    if (!a)
-        return;
-    pthread_mutex_lock(&a->mu);
-    a->quit = 1; /* after any retention it was given */
-    pthread_cond_broadcast(&a->cv);
-    pthread_mutex_unlock(&a->mu);
-    pthread_join(a->thread, NULL);
-    for (int k = 0; k < CKPT_NKINDS; k++)
-        c->e->k->host_free(a->staging[k]);
-    free(a->json);
-    json_decref(a->trainer);
-    free(a);
-    c->async = NULL;
-}
-
-int tckpt_async_state(struct tckpt *c, int *in_flight, int *failed)
-{
-    struct tckpt_async *a = c->async;
-    *in_flight = *failed = 0;
-    if (!a)
-        return 0;
-    pthread_mutex_lock(&a->mu);
-    int st = a->state;
-    pthread_mutex_unlock(&a->mu);
-    *in_flight = st != A_IDLE;
-    *failed = st == A_FAILED;
-    return st == A_DONE || st == A_FAILED;
-}
-
-int tckpt_save_async(struct tckpt *c, uint64_t step, json_t *trainer, char *err)
-{
-    struct tckpt_async *a = c->async;
-    current_save = ++c->saves;
-    c->save_t0 = fsdp_now();
-    pthread_mutex_lock(&a->mu);
-    a->step = step;
-    json_decref(a->trainer);
-    a->trainer = json_incref(trainer);
-    free(a->json);
-    a->json = NULL;
-    if (c->comm->rank < c->world) {
-        a->state = A_COPYING;
-        a->job = 1;
-        pthread_cond_broadcast(&a->cv);
-    } else {
-        a->state = A_DONE; /* NO_SHARD: rank 0's copy is the checkpoint */
-    }
-    pthread_mutex_unlock(&a->mu);
-    (void)err;
-    return 0;
-}
-
-int tckpt_async_snapshot_wait(struct tckpt *c)
-{
-    struct tckpt_async *a = c->async;
-    if (!a)
-        return 0;
-    pthread_mutex_lock(&a->mu);
-    int waited = a->state == A_COPYING;
-    while (a->state == A_COPYING)
-        pthread_cond_wait(&a->cv, &a->mu);
-    pthread_mutex_unlock(&a->mu);
-    return waited;
-}
-
-int tckpt_async_finish(struct tckpt *c, char *err)
-{
-    struct tckpt_async *a = c->async;
-    pthread_mutex_lock(&a->mu);
-    while (a->state == A_COPYING || a->state == A_WRITING)
-        pthread_cond_wait(&a->cv, &a->mu);
-    int rc = a->state == A_FAILED;
-    if (rc)
-        fsdp_err(err, "%s", a->err);
-    else if (a->retain_failed) /* of the previous commit; surfaces now */
-        rc = fsdp_err(err, "%s", a->retain_err);
-    char *mine = a->json;
-    a->json = NULL;
-    json_t *trainer = a->trainer;
-    a->trainer = NULL;
-    uint64_t step = a->step;
-    pthread_mutex_unlock(&a->mu);
-    rc = finish_save(c, step, trainer, mine, rc ? -1 : 0, err);
-    json_decref(trainer);
-    pthread_mutex_lock(&a->mu);
-    a->state = A_IDLE;
-    pthread_mutex_unlock(&a->mu);
-    return rc;
-}
-
-uint64_t tckpt_async_step(struct tckpt *c) { return c->async ? c->async->step : 0; }
 
 /* ---- verifying a load --------------------------------------------------------------- */
 
+/* The checkpoint's digest: a line "tensor kind hex" per tensor and kind,
+ * in ckpt_digest's order (tensor-major). */
 struct digest_list {
     int n;
     char (*v)[200];
 };
 
-static int keep(void *arg, const char *tensor, const char *kind, const char *hex)
+/* ckpt_digest's callback: appends one line to the list. */
+static int collect_digest(void *arg, const char *tensor, const char *kind, const char *hex)
 {
     struct digest_list *d = arg;
     void *v = realloc(d->v, (size_t)(d->n + 1) * sizeof *d->v);
@@ -703,48 +451,62 @@ static int keep(void *arg, const char *tensor, const char *kind, const char *hex
     return 0;
 }
 
-/* Collective. The digest of the state as loaded (gathered unit by unit on
- * rank 0) against the digest of the checkpoint it came from: proves a
- * reshard placed every byte where it belongs. Reported on stderr and to
- * the supervisor. */
-int tckpt_verify_loaded(struct tckpt *c, const struct ckpt_manifest *man, char *err)
+/* Rank 0: the digest of checkpoint man, read from the store. */
+static int checkpoint_digest(struct tckpt *c, const struct ckpt_manifest *man,
+                             struct digest_list *want, char *err)
+{
+    struct ckpt_reader r;
+    if (ckpt_reader_init(&r, c->st, man, err))
+        return -1;
+    int rc = ckpt_digest(&r, collect_digest, want, err);
+    ckpt_reader_free(&r);
+    return rc;
+}
+
+/* ckpt_tensor_digest's source of values when they are all in memory. */
+static const float *in_memory(void *arg, uint64_t off, uint64_t n, char *err)
+{
+    (void)n;
+    (void)err;
+    return (const float *)arg + off;
+}
+
+/* Rank 0: the digest of each tensor of unit u's state of kind k (the whole
+ * unit at `unit`, host memory), looked up in the checkpoint's digest. */
+static int compare_unit(struct tckpt *c, int u, int k, const float *unit,
+                        const struct digest_list *want, int *checked, int *mismatches, char *err)
+{
+    const struct model_unit *mu = &c->m->units[u];
+    for (int t = 0; t < mu->ntensors; t++) {
+        const struct model_tensor *T = &c->m->tensors[mu->first_tensor + t];
+        char hex[65], line[200];
+        if (ckpt_tensor_digest(T->numel, in_memory, (void *)(unit + T->offset), hex, err))
+            return -1;
+        snprintf(line, sizeof line, "%s %s %s", T->name, ckpt_kind_name(k), hex);
+        int found = 0; /* the checkpoint's digest lists tensor-major order */
+        for (int i = 0; i < want->n && !found; i++)
+            found = strcmp(line, want->v[i]) == 0;
+        *mismatches += !found;
+        (*checked)++;
+    }
+    return 0;
+}
+
+/* Collective: every unit's state, kind by kind, gathered on rank 0 (a
+ * device engine's into hostunit there), which compares it tensor by tensor.
+ * The gathers run on every rank whatever rank 0's hashing meets; its
+ * failure is reported after them. */
+static int compare_state(struct tckpt *c, const struct digest_list *want, float *hostunit,
+                         int *checked, int *mismatches, char *err)
 {
     struct fsdp_engine *e = c->e;
-    struct digest_list want = {0};
-    int rc = 0, mismatches = 0, checked = 0;
-    if (c->comm->rank == 0) {
-        struct ckpt_reader r;
-        rc = ckpt_reader_init(&r, c->st, man, err);
-        if (!rc) {
-            rc = ckpt_digest(&r, keep, &want, err);
-            ckpt_reader_free(&r);
-        }
-    }
-    if (agree(c->comm, rc, err)) {
-        free(want.v);
-        return -1;
-    }
-    EVP_MD_CTX *md = EVP_MD_CTX_new(); /* agreed on: the loop below is collective */
-    /* a device engine's gathered unit is hashed from a host copy (rank 0) */
-    size_t max_unit = 0;
-    for (int u = 0; u < c->m->nunits; u++)
-        if (e->units[u].padded > max_unit)
-            max_unit = e->units[u].padded;
-    float *hostunit = e->k->on_device && c->comm->rank == 0
-                          ? e->k->host_alloc(max_unit * sizeof(float)) : NULL;
-    int oom = !md || (e->k->on_device && c->comm->rank == 0 && !hostunit);
-    if (agree(c->comm, oom ? fsdp_err(err, "verify-load: out of memory") : 0, err)) {
-        EVP_MD_CTX_free(md);
-        if (hostunit)
-            e->k->host_free(hostunit);
-        free(want.v);
-        return -1;
-    }
+    int rc = 0, hash_rc = 0;
+    char hash_err[FSDP_ERR_LEN] = "";
     for (int u = 0; !rc && u < c->m->nunits; u++) {
         struct fsdp_unit *U = &e->units[u];
         float *full = e->shard == FSDP_SHARD_NONE ? NULL : U->full;
         for (int k = 0; !rc && k < CKPT_NKINDS; k++) {
-            const float *src = kind_base(e, k) + U->shard_off;
+            const float *src = tckpt_kind_base(e, k) + U->shard_off;
             if (full)
                 rc = c->comm->allgather(c->comm, src, full, U->shard_n, err);
             const float *unit = full ? full : src;
@@ -752,32 +514,59 @@ int tckpt_verify_loaded(struct tckpt *c, const struct ckpt_manifest *man, char *
                 e->k->download(hostunit, unit, (full ? U->padded : U->shard_n) * sizeof(float));
                 unit = hostunit;
             }
-            const struct model_unit *mu = &c->m->units[u];
-            for (int t = 0; !rc && c->comm->rank == 0 && t < mu->ntensors; t++) {
-                const struct model_tensor *T = &c->m->tensors[mu->first_tensor + t];
-                unsigned char sha[32];
-                unsigned int dl = 32;
-                char hex[65], line[200];
-                EVP_DigestInit_ex(md, EVP_sha256(), NULL);
-                EVP_DigestUpdate(md, unit + T->offset, T->numel * sizeof(float));
-                EVP_DigestFinal_ex(md, sha, &dl);
-                ckpt_hex(sha, hex);
-                snprintf(line, sizeof line, "%s %s %s", T->name, ckpt_kind_name(k), hex);
-                int found = 0; /* the checkpoint's digest lists tensor-major order */
-                for (int i = 0; i < want.n && !found; i++)
-                    found = strcmp(line, want.v[i]) == 0;
-                mismatches += !found;
-                checked++;
-            }
+            if (!rc && !hash_rc && c->comm->rank == 0)
+                hash_rc = compare_unit(c, u, k, unit, want, checked, mismatches, hash_err);
         }
     }
-    EVP_MD_CTX_free(md);
+    if (!rc && hash_rc)
+        rc = fsdp_err(err, "%s", hash_err);
+    return rc;
+}
+
+/* Rank 0 of a device engine: room for the largest gathered unit on the
+ * host. NULL (nothing to allocate) elsewhere. */
+static int alloc_host_unit(struct tckpt *c, float **hostunit)
+{
+    struct fsdp_engine *e = c->e;
+    *hostunit = NULL;
+    if (!e->k->on_device || c->comm->rank != 0)
+        return 0;
+    size_t max_unit = 0;
+    for (int u = 0; u < c->m->nunits; u++)
+        if (e->units[u].padded > max_unit)
+            max_unit = e->units[u].padded;
+    *hostunit = e->k->host_alloc(max_unit * sizeof(float));
+    return *hostunit ? 0 : -1;
+}
+
+/* Collective. The digest of the state as loaded (gathered unit by unit on
+ * rank 0) against the digest of the checkpoint it came from: proves a
+ * reshard placed every byte where it belongs. Reported on stderr and to
+ * the supervisor. */
+int tckpt_verify_loaded(struct tckpt *c, const struct ckpt_manifest *man, char *err)
+{
+    struct digest_list want = {0};
+    int rc = c->comm->rank == 0 ? checkpoint_digest(c, man, &want, err) : 0;
+    if (tckpt_agree(c->comm, rc, err)) {
+        free(want.v);
+        return -1;
+    }
+    float *hostunit; /* agreed on: compare_state is collective */
+    int oom = alloc_host_unit(c, &hostunit);
+    if (tckpt_agree(c->comm, oom ? fsdp_err(err, "verify-load: out of memory") : 0, err)) {
+        if (hostunit)
+            c->e->k->host_free(hostunit);
+        free(want.v);
+        return -1;
+    }
+    int checked = 0, mismatches = 0;
+    rc = compare_state(c, &want, hostunit, &checked, &mismatches, err);
     if (hostunit)
-        e->k->host_free(hostunit);
+        c->e->k->host_free(hostunit);
     free(want.v);
     want.v = NULL;
-    fsdp_params_changed(e); /* the gather buffers held other kinds */
-    if (agree(c->comm, rc, err))
+    fsdp_params_changed(c->e); /* the gather buffers held other kinds */
+    if (tckpt_agree(c->comm, rc, err))
         return -1;
     double bad = mismatches;
     if (c->comm->allreduce_sum_f64(c->comm, &bad, 1, err))
@@ -837,7 +626,7 @@ differ:;
 
 /* Collective: rank 0 loads the manifest (judging that it is live) and
  * broadcasts its bytes; the others parse them. A failure on rank 0 is every
- * rank's, with the same code (agree() then reports rank 0's message). */
+ * rank's, with the same code (tckpt_agree() then reports rank 0's message). */
 static int share_manifest(struct tckpt *c, uint64_t step, struct ckpt_manifest *man, char *err)
 {
     char *doc = NULL;
@@ -937,102 +726,141 @@ static void report_reads(struct tckpt *c, const struct ckpt_manifest *man, uint6
     free(all);
 }
 
+/* Collective: the committed steps, oldest first, the same on every rank
+ * (rank 0 lists the store and broadcasts them). *cand is malloc'd. */
+static int list_committed(struct tckpt *c, uint64_t **cand, int *ncand, char *err)
+{
+    struct fsdp_comm *comm = c->comm;
+    struct ckpt_step_info *steps = NULL;
+    int n = 0, rc = 0;
+    *cand = NULL;
+    *ncand = 0;
+    if (comm->rank == 0)
+        rc = ckpt_list_steps(c->st, &steps, &n, err);
+    if (tckpt_agree(comm, rc, err))
+        return -1;
+    double count = comm->rank == 0 ? n : 0;
+    if (comm->allreduce_sum_f64(comm, &count, 1, err)) {
+        free(steps);
+        return -1;
+    }
+    n = (int)count;
+    uint64_t *v = calloc((size_t)n + 1, sizeof *v);
+    int nv = 0;
+    for (int i = 0; v && comm->rank == 0 && i < n; i++)
+        if (steps[i].committed)
+            v[nv++] = steps[i].step;
+    free(steps);
+    if (tckpt_agree(comm, v ? 0 : fsdp_err(err, "checkpoint: out of memory"), err) ||
+        comm->bcast_bytes(comm, &nv, sizeof nv, 0, err) ||
+        comm->bcast_bytes(comm, v, (size_t)n * sizeof *v, 0, err)) {
+        free(v);
+        return -1;
+    }
+    *cand = v;
+    *ncand = nv;
+    return 0;
+}
+
+/* Collective, with --resume none: a store that holds committed steps is
+ * refused; an empty one the fresh run owns, and clears of what a crashed
+ * run left. */
+static int start_fresh(struct tckpt *c, const uint64_t *cand, int ncand, char *err)
+{
+    if (ncand > 0)
+        return fsdp_err(err,
+                        "%s already holds committed checkpoints (newest step %llu): "
+                        "use --resume auto, or another --ckpt",
+                        c->st->uri, (unsigned long long)cand[ncand - 1]);
+    int rc = c->comm->rank == 0 ? clean_for_start(c, err) : 0;
+    return tckpt_agree(c->comm, rc, err);
+}
+
+/* Collective, once step is loaded on every rank: what each rank read, and
+ * the events a supervisor counts (a reshard when the world size changed). */
+static void announce_load(struct tckpt *c, const struct ckpt_manifest *man, uint64_t step,
+                          uint64_t bytes_read, double load_s)
+{
+    struct fsdp_comm *comm = c->comm;
+    report_reads(c, man, bytes_read, load_s);
+    c->load_s = load_s;
+    if (comm->rank == 0)
+        hb_event("loaded step=%llu seconds=%.3f", (unsigned long long)step, load_s);
+    if (comm->rank == 0 && man->world != comm->world) {
+        fprintf(stderr, "fsdp-train: resharding step %llu from %d to %d ranks\n",
+                (unsigned long long)step, man->world, comm->world);
+        hb_event("reshard step=%llu from=%d to=%d", (unsigned long long)step, man->world,
+                 comm->world);
+    }
+}
+
+/* Collective: loads committed step into the engine on every rank (and
+ * verifies it with --verify-load). Returns 0 when loaded (*man filled), 1
+ * when some rank could not load it (err says why: the caller falls back to
+ * an older step), TCKPT_REFUSED for another model's checkpoint, -1 when
+ * nothing more may be tried. The caller frees *man in every case. */
+static int try_step(struct tckpt *c, uint64_t step, struct ckpt_manifest *man, char *err)
+{
+    struct fsdp_comm *comm = c->comm;
+    uint64_t bytes_read = 0;
+    double t0 = fsdp_now();
+    int rc = load_step(c, step, man, &bytes_read, err);
+    double load_s = fsdp_now() - t0;
+    int refused = rc == TCKPT_REFUSED;
+    double votes[3] = {rc != 0, refused, rc == CKPT_CANNOT_JUDGE};
+    char sub[FSDP_ERR_LEN];
+    if (comm->allreduce_sum_f64(comm, votes, 3, sub))
+        return fsdp_err(err, "%s", sub);
+    if (votes[2] > 0) { /* the seals cannot be read: no step may be judged, none skipped */
+        if (rc != CKPT_CANNOT_JUDGE)
+            fsdp_err(err, "another rank could not tell whether step %llu is live",
+                     (unsigned long long)step);
+        return -1;
+    }
+    if (votes[1] > 0) { /* same verdict on every rank: the model differs */
+        if (!refused)
+            fsdp_err(err, "another rank refused the checkpoint");
+        return TCKPT_REFUSED;
+    }
+    if (tckpt_agree(comm, rc, err))
+        return 1;
+    announce_load(c, man, step, bytes_read, load_s);
+    if (c->o.verify_load && tckpt_verify_loaded(c, man, err))
+        return -1;
+    return 0;
+}
+
 int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *loaded, char *err)
 {
     *trainer = NULL;
     *loaded = 0;
-    struct fsdp_comm *comm = c->comm;
     hb_set(0, HB_LOAD);
     /* rank 0 lists; everyone tries the same candidates in the same order */
-    struct ckpt_step_info *steps = NULL;
-    int n = 0, rc = 0;
-    if (comm->rank == 0)
-        rc = ckpt_list_steps(c->st, &steps, &n, err);
-    if (agree(comm, rc, err))
+    uint64_t *cand;
+    int ncand, rc;
+    if (list_committed(c, &cand, &ncand, err))
         return -1;
-    double count = comm->rank == 0 ? n : 0;
-    if (comm->allreduce_sum_f64(comm, &count, 1, err))
-        return -1;
-    n = (int)count;
-    uint64_t *cand = calloc((size_t)n + 1, sizeof *cand);
-    int ncand = 0;
-    for (int i = 0; cand && comm->rank == 0 && i < n; i++)
-        if (steps[i].committed)
-            cand[ncand++] = steps[i].step;
-    free(steps);
-    if (agree(comm, cand ? 0 : fsdp_err(err, "checkpoint: out of memory"), err)) {
-        free(cand);
-        return -1;
-    }
-    if (comm->bcast_bytes(comm, &ncand, sizeof ncand, 0, err) ||
-        comm->bcast_bytes(comm, cand, (size_t)n * sizeof *cand, 0, err)) {
-        free(cand);
-        return -1;
-    }
     if (!c->o.resume) {
-        uint64_t newest = ncand > 0 ? cand[ncand - 1] : 0;
+        rc = start_fresh(c, cand, ncand, err);
         free(cand);
-        if (ncand > 0)
-            return fsdp_err(err, "%s already holds committed checkpoints (newest step %llu): "
-                            "use --resume auto, or another --ckpt", c->st->uri,
-                            (unsigned long long)newest);
-        /* a fresh run owns the location: clear what a crashed run left */
-        rc = comm->rank == 0 ? clean_for_start(c, err) : 0;
-        return agree(comm, rc, err);
+        return rc;
     }
     for (int i = ncand - 1; i >= 0; i--) {
         struct ckpt_manifest man = {0};
-        uint64_t bytes_read = 0;
-        double t0 = fsdp_now();
-        rc = load_step(c, cand[i], &man, &bytes_read, err);
-        double load_s = fsdp_now() - t0;
-        int refused = rc == TCKPT_REFUSED;
-        double votes[3] = {rc != 0, refused, rc == CKPT_CANNOT_JUDGE};
-        char sub[FSDP_ERR_LEN];
-        if (comm->allreduce_sum_f64(comm, votes, 3, sub)) {
-            ckpt_manifest_free(&man);
-            free(cand);
-            return fsdp_err(err, "%s", sub);
-        }
-        if (votes[2] > 0) { /* the seals cannot be read: no step may be judged, none skipped */
-            ckpt_manifest_free(&man);
-            if (rc != CKPT_CANNOT_JUDGE)
-                fsdp_err(err, "another rank could not tell whether step %llu is live",
-                         (unsigned long long)cand[i]);
-            free(cand);
-            return -1;
-        }
-        if (votes[1] > 0) { /* same verdict on every rank: the model differs */
-            ckpt_manifest_free(&man);
-            free(cand);
-            if (!refused)
-                fsdp_err(err, "another rank refused the checkpoint");
-            return TCKPT_REFUSED;
-        }
-        if (agree(comm, rc, err) == 0) {
-            report_reads(c, &man, bytes_read, load_s);
-            c->load_s = load_s;
-            if (comm->rank == 0)
-                hb_event("loaded step=%llu seconds=%.3f", (unsigned long long)cand[i], load_s);
-            if (comm->rank == 0 && man.world != comm->world) {
-                fprintf(stderr, "fsdp-train: resharding step %llu from %d to %d ranks\n",
-                        (unsigned long long)cand[i], man.world, comm->world);
-                hb_event("reshard step=%llu from=%d to=%d", (unsigned long long)cand[i],
-                         man.world, comm->world);
-            }
-            if (c->o.verify_load && tckpt_verify_loaded(c, &man, err)) {
-                ckpt_manifest_free(&man);
-                free(cand);
-                return -1;
-            }
+        rc = try_step(c, cand[i], &man, err);
+        if (rc == 0) {
             *trainer = json_incref(man.trainer);
             *loaded = cand[i];
             c->newest_committed = cand[i];
-            ckpt_manifest_free(&man);
-            break;
         }
         ckpt_manifest_free(&man);
-        if (comm->rank == 0)
+        if (rc == 0)
+            break;
+        if (rc < 0) {
+            free(cand);
+            return rc;
+        }
+        if (c->comm->rank == 0)
             fprintf(stderr, "fsdp-train: checkpoint step %llu is unusable: %s; %s (step %llu "
                     "stays in the store: fsdp-ckpt verify %s@%llu)\n",
                     (unsigned long long)cand[i], err,
@@ -1041,8 +869,8 @@ int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *loaded, char *err)
                     (unsigned long long)cand[i], c->st->uri, (unsigned long long)cand[i]);
     }
     free(cand);
-    rc = comm->rank == 0 ? clean_for_start(c, err) : 0;
-    if (agree(comm, rc, err)) {
+    rc = c->comm->rank == 0 ? clean_for_start(c, err) : 0;
+    if (tckpt_agree(c->comm, rc, err)) {
         json_decref(*trainer);
         *trainer = NULL;
         return -1;

@@ -3,9 +3,14 @@
  * shards with the commit protocol, and resuming (with fallback) from the
  * newest committed step that loads and verifies.
  *
- * Every function here is collective: all ranks call it, in the same order,
- * and all ranks return the same status (failures are agreed on, so no rank
- * is left waiting in a collective).
+ * checkpoint.c holds the commit protocol, resume and --verify-load;
+ * checkpoint_async.c the background writer of --ckpt-async; what the two
+ * share is checkpoint_internal.h, private to them. The format, commit,
+ * retention and digests themselves are ckpt/ (ckpt.h).
+ *
+ * Unless said otherwise a function here is collective: all ranks call it,
+ * in the same order, and all ranks return the same status (failures are
+ * agreed on, so no rank is left waiting in a collective).
  */
 #ifndef FSDP_CHECKPOINT_H
 #define FSDP_CHECKPOINT_H
@@ -73,11 +78,13 @@ int tckpt_save(struct tckpt *c, uint64_t step, json_t *trainer, char *err);
  * never removed; garbage of older generations is (ckpt_clean). */
 int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *step, char *err);
 
-/* Asynchronous saves (--ckpt-async). start/finish are collective;
- * save_async (local: copies the state into staging, hands it to the
- * background writer) is called by every rank at the same step; state tells
- * this rank's side (1 when its write ended, with *failed if it failed), to
- * be summed over ranks on a collective the step makes anyway. */
+/* Asynchronous saves (--ckpt-async, checkpoint_async.c). start/finish are
+ * collective; save_async (local: hands the step to the background writer,
+ * which copies the state into staging and writes it) is called by every
+ * rank at the same step; state tells this rank's side (1 when its write
+ * ended, with *failed if it failed), to be summed over ranks on a
+ * collective the step makes anyway (train.c's step vote); stop (local)
+ * joins the writer. */
 int tckpt_async_start(struct tckpt *c, char *err);
 void tckpt_async_stop(struct tckpt *c);
 int tckpt_save_async(struct tckpt *c, uint64_t step, json_t *trainer, char *err);
@@ -89,7 +96,9 @@ int tckpt_async_finish(struct tckpt *c, char *err);
 int tckpt_async_snapshot_wait(struct tckpt *c);
 uint64_t tckpt_async_step(struct tckpt *c);
 
-/* The loaded state's digest against the checkpoint's (--verify-load). */
+/* The loaded state's digest against the checkpoint's (--verify-load):
+ * tensor by tensor, ckpt_tensor_digest of the state as loaded against
+ * ckpt_digest of the checkpoint. tckpt_resume calls it after a load. */
 int tckpt_verify_loaded(struct tckpt *c, const struct ckpt_manifest *man, char *err);
 
 #endif

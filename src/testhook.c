@@ -1,14 +1,17 @@
 /*
  * testhook.c - the test hooks of testhook.h. Why this is safe in
  * production: every hook reads its environment variable once and does
- * nothing when it is unset; a malformed value is reported once and
- * ignored (a test that set it will then fail on its own assertions).
+ * nothing when it is unset. A malformed FSDP_TEST_HOLD_AT is reported once
+ * and ignored; a FSDP_TEST_STOP_AT whose point is too long to be one is
+ * ignored, and an N that is not a number matches no save (a test that set
+ * either will then fail on its own assertions).
  */
 #include "testhook.h"
 
 #include "heartbeat.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,4 +40,35 @@ void testhook_hold(uint64_t done)
     while (!hb_preempted())
         nanosleep(&nap, NULL);
     hb_set(done, HB_TRAIN);
+}
+
+static char stop_point[32]; /* "": no stop */
+static int stop_nth;
+static int current_save; /* set by the trainer's thread before it hands a save on */
+
+static void stop_init(void)
+{
+    const char *s = getenv("FSDP_TEST_STOP_AT");
+    if (!s)
+        return;
+    const char *colon = strchr(s, ':');
+    size_t n = colon ? (size_t)(colon - s) : strlen(s);
+    if (n >= sizeof stop_point)
+        return;
+    memcpy(stop_point, s, n);
+    stop_point[n] = 0;
+    stop_nth = colon ? atoi(colon + 1) : 1;
+}
+
+void testhook_save_begins(int nth) { current_save = nth; }
+
+void testhook_stop(const char *point)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, stop_init);
+    if (stop_point[0] && current_save == stop_nth && strcmp(point, stop_point) == 0) {
+        fprintf(stderr, "fsdp-train: test hook: stopping at %s of save %d\n", point,
+                current_save);
+        raise(SIGSTOP);
+    }
 }

@@ -21,9 +21,21 @@
  *                            looks like a hang (no progress) and is treated
  *                            as one.
  *
- *   FSDP_TEST_STOP_AT=POINT:N  (src/checkpoint.c) SIGSTOP of the process at
- *                            a point of its N-th save: shard-chunk,
- *                            before-commit, fence-checked, after-commit.
+ *   FSDP_TEST_STOP_AT=POINT:N  testhook_stop: the process stops itself
+ *                            (SIGSTOP) at POINT of its N-th save (":N"
+ *                            left out: the first), so that a test can
+ *                            SIGKILL or SIGCONT the whole job at a moment
+ *                            it knows. The points (src/checkpoint.c):
+ *                              shard-chunk    the first chunk of this rank's
+ *                                             shard is written
+ *                              before-commit  rank 0: every shard durable,
+ *                                             the manifest not yet written
+ *                              fence-checked  rank 0: its generation still
+ *                                             the store's, the manifest not
+ *                                             yet written
+ *                              after-commit   rank 0: the manifest written,
+ *                                             retention not yet applied
+ *                            tests/ and recovery/chaos.c name them.
  */
 #ifndef FSDP_TESTHOOK_H
 #define FSDP_TESTHOOK_H
@@ -33,5 +45,13 @@
 /* Called by the training loop once step `done` (1-based) has finished and
  * the heartbeat says so. Returns at once unless FSDP_TEST_HOLD_AT is set. */
 void testhook_hold(uint64_t done);
+
+/* FSDP_TEST_STOP_AT: testhook_save_begins(n) says that this process's n-th
+ * save (1 for the first) is under way; testhook_stop(point) stops the
+ * process there if the variable names point and that save. Both return at
+ * once when it is unset; testhook_stop may be called from any thread (an
+ * async save's writer). */
+void testhook_save_begins(int nth);
+void testhook_stop(const char *point);
 
 #endif

@@ -46,6 +46,8 @@ struct trainer {
     const char *stopped;  /* why the run stopped before --steps (NULL: it did not) */
     long long stopped_at; /* and after which step */
     double start;         /* when main began (--time-limit counts from here) */
+    double limit;         /* the time limit, a monotonic time (0: none; deadline()) */
+    const char *limit_from; /* and what set it */
     double step_max;      /* the longest step, validation and checkpoint save of this */
     double val_max;       /* process: the margin kept before a time limit */
     double save_max;
@@ -472,71 +474,139 @@ static int stop_early(struct trainer *t, long long step, const char *why, int ph
     return 0;
 }
 
-static int train(struct trainer *t, char *err)
+/* One step's forward and backward over this rank's micro-batches; *loss:
+ * their summed loss (the step's mean comes with the vote). */
+static int forward_backward(struct trainer *t, double tokens, double *loss, char *err)
 {
     const int T = t->model.cfg.seq;
-    const double tokens = (double)t->o.global_batch * T;
+    *loss = 0;
+    fsdp_zero_grad(&t->eng);
+    for (int m = 0; m < t->accum; m++) {
+        double l;
+        load_micro(t, m);
+        t->eng.final_micro = m == t->accum - 1; /* none: reduce buckets as they finish */
+        if (fsdp_forward(&t->eng, t->micro, T, &l, err) ||
+            fsdp_backward(&t->eng, (float)(1.0 / tokens), err))
+            return -1;
+        *loss += l;
+    }
+    return 0;
+}
+
+/* Collective: the gradients' reduction and norm, and the step's vote.
+ * Every rank learns at the same step that some rank was asked to stop,
+ * that every rank's background write has ended (the step commits it), and
+ * rank 0's judgement of the time limit: after this step there must be time
+ * for one more and a checkpoint, with a step to spare (the longest of each
+ * seen so far). */
+static int reduce_and_vote(struct trainer *t, long long step, double loss, double vote[VOTE_N],
+                           double *norm, char *err)
+{
+    int in_flight = 0, failed = 0, ended = 0;
+    if (t->async_pending)
+        ended = tckpt_async_state(&t->ck, &in_flight, &failed);
+    vote[VOTE_LOSS] = loss;
+    vote[VOTE_PREEMPTED] = hb_preempted();
+    vote[VOTE_WRITES_ENDED] = ended;
+    vote[VOTE_WRITES_FAILED] = failed;
+    vote[VOTE_OUT_OF_TIME] = 0;
+    /* the margin: two steps, a validation, a save, and a background
+     * write still to wait for (the longest seen; a save is at least the
+     * resume's load) */
+    double save_s = t->save_max > t->ck.load_s ? t->save_max : t->ck.load_s;
+    double margin = 2 * t->step_max + t->val_max + save_s * (1 + t->async_pending);
+    if (t->limit > 0 && t->comm.rank == 0 && step + 1 < t->o.steps)
+        vote[VOTE_OUT_OF_TIME] = fsdp_now() + margin >= t->limit;
+    if (fsdp_reduce_grads(&t->eng, err) || fsdp_grad_norm(&t->eng, norm, err) ||
+        t->comm.allreduce_sum_f64(&t->comm, vote, VOTE_N, err))
+        return -1;
+    return 0;
+}
+
+/* The optimizer step: clipping to --grad-clip, the schedule's learning
+ * rate (returned), AdamW. An async snapshot of the state is waited for
+ * first: this is the step's first write of the state. */
+static double optimizer_step(struct trainer *t, long long step, double norm)
+{
     const struct train_opts *o = &t->o;
-    const char *limit_from;
-    const double limit = deadline(t, &limit_from);
+    float gscale = 1.0f;
+    if (o->grad_clip > 0 && norm > o->grad_clip)
+        gscale = (float)(o->grad_clip / (norm + 1e-6));
+    double lr = lr_at(o, step);
+    struct fsdp_adamw opt = {(float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
+                             (float)o->weight_decay};
+    if (t->async_pending) {
+        double w0 = fsdp_now();
+        if (tckpt_async_snapshot_wait(&t->ck))
+            t->ckpt_s += fsdp_now() - w0;
+    }
+    fsdp_adamw_step(&t->eng, &opt, (int)step + 1, gscale);
+    return lr;
+}
+
+/* Collective: the validation loss after step (0-based) when one is due,
+ * else NAN. */
+static int validate_if_due(struct trainer *t, long long step, double *val, char *err)
+{
+    const struct train_opts *o = &t->o;
+    *val = NAN;
+    int last = step + 1 == o->steps;
+    if (!o->val_data || !((o->val_every && (step + 1) % o->val_every == 0) || last))
+        return 0;
+    double v0 = fsdp_now();
+    if (validate(t, val, err))
+        return -1;
+    t->val_max = fsdp_now() - v0 > t->val_max ? fsdp_now() - v0 : t->val_max;
+    return 0;
+}
+
+/* Collective, once step (0-based) is logged: commits a background write
+ * every rank has finished, then stops early (a preemption notice, the time
+ * limit, --stop-at-step) or checkpoints when one is due. Returns 1 when the
+ * loop ends here, 0 to go on, -1 on failure. */
+static int end_of_step(struct trainer *t, long long step, const double vote[VOTE_N], char *err)
+{
+    const struct train_opts *o = &t->o;
     static char limit_why[96];
+    int last = step + 1 == o->steps;
+    int due = (o->ckpt.every && (step + 1) % o->ckpt.every == 0) || last;
+    if (t->async_pending && vote[VOTE_WRITES_ENDED] == t->comm.world && finish_async(t, NULL, err))
+        return -1;
+    if (vote[VOTE_PREEMPTED] > 0) { /* an emergency checkpoint, then stop */
+        t->preempted = 1;
+        return stop_early(t, step + 1, "preemption notice", HB_PREEMPTED, err) ? -1 : 1;
+    }
+    if (vote[VOTE_OUT_OF_TIME] > 0) {
+        snprintf(limit_why, sizeof limit_why, "time limit (%s) in %.0f s", t->limit_from,
+                 t->limit - fsdp_now());
+        return stop_early(t, step + 1, limit_why, HB_STOPPED, err) ? -1 : 1;
+    }
+    if (step + 1 == o->stop_at_step && !last)
+        return stop_early(t, step + 1, "--stop-at-step", HB_STOPPED, err) ? -1 : 1;
+    if (t->have_ckpt && due &&
+        (o->ckpt.async ? save_async(t, step + 1, err) : save(t, step + 1, err)))
+        return -1;
+    return 0;
+}
+
+static int train(struct trainer *t, char *err)
+{
+    const struct train_opts *o = &t->o;
+    const double tokens = (double)o->global_batch * t->model.cfg.seq;
+    t->limit = deadline(t, &t->limit_from);
     t->train_t0 = fsdp_now();
     for (long long step = t->start_step; step < o->steps; step++) {
-        double t0 = fsdp_now(), loss = 0;
-        fsdp_zero_grad(&t->eng);
-        for (int m = 0; m < t->accum; m++) {
-            double l;
-            load_micro(t, m);
-            t->eng.final_micro = m == t->accum - 1; /* none: reduce buckets as they finish */
-            if (fsdp_forward(&t->eng, t->micro, T, &l, err) ||
-                fsdp_backward(&t->eng, (float)(1.0 / tokens), err))
-                return -1;
-            loss += l;
-        }
-        double norm;
-        /* every rank learns at the same step that some rank was asked to
-         * stop, that every rank's background write has ended (the step
-         * commits it), and rank 0's judgement of the time limit: after this
-         * step there must be time for one more and a checkpoint, with a
-         * step to spare (the longest of each seen so far) */
-        int in_flight = 0, failed = 0, ended = 0;
-        if (t->async_pending)
-            ended = tckpt_async_state(&t->ck, &in_flight, &failed);
-        double vote[VOTE_N] = {loss, hb_preempted(), ended, failed, 0};
-        /* the margin: two steps, a validation, a save, and a background
-         * write still to wait for (the longest seen; a save is at least the
-         * resume's load) */
-        double save_s = t->save_max > t->ck.load_s ? t->save_max : t->ck.load_s;
-        double margin = 2 * t->step_max + t->val_max + save_s * (1 + t->async_pending);
-        if (limit > 0 && t->comm.rank == 0 && step + 1 < o->steps)
-            vote[VOTE_OUT_OF_TIME] = fsdp_now() + margin >= limit;
-        if (fsdp_reduce_grads(&t->eng, err) || fsdp_grad_norm(&t->eng, &norm, err) ||
-            t->comm.allreduce_sum_f64(&t->comm, vote, VOTE_N, err))
+        double t0 = fsdp_now(), loss, norm, vote[VOTE_N], val;
+        if (forward_backward(t, tokens, &loss, err) ||
+            reduce_and_vote(t, step, loss, vote, &norm, err))
             return -1;
         loss = vote[VOTE_LOSS] / tokens;
-        float gscale = 1.0f;
-        if (o->grad_clip > 0 && norm > o->grad_clip)
-            gscale = (float)(o->grad_clip / (norm + 1e-6));
-        double lr = lr_at(o, step);
-        struct fsdp_adamw opt = {(float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
-                                 (float)o->weight_decay};
-        if (t->async_pending) { /* the step's first write of the state */
-            double w0 = fsdp_now();
-            if (tckpt_async_snapshot_wait(&t->ck))
-                t->ckpt_s += fsdp_now() - w0;
-        }
-        fsdp_adamw_step(&t->eng, &opt, (int)step + 1, gscale);
+        double lr = optimizer_step(t, step, norm);
         t->cursor += (uint64_t)o->global_batch;
         double dt = fsdp_now() - t0;
         t->step_max = dt > t->step_max ? dt : t->step_max;
-        double val = NAN;
-        int last = step + 1 == o->steps;
-        if (o->val_data && ((o->val_every && (step + 1) % o->val_every == 0) || last)) {
-            double v0 = fsdp_now();
-            if (validate(t, &val, err))
-                return -1;
-            t->val_max = fsdp_now() - v0 > t->val_max ? fsdp_now() - v0 : t->val_max;
-        }
+        if (validate_if_due(t, step, &val, err))
+            return -1;
         if (!isfinite(loss))
             return fsdp_err(err, "training diverged: loss is %f at step %lld", loss, step + 1);
         json_t *samples = NULL;
@@ -546,24 +616,9 @@ static int train(struct trainer *t, char *err)
         json_decref(samples);
         hb_set((uint64_t)step + 1, HB_TRAIN);
         testhook_hold((uint64_t)step + 1);
-        int due = (o->ckpt.every && (step + 1) % o->ckpt.every == 0) || last;
-        if (t->async_pending && vote[VOTE_WRITES_ENDED] == t->comm.world &&
-            finish_async(t, NULL, err))
-            return -1;
-        if (vote[VOTE_PREEMPTED] > 0) { /* an emergency checkpoint, then stop */
-            t->preempted = 1;
-            return stop_early(t, step + 1, "preemption notice", HB_PREEMPTED, err);
-        }
-        if (vote[VOTE_OUT_OF_TIME] > 0) {
-            snprintf(limit_why, sizeof limit_why, "time limit (%s) in %.0f s", limit_from,
-                     limit - fsdp_now());
-            return stop_early(t, step + 1, limit_why, HB_STOPPED, err);
-        }
-        if (step + 1 == o->stop_at_step && !last)
-            return stop_early(t, step + 1, "--stop-at-step", HB_STOPPED, err);
-        if (t->have_ckpt && due && (o->ckpt.async ? save_async(t, step + 1, err)
-                                                  : save(t, step + 1, err)))
-            return -1;
+        int rc = end_of_step(t, step, vote, err);
+        if (rc)
+            return rc < 0 ? -1 : 0;
     }
     /* the final checkpoint is waited for */
     if (t->async_pending && finish_async(t, NULL, err))
@@ -771,71 +826,135 @@ static int start_cuda(struct trainer *t, char *err)
     return fsdp_comm_nccl_init(&t->comm, err);
 }
 
+/* Keep freed memory in the process. Open MPI's reduce-scatter allocates a
+ * temporary of the unit's size on every call; with glibc's defaults each
+ * free gives it back to the kernel (munmap, or a trim of the heap) and the
+ * next call faults it in again: 5.4 ms per block's reduce-scatter instead
+ * of 0.43 ms here, a third of a 2-rank step. */
+static void keep_freed_memory(void)
+{
+    mallopt(M_MMAP_THRESHOLD, 32 << 20); /* glibc's largest: temporaries above it
+                                            (gpt2-124m's embedding unit, 154 MB)
+                                            are still mapped per call */
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
+/* The ranks' communicator (Open MPI when mpirun started us, else one local
+ * rank) and, with --device cuda, every rank's GPU. Returns 0, or the exit
+ * status after saying why. */
+static int start_ranks(struct trainer *t, int *argc, char ***argv, char *err)
+{
+    if (fsdp_comm_launched_by_mpi()) {
+        if (fsdp_comm_mpi_init(&t->comm, argc, argv, err)) {
+            fprintf(stderr, "fsdp-train: %s\n", err);
+            return 1;
+        }
+    } else {
+        fsdp_comm_local_init(&t->comm);
+    }
+    if (t->o.cuda && start_cuda(t, err)) {
+        if (err[0])
+            fprintf(stderr, "fsdp-train: %s\n", err);
+        t->comm.finalize(&t->comm);
+        return 1;
+    }
+    return 0;
+}
+
+/* The heartbeat to a supervisor, and the precision every rank agrees on.
+ * Returns 0, or the exit status after saying why. */
+static int join_run(struct trainer *t, char *err)
+{
+    if (hb_start(t->comm.rank, err)) { /* the same environment on every rank */
+        if (t->comm.rank == 0)
+            fprintf(stderr, "fsdp-train: %s\n", err);
+        t->comm.finalize(&t->comm);
+        return 2;
+    }
+    if (agree_precision(t, err)) {
+        fprintf(stderr, "fsdp-train: rank %d: %s\n", t->comm.rank, err);
+        hb_stop();
+        t->comm.abort(&t->comm, 1); /* a collective failed: no agreeing now */
+        return 1;
+    }
+    return 0;
+}
+
+/* Collective: set-up errors (a bad file, a bad batch size) are usually the
+ * same on every rank: agree on them and exit cleanly, rank 0 speaking for
+ * all. Returns 1 when some rank's setup failed (said), 0 when none did or
+ * the agreement itself failed (rc then goes on to the usual error path). */
+static int setup_failed(struct trainer *t, int rc, const char *err)
+{
+    double failed[2] = {rc != 0, t->comm.rank == 0 && rc != 0};
+    char agree_err[FSDP_ERR_LEN];
+    if (t->comm.allreduce_sum_f64(&t->comm, failed, 2, agree_err) || failed[0] == 0)
+        return 0;
+    if (rc && (t->comm.rank == 0 || failed[1] == 0))
+        fprintf(stderr, "fsdp-train: %s\n", err);
+    return 1;
+}
+
+/* A failure after set-up: said once (rank 0) when every rank knows,
+ * otherwise by this rank, which then ends the job. Returns the exit
+ * status. */
+static int end_after_failure(struct trainer *t, int rc, const char *err)
+{
+    if (t->agreed_error) { /* every rank knows; rank 0 speaks for all */
+        if (t->comm.rank == 0)
+            fprintf(stderr, "fsdp-train: %s\n", err);
+    } else {
+        fprintf(stderr, "fsdp-train: rank %d: %s\n", t->comm.rank, err);
+        if (t->comm.world > 1)
+            t->comm.abort(&t->comm, 1);
+    }
+    hb_stop();
+    teardown(t);
+    t->comm.finalize(&t->comm);
+    return rc == TCKPT_REFUSED ? 2 : 1;
+}
+
+/* Rank 0: how the run ended (t0: when the ranks had started). */
+static void report_end(const struct trainer *t, double t0)
+{
+    if (t->comm.rank != 0)
+        return;
+    if (t->preempted)
+        fprintf(stderr, "fsdp-train: preempted: stopped after an emergency checkpoint\n");
+    else if (t->stopped)
+        fprintf(stderr, "fsdp-train: stopped at step %lld of %lld (%s)%s\n", t->stopped_at,
+                t->o.steps, t->stopped,
+                t->have_ckpt ? "; the same command continues from its checkpoint" : "");
+    else
+        fprintf(stderr,
+                "fsdp-train: done: %lld steps in %.1f s (%.1f s in collectives on rank 0)\n",
+                t->o.steps, fsdp_now() - t0, t->eng.comm_seconds);
+}
+
 int main(int argc, char **argv)
 {
     static struct trainer t;
     t.start = fsdp_now();
     char err[FSDP_ERR_LEN] = "";
-    /* Keep freed memory in the process. Open MPI's reduce-scatter allocates
-     * a temporary of the unit's size on every call; with glibc's defaults
-     * each free gives it back to the kernel (munmap, or a trim of the heap)
-     * and the next call faults it in again: 5.4 ms per block's
-     * reduce-scatter instead of 0.43 ms here, a third of a 2-rank step. */
-    mallopt(M_MMAP_THRESHOLD, 32 << 20); /* glibc's largest: temporaries above it
-                                            (gpt2-124m's embedding unit, 154 MB)
-                                            are still mapped per call */
-    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    keep_freed_memory();
     fsdp_kernels_cpu_fix_blas_core(argv);
     int rc = train_opts_parse(&t.o, argc, argv, err);
     if (rc == 1) {
         train_opts_usage();
         return 0;
     }
-    if (rc) {
-        fprintf(stderr, "fsdp-train: %s (see fsdp-train --help)\n", err);
-        return 2;
-    }
-    if (fsdp_kernels_cpu_select(t.o.cpu_kernels, err, sizeof err) ||
+    if (rc || fsdp_kernels_cpu_select(t.o.cpu_kernels, err, sizeof err) ||
         fsdp_kernels_cpu_matmul(t.o.matmul, err, sizeof err)) {
         fprintf(stderr, "fsdp-train: %s (see fsdp-train --help)\n", err);
         return 2;
     }
-    if (fsdp_comm_launched_by_mpi()) {
-        if (fsdp_comm_mpi_init(&t.comm, &argc, &argv, err)) {
-            fprintf(stderr, "fsdp-train: %s\n", err);
-            return 1;
-        }
-    } else {
-        fsdp_comm_local_init(&t.comm);
-    }
-    if (t.o.cuda && start_cuda(&t, err)) {
-        if (err[0])
-            fprintf(stderr, "fsdp-train: %s\n", err);
-        t.comm.finalize(&t.comm);
-        return 1;
-    }
+    if ((rc = start_ranks(&t, &argc, &argv, err)))
+        return rc;
     double t0 = fsdp_now();
-    if (hb_start(t.comm.rank, err)) { /* the same environment on every rank */
-        if (t.comm.rank == 0)
-            fprintf(stderr, "fsdp-train: %s\n", err);
-        t.comm.finalize(&t.comm);
-        return 2;
-    }
-    rc = agree_precision(&t, err);
-    if (rc) {
-        fprintf(stderr, "fsdp-train: rank %d: %s\n", t.comm.rank, err);
-        hb_stop();
-        t.comm.abort(&t.comm, 1); /* a collective failed: no agreeing now */
-        return 1;
-    }
+    if ((rc = join_run(&t, err)))
+        return rc;
     rc = setup(&t, err);
-    /* Set-up errors (a bad file, a bad batch size) are usually the same on
-     * every rank: agree on them and exit cleanly, rank 0 speaking for all. */
-    double failed[2] = {rc != 0, t.comm.rank == 0 && rc != 0};
-    char agree_err[FSDP_ERR_LEN];
-    if (t.comm.allreduce_sum_f64(&t.comm, failed, 2, agree_err) == 0 && failed[0] > 0) {
-        if (rc && (t.comm.rank == 0 || failed[1] == 0))
-            fprintf(stderr, "fsdp-train: %s\n", err);
+    if (setup_failed(&t, rc, err)) {
         teardown(&t);
         t.comm.finalize(&t.comm);
         return 1;
@@ -846,30 +965,10 @@ int main(int argc, char **argv)
         rc = train(&t, err);
     if (!rc && t.o.sample_len > 0 && !t.stopped)
         rc = generate(&t, err);
-    if (rc) {
-        if (t.agreed_error) { /* every rank knows; rank 0 speaks for all */
-            if (t.comm.rank == 0)
-                fprintf(stderr, "fsdp-train: %s\n", err);
-        } else {
-            fprintf(stderr, "fsdp-train: rank %d: %s\n", t.comm.rank, err);
-            if (t.comm.world > 1)
-                t.comm.abort(&t.comm, 1);
-        }
-        hb_stop();
-        teardown(&t);
-        t.comm.finalize(&t.comm);
-        return rc == TCKPT_REFUSED ? 2 : 1;
-    }
+    if (rc)
+        return end_after_failure(&t, rc, err);
     report_peak_memory(&t);
-    if (t.comm.rank == 0 && t.preempted)
-        fprintf(stderr, "fsdp-train: preempted: stopped after an emergency checkpoint\n");
-    else if (t.comm.rank == 0 && t.stopped)
-        fprintf(stderr, "fsdp-train: stopped at step %lld of %lld (%s)%s\n", t.stopped_at,
-                t.o.steps, t.stopped,
-                t.have_ckpt ? "; the same command continues from its checkpoint" : "");
-    else if (t.comm.rank == 0)
-        fprintf(stderr, "fsdp-train: done: %lld steps in %.1f s (%.1f s in collectives on rank 0)\n",
-                t.o.steps, fsdp_now() - t0, t.eng.comm_seconds);
+    report_end(&t, t0);
     hb_stop();
     teardown(&t);
     t.comm.finalize(&t.comm);
