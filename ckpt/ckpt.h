@@ -48,11 +48,11 @@
 
 #include "storage.h"
 
-#define CKPT_FORMAT_VERSION 2 /* written; 1 is still read */
-#define CKPT_MANIFEST "MANIFEST.json"
+#define CKPT_FORMAT_VERSION     2 /* written; 1 is still read */
+#define CKPT_MANIFEST           "MANIFEST.json"
 #define CKPT_MAX_MANIFEST_BYTES (64u << 20)
-#define CKPT_MAX_CHUNK_BYTES (256u << 20)
-#define CKPT_MAX_CHUNKS (1 << 24) /* per shard: a larger shard needs larger chunks */
+#define CKPT_MAX_CHUNK_BYTES    (256u << 20)
+#define CKPT_MAX_CHUNKS         (1 << 24) /* per shard: a larger shard needs larger chunks */
 
 enum ckpt_kind { CKPT_PARAM, CKPT_EXP_AVG, CKPT_EXP_AVG_SQ, CKPT_NKINDS };
 const char *ckpt_kind_name(int kind);
@@ -157,7 +157,7 @@ uint64_t *ckpt_section_offsets(const struct ckpt_manifest *m);
 /* "FSDPCIX1", u32 version, u32 chunk count, then per chunk (little-endian)
  * u64 stored length, u32 raw length, u32 codec, 32 bytes SHA-256. */
 #define CKPT_INDEX_HEADER 16u
-#define CKPT_INDEX_ENTRY 48u
+#define CKPT_INDEX_ENTRY  48u
 /* Encodes chunks[0..n) (malloc'd, *len bytes). */
 unsigned char *ckpt_index_encode(const struct ckpt_chunk *chunks, int n, size_t *len);
 /* Decodes and checks an index against its shard entry and the manifest's
@@ -200,7 +200,7 @@ struct ckpt_write_opts {
 /* What the trainer and fsdp-ckpt write unless told otherwise: zstd+shuffle
  * level 1, 4 MiB chunks, XXH3-128 chunk digests (the index and manifest
  * digests are SHA-256 whatever this says; see README "Checkpoint format"). */
-#define CKPT_WRITE_DEFAULTS                                                                       \
+#define CKPT_WRITE_DEFAULTS                                                                        \
     ((struct ckpt_write_opts){CKPT_CODEC_ZSTD_SHUFFLE4, 1, 4u << 20, CKPT_HASH_XXH3})
 
 /* Parses "none", "zstd", "zstd:LEVEL", and with shuffle: "zstd+shuffle[:LEVEL]". */
@@ -262,9 +262,9 @@ struct ckpt_reader {
     uint64_t bytes_fetched, chunks_fetched; /* stored bytes read from storage */
     uint64_t index_bytes_fetched;           /* of which chunk indexes (format 2) */
     void (*on_chunk)(void);                 /* after each chunk fetched (heartbeats) */
-    int threads; /* ckpt_plan_run's threads where the store allows (default 1) */
-    uint64_t *sec_off;                      /* ckpt_section_offsets */
-    struct ckpt_chunk **tables;             /* per shard, fetched when first needed */
+    int threads;                /* ckpt_plan_run's threads where the store allows (default 1) */
+    uint64_t *sec_off;          /* ckpt_section_offsets */
+    struct ckpt_chunk **tables; /* per shard, fetched when first needed */
 };
 
 int ckpt_reader_init(struct ckpt_reader *r, struct storage *st, const struct ckpt_manifest *m,
@@ -276,8 +276,8 @@ int ckpt_read_shard(struct ckpt_reader *r, int shard, uint64_t off, uint64_t len
 /* Elements [lo, lo + n) of a unit's flat buffer for one kind, from whichever
  * shards hold them (any world size); padding beyond the unit's numel reads
  * as zeros. */
-int ckpt_read_unit(struct ckpt_reader *r, int unit, int kind, uint64_t lo, uint64_t n,
-                   float *dst, char *err);
+int ckpt_read_unit(struct ckpt_reader *r, int unit, int kind, uint64_t lo, uint64_t n, float *dst,
+                   char *err);
 /* The reshard planner: fills every wanted range of (unit, kind) elements
  * from whichever old shards hold it. FSDP shards are contiguous ranges of
  * each flat unit, so each want maps onto at most a few (old shard, byte
@@ -323,8 +323,7 @@ void ckpt_plan_free(struct ckpt_plan *p);
 /* A shard's chunk table: the manifest's (format 1), or its index fetched,
  * checked against the manifest's digest of it and decoded (format 2, once
  * per reader). */
-int ckpt_shard_chunks(struct ckpt_reader *r, int shard, const struct ckpt_chunk **tab,
-                      char *err);
+int ckpt_shard_chunks(struct ckpt_reader *r, int shard, const struct ckpt_chunk **tab, char *err);
 /* A format-2 shard's index bytes as stored, verified (malloc'd). */
 int ckpt_fetch_index(struct ckpt_reader *r, int shard, unsigned char **buf, char *err);
 
@@ -339,8 +338,8 @@ int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, c
 
 /* SHA-256 of each tensor's logical little-endian bytes for each kind
  * (ckpt_tensor_digest), tensor-major: fn(arg, tensor, kind, hex) each. */
-int ckpt_digest(struct ckpt_reader *r, int (*fn)(void *arg, const char *tensor, const char *kind,
-                                                 const char *hex),
+int ckpt_digest(struct ckpt_reader *r,
+                int (*fn)(void *arg, const char *tensor, const char *kind, const char *hex),
                 void *arg, char *err);
 
 /* One tensor's logical digest, the one definition ckpt_digest lists and
@@ -358,8 +357,8 @@ int ckpt_tensor_digest(uint64_t numel,
 
 /* Writes step m->step of src again into dst for `world` ranks, streaming
  * (memory: a few chunks). Commits only when every new shard is durable. */
-int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct storage *dst,
-                 int world, const struct ckpt_write_opts *o, char *err);
+int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct storage *dst, int world,
+                 const struct ckpt_write_opts *o, char *err);
 
 /* Copies a committed step to another store as it is (stored bytes and
  * manifest unchanged, every chunk verified on the way); commits last. A
@@ -392,8 +391,7 @@ struct ckpt_step_objects {
     struct ckpt_object *obj;
     int nobj;
 };
-int ckpt_list_step_objects(struct storage *st, struct ckpt_step_objects **out, int *n,
-                           char *err);
+int ckpt_list_step_objects(struct storage *st, struct ckpt_step_objects **out, int *n, char *err);
 void ckpt_step_objects_free(struct ckpt_step_objects *s, int n);
 /* Loads a live manifest (ckpt_manifest_live). Failures: CKPT_NOT_LIVE (a
  * fenced writer's late commit: a "fenced" line), CKPT_DAMAGED (the
@@ -403,8 +401,8 @@ void ckpt_step_objects_free(struct ckpt_step_objects *s, int n);
 int ckpt_load_manifest(struct storage *st, uint64_t step, struct ckpt_manifest *m, char *err);
 /* The same, also handing back the manifest's bytes as stored (malloc'd):
  * one rank loads, the others parse what it broadcasts. */
-int ckpt_load_manifest_doc(struct storage *st, uint64_t step, struct ckpt_manifest *m,
-                           char **doc, size_t *len, char *err);
+int ckpt_load_manifest_doc(struct storage *st, uint64_t step, struct ckpt_manifest *m, char **doc,
+                           size_t *len, char *err);
 /* *committed = 1 if the step's manifest exists. */
 int ckpt_step_committed(struct storage *st, uint64_t step, int *committed, char *err);
 /* A fresh writer tag; generation 0 (a tool): the store's current one. */
@@ -433,10 +431,10 @@ struct ckpt_clean_report {
     int incomplete_removed; /* incomplete steps whose objects were all garbage */
     int incomplete_left;    /* incomplete steps a live writer may still be on */
     int objects_removed;
-    int steps_kept;         /* committed steps left */
+    int steps_kept; /* committed steps left */
 };
-int ckpt_clean(struct storage *st, const struct ckpt_clean_policy *p,
-               struct ckpt_clean_report *rep, char *err);
+int ckpt_clean(struct storage *st, const struct ckpt_clean_policy *p, struct ckpt_clean_report *rep,
+               char *err);
 /* Removes the shards that the writer with `tag` created for step (world of
  * them; absent ones are fine). Never a manifest, never another tag's. */
 int ckpt_discard_own(struct storage *st, uint64_t step, int world, const char *tag, char *err);
@@ -503,7 +501,6 @@ int ckpt_fence_sealed_max(struct storage *st, uint64_t *gen, char *err);
  * generation *by sealed the store (a fenced writer's late commit, or
  * another commit of a step the seal lists); -1 with err when the seals
  * cannot be read (nothing may be concluded then). */
-int ckpt_manifest_live(struct storage *st, const struct ckpt_manifest *m, uint64_t *by,
-                       char *err);
+int ckpt_manifest_live(struct storage *st, const struct ckpt_manifest *m, uint64_t *by, char *err);
 
 #endif

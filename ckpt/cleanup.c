@@ -182,8 +182,7 @@ static int remove_dead(struct storage *st, uint64_t step, uint64_t current, char
     if (lr != CKPT_NOT_LIVE) {
         if (lr == 0) {
             ckpt_manifest_free(&m);
-            fsdp_err(err, "%s: step %llu is live now: left", st->uri,
-                     (unsigned long long)step);
+            fsdp_err(err, "%s: step %llu is live now: left", st->uri, (unsigned long long)step);
         }
         return -1;
     }
@@ -364,8 +363,8 @@ static int settle_ours(struct storage *st, const struct ckpt_manifest *m, const 
     int live = ckpt_manifest_live(st, m, &by, sub);
     if (live < 0) {
         res->outcome = CKPT_UNKNOWN; /* committed, most likely: nothing is touched */
-        fsdp_err(err, "%s/%s: landed, but whether it is live cannot be told: %s",
-                 st->uri, key, sub);
+        fsdp_err(err, "%s/%s: landed, but whether it is live cannot be told: %s", st->uri, key,
+                 sub);
         return -1;
     }
     if (live == 0) {
@@ -506,12 +505,10 @@ int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const ch
                  st->uri, (unsigned long long)m->step, (unsigned long long)res->other.generation,
                  (unsigned long long)by);
     else if (res->outcome == CKPT_OTHER)
-        fsdp_err(err,
-                 "%s: step %llu is already committed by another writer (generation %llu)", st->uri,
-                 (unsigned long long)m->step, (unsigned long long)res->other.generation);
+        fsdp_err(err, "%s: step %llu is already committed by another writer (generation %llu)",
+                 st->uri, (unsigned long long)m->step, (unsigned long long)res->other.generation);
     else
-        fsdp_err(err,
-                 "%s: step %llu is already committed, and its manifest does not load", st->uri,
+        fsdp_err(err, "%s: step %llu is already committed, and its manifest does not load", st->uri,
                  (unsigned long long)m->step);
     return -1;
 }

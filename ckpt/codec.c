@@ -10,10 +10,10 @@
 #include "codec.h"
 
 #include <openssl/evp.h>
-#include <xxhash.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 struct ckpt_codec *ckpt_codec_new(size_t chunk_bytes)
 {
@@ -77,8 +77,8 @@ int ckpt_parse_compress(const char *s, struct ckpt_write_opts *o, char *err)
         }
     }
     fsdp_err(err,
-             "--compress '%s' is not none, zstd[:LEVEL] or zstd+shuffle[:LEVEL] (levels %d..%d)",
-             s, ZSTD_minCLevel(), ZSTD_maxCLevel());
+             "--compress '%s' is not none, zstd[:LEVEL] or zstd+shuffle[:LEVEL] (levels %d..%d)", s,
+             ZSTD_minCLevel(), ZSTD_maxCLevel());
     return -1;
 }
 

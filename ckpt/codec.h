@@ -10,9 +10,9 @@
 #include <zstd.h>
 
 struct ckpt_codec {
-    size_t chunk_bytes;          /* largest raw chunk */
-    unsigned char *raw, *shuf;   /* chunk_bytes each */
-    unsigned char *stored;       /* stored_cap */
+    size_t chunk_bytes;        /* largest raw chunk */
+    unsigned char *raw, *shuf; /* chunk_bytes each */
+    unsigned char *stored;     /* stored_cap */
     size_t stored_cap;
     ZSTD_CCtx *cctx;
     ZSTD_DCtx *dctx;

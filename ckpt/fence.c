@@ -52,8 +52,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define GEN_PREFIX "generations/"
-#define SEAL_PREFIX "fences/"
+#define GEN_PREFIX     "generations/"
+#define SEAL_PREFIX    "fences/"
 #define SEAL_MAX_BYTES (16u << 20)
 #define SEAL_MAX_STEPS (1 << 20)
 
@@ -159,8 +159,8 @@ static int seal_write(struct storage *st, uint64_t gen, char *err)
         }
         manifest_tag(&m, tag, sizeof tag);
         ckpt_manifest_free(&m);
-        if (json_array_append_new(live, json_pack("{s:I, s:s}", "step",
-                                                  (json_int_t)steps[i].step, "tag", tag)))
+        if (json_array_append_new(
+                live, json_pack("{s:I, s:s}", "step", (json_int_t)steps[i].step, "tag", tag)))
             rc = -1;
     }
     free(steps);
@@ -188,8 +188,7 @@ static int seal_write(struct storage *st, uint64_t gen, char *err)
 
 /* 1 if generation gen's seal lists (step, tag), 0 if not, -1 with err if
  * it cannot be read. */
-static int seal_lists(struct storage *st, uint64_t gen, uint64_t step, const char *tag,
-                      char *err)
+static int seal_lists(struct storage *st, uint64_t gen, uint64_t step, const char *tag, char *err)
 {
     char key[64];
     snprintf(key, sizeof key, SEAL_PREFIX "%020llu", (unsigned long long)gen);
@@ -223,13 +222,11 @@ static int seal_lists(struct storage *st, uint64_t gen, uint64_t step, const cha
     return found;
 }
 
-int ckpt_manifest_live(struct storage *st, const struct ckpt_manifest *m, uint64_t *by,
-                       char *err)
+int ckpt_manifest_live(struct storage *st, const struct ckpt_manifest *m, uint64_t *by, char *err)
 {
     *by = 0;
     *err = 0;
-    struct gen_scan g = {.prefix = SEAL_PREFIX, .above = m->generation, .err = err,
-                         .uri = st->uri};
+    struct gen_scan g = {.prefix = SEAL_PREFIX, .above = m->generation, .err = err, .uri = st->uri};
     if (storage_list(st, SEAL_PREFIX, on_gen, &g, err))
         return -1;
     if (!g.next) /* no launch sealed the store after m's generation */
@@ -269,8 +266,7 @@ int ckpt_fence_claim(struct storage *st, uint64_t *gen, char *err)
         if (ckpt_fence_current(st, &cur, err))
             return -1;
         if (cur + 1 >= (UINT64_C(1) << 63)) {
-            fsdp_err(err, "%s: generations are exhausted (2^63 - 1 claimed)",
-                     st->uri);
+            fsdp_err(err, "%s: generations are exhausted (2^63 - 1 claimed)", st->uri);
             return -1;
         }
         char key[64], body[160];
@@ -281,8 +277,7 @@ int ckpt_fence_claim(struct storage *st, uint64_t *gen, char *err)
             *gen = cur + 1;
             char sub[FSDP_ERR_LEN];
             if (seal_write(st, *gen, sub)) {
-                fsdp_err(err,
-                         "claimed generation %llu but could not seal the store: %s",
+                fsdp_err(err, "claimed generation %llu but could not seal the store: %s",
                          (unsigned long long)*gen, sub);
                 return -1;
             }
@@ -291,8 +286,7 @@ int ckpt_fence_claim(struct storage *st, uint64_t *gen, char *err)
         if (rc != STORAGE_EXISTS)
             return -1;
     }
-    fsdp_err(err, "%s: could not claim a generation (too many racing launchers)",
-             st->uri);
+    fsdp_err(err, "%s: could not claim a generation (too many racing launchers)", st->uri);
     return -1;
 }
 

@@ -59,8 +59,7 @@ int ckpt_index_decode(const unsigned char *buf, size_t len, const struct ckpt_sh
 {
     *out = NULL;
     if (len < CKPT_INDEX_HEADER || memcmp(buf, magic, 8) != 0 || get32(buf + 8) != 1) {
-        fsdp_err(err, "%s: the chunk index does not start with FSDPCIX1, version 1",
-                 s->file);
+        fsdp_err(err, "%s: the chunk index does not start with FSDPCIX1, version 1", s->file);
         return -1;
     }
     uint32_t n = get32(buf + 12);

@@ -27,8 +27,7 @@ void ckpt_step_dir(uint64_t step, char *out, size_t n)
 
 void ckpt_shard_file(int rank, int world, const char *tag, char *out, size_t n)
 {
-    snprintf(out, n, "shard-%05d-of-%05d%s%s", rank, world, tag && *tag ? "." : "",
-             tag ? tag : "");
+    snprintf(out, n, "shard-%05d-of-%05d%s%s", rank, world, tag && *tag ? "." : "", tag ? tag : "");
 }
 
 int ckpt_writer_tag(uint64_t generation, char *out, size_t n)
@@ -88,10 +87,7 @@ int ckpt_parse_shard_name(const char *name, int *rank, int *world, uint64_t *gen
     return name[20] == '.' ? parse_tag(name + 21, gen) : -1;
 }
 
-int ckpt_tag_generation(const char *tag, uint64_t *gen)
-{
-    return tag ? parse_tag(tag, gen) : -1;
-}
+int ckpt_tag_generation(const char *tag, uint64_t *gen) { return tag ? parse_tag(tag, gen) : -1; }
 
 void ckpt_hex(const unsigned char sha[32], char out[65]) { fsdp_hex(sha, 32, out); }
 
@@ -143,18 +139,17 @@ static json_t *shard_to_json_v1(const struct ckpt_manifest *m, const uint64_t *s
     for (int i = 0; i < s->nchunks; i++) {
         const struct ckpt_chunk *c = &s->chunks[i];
         ckpt_hex(c->digest, hex);
-        json_array_append_new(
-            chunks, json_pack("{s:I, s:I, s:I, s:I, s:s, s:s}", "raw_offset",
-                              (json_int_t)c->raw_off, "raw_length", (json_int_t)c->raw_len,
-                              "stored_offset", (json_int_t)c->stored_off, "stored_length",
-                              (json_int_t)c->stored_len, "codec", ckpt_codec_name(c->codec),
-                              "sha256", hex));
+        json_array_append_new(chunks, json_pack("{s:I, s:I, s:I, s:I, s:s, s:s}", "raw_offset",
+                                                (json_int_t)c->raw_off, "raw_length",
+                                                (json_int_t)c->raw_len, "stored_offset",
+                                                (json_int_t)c->stored_off, "stored_length",
+                                                (json_int_t)c->stored_len, "codec",
+                                                ckpt_codec_name(c->codec), "sha256", hex));
     }
     ckpt_hex(s->digest, hex);
     return json_pack("{s:i, s:s, s:I, s:I, s:s, s:o, s:o}", "rank", s->rank, "file", s->file,
-                     "raw_size", (json_int_t)s->raw_size, "stored_size",
-                     (json_int_t)s->stored_size, "sha256", hex, "sections", secs, "chunks",
-                     chunks);
+                     "raw_size", (json_int_t)s->raw_size, "stored_size", (json_int_t)s->stored_size,
+                     "sha256", hex, "sections", secs, "chunks", chunks);
 }
 
 uint64_t *ckpt_section_offsets(const struct ckpt_manifest *m)
@@ -233,13 +228,12 @@ char *ckpt_manifest_dump(const struct ckpt_manifest *m)
         json_decref(kl);
         return NULL;
     }
-    json_t *j = json_pack("{s:s, s:i, s:I, s:I, s:i, s:s, s:s, s:o, s:O, s:O, s:o, s:o}",
-                          "format", "fsdp-ckpt", "version", m->version, "step",
-                          (json_int_t)m->step, "generation", (json_int_t)m->generation,
-                          "world_size", m->world, "sharding", m->sharding, "dtype", "float32",
-                          "kinds", kl, "model", m->model ? m->model : json_object(), "trainer",
-                          m->trainer ? m->trainer : json_object(), "units", units, "shards",
-                          shards);
+    json_t *j = json_pack(
+        "{s:s, s:i, s:I, s:I, s:i, s:s, s:s, s:o, s:O, s:O, s:o, s:o}", "format", "fsdp-ckpt",
+        "version", m->version, "step", (json_int_t)m->step, "generation", (json_int_t)m->generation,
+        "world_size", m->world, "sharding", m->sharding, "dtype", "float32", "kinds", kl, "model",
+        m->model ? m->model : json_object(), "trainer", m->trainer ? m->trainer : json_object(),
+        "units", units, "shards", shards);
     if (j && m->version >= 2) {
         json_object_set_new(j, "chunk_bytes", json_integer((json_int_t)m->chunk_bytes));
         json_object_set_new(j, "chunk_hash", json_string(ckpt_hash_name(m->chunk_hash)));
@@ -253,11 +247,11 @@ char *ckpt_manifest_dump(const struct ckpt_manifest *m)
 
 /* ---- from JSON ------------------------------------------------------------- */
 
-#define LIMIT_UNITS 65536
+#define LIMIT_UNITS   65536
 #define LIMIT_TENSORS 65536
-#define LIMIT_CHUNKS CKPT_MAX_CHUNKS
-#define LIMIT_WORLD 65536
-#define LIMIT_NUMEL (1ULL << 40)
+#define LIMIT_CHUNKS  CKPT_MAX_CHUNKS
+#define LIMIT_WORLD   65536
+#define LIMIT_NUMEL   (1ULL << 40)
 
 static int bad(char *err, const char *what)
 {
@@ -269,8 +263,7 @@ static int bad(char *err, const char *what)
 static int get_u64(json_t *o, const char *key, uint64_t max, uint64_t *out, char *err)
 {
     json_t *v = json_object_get(o, key);
-    if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-        (uint64_t)json_integer_value(v) > max) {
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || (uint64_t)json_integer_value(v) > max) {
         fsdp_err(err, "manifest: '%s' is missing or out of range", key);
         return -1;
     }
@@ -492,8 +485,9 @@ int ckpt_manifest_check(const struct ckpt_manifest *m, char *err)
         uint64_t gen;
         if (s->rank != r || ckpt_parse_shard_name(s->file, &name_rank, &name_world, &gen) ||
             name_rank != r || name_world != m->world) {
-            snprintf(msg, sizeof msg, "shard %d is named '%.64s', expected shard-%05d-of-%05d[.TAG]",
-                     r, s->file, r, m->world);
+            snprintf(msg, sizeof msg,
+                     "shard %d is named '%.64s', expected shard-%05d-of-%05d[.TAG]", r, s->file, r,
+                     m->world);
             return bad(err, msg);
         }
         if (s->raw_size != raw) {
@@ -504,9 +498,8 @@ int ckpt_manifest_check(const struct ckpt_manifest *m, char *err)
         if (m->version >= 2) {
             uint64_t n = (raw + m->chunk_bytes - 1) / m->chunk_bytes;
             if (n > LIMIT_CHUNKS || (uint64_t)s->nchunks != n ||
-                s->index_len != CKPT_INDEX_HEADER + n * CKPT_INDEX_ENTRY ||
-                s->index_off < n || s->index_off > s->stored_size ||
-                s->stored_size - s->index_off != s->index_len) {
+                s->index_len != CKPT_INDEX_HEADER + n * CKPT_INDEX_ENTRY || s->index_off < n ||
+                s->index_off > s->stored_size || s->stored_size - s->index_off != s->index_len) {
                 snprintf(msg, sizeof msg, "%s: chunk count, index and sizes disagree", s->file);
                 return bad(err, msg);
             }

@@ -69,8 +69,8 @@ static int run_task(struct pool *p, struct ckpt_codec *k, const struct task *t, 
     char key[128];
     snprintf(key, sizeof key, "%s/%s", r->dir, sh->file);
     if (c->stored_len > k->stored_cap) {
-        fsdp_err(err, "%s: chunk %d: stored length %llu exceeds its bound", key,
-                 t->chunk, (unsigned long long)c->stored_len);
+        fsdp_err(err, "%s: chunk %d: stored length %llu exceeds its bound", key, t->chunk,
+                 (unsigned long long)c->stored_len);
         return -1;
     }
     unsigned char *in = k->stored;
@@ -81,8 +81,7 @@ static int run_task(struct pool *p, struct ckpt_codec *k, const struct task *t, 
     unsigned char got[32];
     ckpt_digest_bytes(r->m->chunk_hash, in, (size_t)c->stored_len, got);
     if (memcmp(got, c->digest, 32) != 0) {
-        fsdp_err(err,
-                 "%s: chunk %d (stored bytes %llu..%llu, raw offset %llu): %s mismatch", key,
+        fsdp_err(err, "%s: chunk %d (stored bytes %llu..%llu, raw offset %llu): %s mismatch", key,
                  t->chunk, (unsigned long long)c->stored_off,
                  (unsigned long long)(c->stored_off + c->stored_len),
                  (unsigned long long)c->raw_off, ckpt_hash_name(r->m->chunk_hash));
@@ -96,8 +95,8 @@ static int run_task(struct pool *p, struct ckpt_codec *k, const struct task *t, 
     const char *why = "";
     unsigned char *out = whole ? s->dst : k->raw;
     if (ckpt_decode(k, c->codec, (size_t)c->stored_len, out, (size_t)c->raw_len, &why)) {
-        fsdp_err(err, "%s: chunk %d (raw offset %llu): cannot decode: %s", key,
-                 t->chunk, (unsigned long long)c->raw_off, why);
+        fsdp_err(err, "%s: chunk %d (raw offset %llu): cannot decode: %s", key, t->chunk,
+                 (unsigned long long)c->raw_off, why);
         return -1;
     }
     for (int i = 0; !whole && i < t->nseg; i++)

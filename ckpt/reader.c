@@ -82,8 +82,8 @@ int ckpt_fetch_index(struct ckpt_reader *r, int shard, unsigned char **buf, char
     unsigned char got[32];
     ckpt_sha256(b, (size_t)s->index_len, got);
     if (memcmp(got, s->digest, 32) != 0) {
-        fsdp_err(err, "%s: chunk index (stored bytes %llu..%llu): sha256 mismatch",
-                 key, (unsigned long long)s->index_off,
+        fsdp_err(err, "%s: chunk index (stored bytes %llu..%llu): sha256 mismatch", key,
+                 (unsigned long long)s->index_off,
                  (unsigned long long)(s->index_off + s->index_len));
         free(b);
         return -1;
@@ -92,8 +92,7 @@ int ckpt_fetch_index(struct ckpt_reader *r, int shard, unsigned char **buf, char
     return 0;
 }
 
-int ckpt_shard_chunks(struct ckpt_reader *r, int shard, const struct ckpt_chunk **tab,
-                      char *err)
+int ckpt_shard_chunks(struct ckpt_reader *r, int shard, const struct ckpt_chunk **tab, char *err)
 {
     if (!r->tables[shard] && r->m->shards[shard].chunks)
         r->tables[shard] = r->m->shards[shard].chunks;
@@ -102,8 +101,8 @@ int ckpt_shard_chunks(struct ckpt_reader *r, int shard, const struct ckpt_chunk 
         if (ckpt_fetch_index(r, shard, &b, err))
             return -1;
         char sub[FSDP_ERR_LEN];
-        int rc = ckpt_index_decode(b, (size_t)r->m->shards[shard].index_len,
-                                   &r->m->shards[shard], r->m->chunk_bytes, &r->tables[shard], sub);
+        int rc = ckpt_index_decode(b, (size_t)r->m->shards[shard].index_len, &r->m->shards[shard],
+                                   r->m->chunk_bytes, &r->tables[shard], sub);
         free(b);
         if (rc) {
             fsdp_err(err, "%s/%.400s", r->dir, sub);
@@ -136,9 +135,8 @@ static int fetch_verified(struct ckpt_reader *r, int shard, int ci, char *err)
     unsigned char got[32];
     ckpt_digest_bytes(r->m->chunk_hash, k->stored, (size_t)c->stored_len, got);
     if (memcmp(got, c->digest, 32) != 0) {
-        fsdp_err(err,
-                 "%s: chunk %d (stored bytes %llu..%llu, raw offset %llu): %s mismatch", key, ci,
-                 (unsigned long long)c->stored_off,
+        fsdp_err(err, "%s: chunk %d (stored bytes %llu..%llu, raw offset %llu): %s mismatch", key,
+                 ci, (unsigned long long)c->stored_off,
                  (unsigned long long)(c->stored_off + c->stored_len),
                  (unsigned long long)c->raw_off, ckpt_hash_name(r->m->chunk_hash));
         return -1;
@@ -151,8 +149,8 @@ static int decode_into(struct ckpt_reader *r, int shard, int ci, unsigned char *
     const struct ckpt_chunk *c = &r->tables[shard][ci];
     const char *why = "";
     if (ckpt_decode(r->codec, c->codec, (size_t)c->stored_len, dst, (size_t)c->raw_len, &why)) {
-        fsdp_err(err, "%s/%s: chunk %d (raw offset %llu): cannot decode: %s",
-                 r->dir, r->m->shards[shard].file, ci, (unsigned long long)c->raw_off, why);
+        fsdp_err(err, "%s/%s: chunk %d (raw offset %llu): cannot decode: %s", r->dir,
+                 r->m->shards[shard].file, ci, (unsigned long long)c->raw_off, why);
         return -1;
     }
     return 0;
@@ -185,8 +183,7 @@ int ckpt_verify_chunk(struct ckpt_reader *r, int shard, int chunk, char *err)
     if (ckpt_shard_chunks(r, shard, &tab, err))
         return -1;
     if (chunk < 0 || chunk >= r->m->shards[shard].nchunks) {
-        fsdp_err(err, "%s/%s: no chunk %d", r->dir, r->m->shards[shard].file,
-                 chunk);
+        fsdp_err(err, "%s/%s: no chunk %d", r->dir, r->m->shards[shard].file, chunk);
         return -1;
     }
     if (fetch_verified(r, shard, chunk, err))
@@ -234,8 +231,7 @@ int ckpt_verify_shard(struct ckpt_reader *r, int shard, void (*bad)(void *arg, c
     if (pooled)
         problems += ckpt_verify_chunks_parallel(r, shard, r->threads, bad, arg);
     for (int c = 0; !pooled && c < s->nchunks; c++) {
-        if (fetch_verified(r, shard, c, err) ||
-            decode_into(r, shard, c, r->codec->raw, err)) {
+        if (fetch_verified(r, shard, c, err) || decode_into(r, shard, c, r->codec->raw, err)) {
             bad(arg, err);
             problems++;
             continue;
@@ -266,9 +262,8 @@ int ckpt_read_shard(struct ckpt_reader *r, int shard, uint64_t off, uint64_t len
 {
     const struct ckpt_shard *s = &r->m->shards[shard];
     if (off > s->raw_size || len > s->raw_size - off) {
-        fsdp_err(err, "%s: read of %llu bytes at %llu is beyond its %llu bytes",
-                 s->file, (unsigned long long)len, (unsigned long long)off,
-                 (unsigned long long)s->raw_size);
+        fsdp_err(err, "%s: read of %llu bytes at %llu is beyond its %llu bytes", s->file,
+                 (unsigned long long)len, (unsigned long long)off, (unsigned long long)s->raw_size);
         return -1;
     }
     const struct ckpt_chunk *tab;
@@ -415,8 +410,8 @@ int ckpt_load(struct ckpt_reader *r, const struct ckpt_want *w, int nw, char *er
     return rc;
 }
 
-int ckpt_read_unit(struct ckpt_reader *r, int unit, int kind, uint64_t lo, uint64_t n,
-                   float *dst, char *err)
+int ckpt_read_unit(struct ckpt_reader *r, int unit, int kind, uint64_t lo, uint64_t n, float *dst,
+                   char *err)
 {
     struct ckpt_want w = {unit, kind, lo, n, dst};
     return ckpt_load(r, &w, 1, err);

@@ -39,8 +39,8 @@ static int copy_units(struct ckpt_manifest *dst, const struct ckpt_manifest *src
     return 0;
 }
 
-int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct storage *dst,
-                 int world, const struct ckpt_write_opts *o, char *err)
+int ckpt_reshard(struct storage *src, const struct ckpt_manifest *m, struct storage *dst, int world,
+                 const struct ckpt_write_opts *o, char *err)
 {
     if (world < 1 || world > 65536) {
         fsdp_err(err, "reshard: world size %d is out of range 1..65536", world);

@@ -84,8 +84,7 @@ void ckpt_step_objects_free(struct ckpt_step_objects *s, int n)
 
 /* One listing of the whole store, sorted once: O(k log k) for k objects,
  * whatever the number of steps. */
-int ckpt_list_step_objects(struct storage *st, struct ckpt_step_objects **out, int *nout,
-                           char *err)
+int ckpt_list_step_objects(struct storage *st, struct ckpt_step_objects **out, int *nout, char *err)
 {
     struct flat f = {0};
     struct ckpt_step_objects *s = NULL;
@@ -156,8 +155,8 @@ int ckpt_load_manifest(struct storage *st, uint64_t step, struct ckpt_manifest *
     return ckpt_load_manifest_doc(st, step, m, NULL, NULL, err);
 }
 
-int ckpt_load_manifest_doc(struct storage *st, uint64_t step, struct ckpt_manifest *m,
-                           char **doc, size_t *doc_len, char *err)
+int ckpt_load_manifest_doc(struct storage *st, uint64_t step, struct ckpt_manifest *m, char **doc,
+                           size_t *doc_len, char *err)
 {
     char key[96], dir[32], sub[FSDP_ERR_LEN];
     ckpt_step_dir(step, dir, sizeof dir);
@@ -177,16 +176,14 @@ int ckpt_load_manifest_doc(struct storage *st, uint64_t step, struct ckpt_manife
     uint64_t by;
     int live = m->step == step ? ckpt_manifest_live(st, m, &by, sub) : -2;
     if (live == -2)
-        fsdp_err(err, "%s/%s: says step %llu", st->uri, key,
-                 (unsigned long long)m->step);
+        fsdp_err(err, "%s/%s: says step %llu", st->uri, key, (unsigned long long)m->step);
     else if (live == 0)
         fsdp_err(err,
                  "%s/%s: fenced: committed by generation %llu after generation %llu sealed "
                  "the store; not part of the run (retention removes it)",
                  st->uri, key, (unsigned long long)m->generation, (unsigned long long)by);
     else if (live != 1)
-        fsdp_err(err, "%s/%s: cannot tell whether it is live: %s", st->uri, key,
-                 sub);
+        fsdp_err(err, "%s/%s: cannot tell whether it is live: %s", st->uri, key, sub);
     if (live != 1) {
         ckpt_manifest_free(m);
         free(buf);

@@ -73,14 +73,15 @@ int ckpt_writer_begin(struct storage *st, const char *key, const char *file,
     if (nchunks > CKPT_MAX_CHUNKS) {
         fsdp_err(err,
                  "%s: %llu raw bytes in %zu-byte chunks make %llu chunks, over the format's %d: "
-                 "use larger chunks (--ckpt-chunk-kib)", key, (unsigned long long)raw,
-                 codec->chunk_bytes, (unsigned long long)nchunks, CKPT_MAX_CHUNKS);
+                 "use larger chunks (--ckpt-chunk-kib)",
+                 key, (unsigned long long)raw, codec->chunk_bytes, (unsigned long long)nchunks,
+                 CKPT_MAX_CHUNKS);
         free(w);
         return -1;
     }
     w->chunk_cap = (int)nchunks;
-    w->shard.chunks = calloc((size_t)(w->chunk_cap > 0 ? w->chunk_cap : 1),
-                             sizeof *w->shard.chunks);
+    w->shard.chunks =
+        calloc((size_t)(w->chunk_cap > 0 ? w->chunk_cap : 1), sizeof *w->shard.chunks);
     if (!w->shard.chunks) {
         ckpt_writer_abort(w);
         fsdp_err(err, "%s: out of memory", key);
@@ -165,8 +166,8 @@ int ckpt_writer_finish(struct ckpt_shard_writer *w, struct ckpt_shard *out, char
 {
     int rc = 0;
     if (w->appended != w->shard.raw_size) {
-        fsdp_err(err, "%s: %llu of %llu bytes written", w->key,
-                 (unsigned long long)w->appended, (unsigned long long)w->shard.raw_size);
+        fsdp_err(err, "%s: %llu of %llu bytes written", w->key, (unsigned long long)w->appended,
+                 (unsigned long long)w->shard.raw_size);
         rc = -1;
     }
     if (!rc && w->fill && flush_chunk(w, err))
@@ -238,7 +239,8 @@ int ckpt_new_step_in(struct storage *st, uint64_t step, char *tag, size_t n, cha
     if (committed) {
         fsdp_err(err,
                  "%s already holds a committed step %llu: left as it is (write elsewhere, or "
-                 "remove it first)", st->uri, (unsigned long long)step);
+                 "remove it first)",
+                 st->uri, (unsigned long long)step);
         return -1;
     }
     return ckpt_new_writer_tag(st, 0, tag, n, err);

@@ -151,8 +151,8 @@ int agent_init(struct agent *a, const char *agent, const char *args, char *err, 
 /* ---- one round of probes ------------------------------------------------------------ */
 
 struct probe_run {
-    pid_t pid;   /* 0 once reaped */
-    int fd;      /* its stderr, -1 once closed */
+    pid_t pid; /* 0 once reaped */
+    int fd;    /* its stderr, -1 once closed */
     char err[256];
     size_t len;
     int status, killed;
@@ -225,8 +225,7 @@ void agent_probe_clears(struct agent *a, const char *job)
              find, find, find);
 }
 
-static void verdict(const struct agent *a, const struct probe_run *r, int bound,
-                    struct probe *out)
+static void verdict(const struct agent *a, const struct probe_run *r, int bound, struct probe *out)
 {
     char line[160];
     first_line(r->err, line, sizeof line);

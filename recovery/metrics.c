@@ -14,7 +14,7 @@
 #include <sys/socket.h>
 
 const double metrics_buckets[METRICS_NBUCKETS] = {0.05, 0.1, 0.25, 0.5, 1,   2.5,
-                                                   5,    10,  30,   60,  120, 300};
+                                                  5,    10,  30,   60,  120, 300};
 
 struct metrics {
     struct MHD_Daemon *d;
@@ -101,8 +101,10 @@ struct metrics *metrics_start(const char *addr, char *err, size_t errlen)
                             MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!m->d) {
-        snprintf(err, errlen, "--metrics '%s': cannot listen there (in use, or not an address "
-                              "of this host)", addr);
+        snprintf(err, errlen,
+                 "--metrics '%s': cannot listen there (in use, or not an address "
+                 "of this host)",
+                 addr);
         pthread_mutex_destroy(&m->mu);
         free(m);
         return NULL;
@@ -157,11 +159,11 @@ void metrics_put(char *buf, size_t n, size_t *len, const char *fmt, ...)
         *len = n;
 }
 
-void histogram_render(const struct histogram *h, const char *name, char *buf, size_t n,
-                      size_t *len)
+void histogram_render(const struct histogram *h, const char *name, char *buf, size_t n, size_t *len)
 {
     for (int i = 0; i < METRICS_NBUCKETS; i++)
-        metrics_put(buf, n, len, "%s_bucket{le=\"%g\"} %llu\n", name, metrics_buckets[i], h->count[i]);
+        metrics_put(buf, n, len, "%s_bucket{le=\"%g\"} %llu\n", name, metrics_buckets[i],
+                    h->count[i]);
     metrics_put(buf, n, len, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
-        h->count[METRICS_NBUCKETS], name, h->sum, name, h->count[METRICS_NBUCKETS]);
+                h->count[METRICS_NBUCKETS], name, h->sum, name, h->count[METRICS_NBUCKETS]);
 }

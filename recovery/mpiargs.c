@@ -34,7 +34,7 @@
 #include <string.h>
 
 /* Prefixes of the variables carried to every host (and whole names). */
-static const char *const forwarded[] = {"OPENBLAS_", "GOTO_", "OMP_", "KMP_",
+static const char *const forwarded[] = {"OPENBLAS_", "GOTO_", "OMP_",           "KMP_",
                                         "MKL_",      "BLIS_", "FSDP_DIRECT_IO="};
 
 void mpi_keepalive(double hb_timeout, struct keepalive *k)

@@ -140,8 +140,7 @@ static void mpirun_said(const struct job *j, const char *l)
         ev_emit("daemon_lost", "{s:s, s:I}", "host", r.host, "generation",
                 (json_int_t)j->generation);
     else if (r.kind == MPIRUN_PEER_LOST)
-        ev_emit("peer_lost", "{s:s, s:I}", "host", r.host, "generation",
-                (json_int_t)j->generation);
+        ev_emit("peer_lost", "{s:s, s:I}", "host", r.host, "generation", (json_int_t)j->generation);
 }
 
 /* ---- sorting the lines ------------------------------------------------------------------ */

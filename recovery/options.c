@@ -178,7 +178,7 @@ int super_parse(struct super_opts *o, int argc, char **argv)
     }
     if (o->preempt_url && strstr(o->preempt_url, "{host}") && !o->hosts) {
         fprintf(stderr, "fsdp-super: --preempt-url with {host} needs --hosts (a notice per host "
-                "of a host file; without one, use a URL for this host alone)\n");
+                        "of a host file; without one, use a URL for this host alone)\n");
         return -1;
     }
     return 0;

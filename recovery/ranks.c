@@ -53,8 +53,7 @@ int rank_verdict(const struct rank_state *rs, const struct rank_env *e, int pass
                  double timeout, char *state)
 {
     *state = '?';
-    if (!rs->seen || rs->phase == HB_DONE || rs->phase == HB_PREEMPTED ||
-        rs->phase == HB_STOPPED)
+    if (!rs->seen || rs->phase == HB_DONE || rs->phase == HB_PREEMPTED || rs->phase == HB_STOPPED)
         return RV_OK;
     if (rs->local) {
         char st = e->state(rs->pid);

@@ -104,8 +104,8 @@
 #include "chaos.h"
 #include "ckpt.h"
 #include "metrics.h"
-#include "util.h"
 #include "storage.h"
+#include "util.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -113,13 +113,13 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <openssl/evp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <openssl/evp.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -147,9 +147,9 @@ static void say(const char *fmt, ...)
 /* ---- state ------------------------------------------------------------------ */
 
 enum cause { C_EXIT, C_DIED, C_HUNG, C_PREEMPT, C_CHAOS, C_STARTUP, C_HOSTS, C_NOTICE, C_NCAUSE };
-static const char *cause_names[] = {"exit",          "rank-died",       "heartbeat-lost",
-                                    "preemption",    "chaos-restart",   "startup-timeout",
-                                    "host-removed",  "host-notice"};
+static const char *cause_names[] = {"exit",         "rank-died",     "heartbeat-lost",
+                                    "preemption",   "chaos-restart", "startup-timeout",
+                                    "host-removed", "host-notice"};
 
 struct super {
     struct super_opts o;
@@ -194,7 +194,6 @@ struct super {
     } noticed[SUPER_MAX_HOSTS];
     int nnoticed;
 };
-
 
 static void render_metrics(struct super *s, int now_or_later);
 
@@ -247,7 +246,6 @@ static void nap_rendering(struct super *s, double sec)
     render_metrics(s, 0);
 }
 
-
 static json_t *host_names(const struct host *h, int n)
 {
     json_t *names = json_array();
@@ -278,8 +276,8 @@ static void forget_gone_notices(struct super *s)
     struct host h[SUPER_MAX_HOSTS];
     int nh, total;
     char err[FSDP_ERR_LEN];
-    if (!s->o.hosts || super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, &nh, &total, err,
-                                        sizeof err))
+    if (!s->o.hosts ||
+        super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, &nh, &total, err, sizeof err))
         return;
     for (int i = 0; i < s->nnoticed;) {
         int listed = 0;
@@ -332,7 +330,8 @@ static int poll_host_notices(struct super *s, const struct host *h, int nh)
         snprintf(s->noticed[i].name, sizeof s->noticed[i].name, "%s", name);
         snprintf(s->noticed[i].time, sizeof s->noticed[i].time, "%s", when[k]);
         say("preemption notice for host %s (time %s): it is left out of launches while the "
-            "notice stands", name, when[k][0] ? when[k] : "not given");
+            "notice stands",
+            name, when[k][0] ? when[k] : "not given");
         ev_emit("preemption_notice", "{s:s, s:o, s:o}", "source", "url", "host", ev_text(name),
                 "time", ev_text(when[k]));
         fresh++;
@@ -538,7 +537,8 @@ static int launch(struct super *s, int np, const struct host *hosts, int nh)
     char **argv = launch_argv(s, hostfile, npstr);
     if (s->mpiargs.overflow) {
         say("too many variables to carry to every host (OMPI_MCA_mca_base_env_list is limited to "
-            "%zu bytes here): not launching", sizeof s->mpiargs.user_list - 1);
+            "%zu bytes here): not launching",
+            sizeof s->mpiargs.user_list - 1);
         free(argv);
         return -1;
     }
@@ -576,9 +576,8 @@ static int launch(struct super *s, int np, const struct host *hosts, int nh)
         size_t at = strlen(left);
         snprintf(left + at, sizeof left - at, "%s%s", i ? ", " : "; left out: ", s->left[i].name);
     }
-    say("launch %d: generation %llu, %d rank%s%s%s", s->launches,
-        (unsigned long long)s->generation, np, np > 1 ? "s" : "", resized ? " (resized)" : "",
-        left);
+    say("launch %d: generation %llu, %d rank%s%s%s", s->launches, (unsigned long long)s->generation,
+        np, np > 1 ? "s" : "", resized ? " (resized)" : "", left);
     const struct keepalive *ka = &s->mpiargs.keepalive;
     json_t *keepalive = s->mpiargs.keepalive_set == 3
                             ? json_pack("[i, i, i]", ka->time, ka->intvl, ka->probes)
@@ -834,8 +833,7 @@ static int host_removed(struct super *s, double now)
     struct host h[SUPER_MAX_HOSTS];
     int nh, total;
     char err[FSDP_ERR_LEN];
-    if (super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, &nh, &total, err, sizeof err) ||
-        nh == 0)
+    if (super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, &nh, &total, err, sizeof err) || nh == 0)
         return 0;
     for (int i = 0; i < s->nlaunched; i++) {
         int still = 0;
@@ -946,9 +944,8 @@ static void render_metrics(struct super *s, int now_or_later)
     for (int r = 0; s->running && r < s->job.np; r++)
         up += s->job.ranks[r].seen;
     double wall = now - s->start, step_s = s->step_count ? s->step_time_sum / s->step_count : 0;
-    double productive = step_s * (double)(s->max_step_seen > s->steps_lost
-                                              ? s->max_step_seen - s->steps_lost
-                                              : 0);
+    double productive =
+        step_s * (double)(s->max_step_seen > s->steps_lost ? s->max_step_seen - s->steps_lost : 0);
     counter(b, n, &len, "fsdp_step", "gauge", "The newest training step a rank reported.",
             (double)s->max_step_seen);
     if (s->have_loss) {
@@ -957,23 +954,23 @@ static void render_metrics(struct super *s, int now_or_later)
         counter(b, n, &len, "fsdp_tokens_per_second", "gauge",
                 "Training throughput at rank 0's last report.", s->tokens_per_s);
     }
-    counter(b, n, &len, "fsdp_ranks_up", "gauge", "Ranks of the running launch that reported.",
-            up);
+    counter(b, n, &len, "fsdp_ranks_up", "gauge", "Ranks of the running launch that reported.", up);
     counter(b, n, &len, "fsdp_ranks_wanted", "gauge", "Ranks of the running launch.",
             s->running ? s->job.np : 0);
     counter(b, n, &len, "fsdp_launches_total", "counter", "Launches of the job.", s->launches);
     counter(b, n, &len, "fsdp_generation", "gauge", "The running launch's generation.",
             (double)s->generation);
-    metrics_put(b, n, &len, "# HELP fsdp_restarts_total Launches that ended in a failure or "
-                            "a planned restart, by cause.\n"
-                            "# TYPE fsdp_restarts_total counter\n");
+    metrics_put(b, n, &len,
+                "# HELP fsdp_restarts_total Launches that ended in a failure or "
+                "a planned restart, by cause.\n"
+                "# TYPE fsdp_restarts_total counter\n");
     for (int c = 0; c < C_NCAUSE; c++)
         metrics_put(b, n, &len, "fsdp_restarts_total{cause=\"%s\"} %d\n", cause_names[c],
                     s->by_cause[c]);
     counter(b, n, &len, "fsdp_downtime_seconds_total", "counter",
             "Failure detected to training again, summed.", s->downtime);
-    counter(b, n, &len, "fsdp_steps_lost_total", "counter",
-            "Steps computed again after restarts.", (double)s->steps_lost);
+    counter(b, n, &len, "fsdp_steps_lost_total", "counter", "Steps computed again after restarts.",
+            (double)s->steps_lost);
     counter(b, n, &len, "fsdp_goodput_ratio", "gauge",
             "Productive step time over wall time since the start.",
             wall > 0 ? productive / wall : 0);
@@ -984,11 +981,13 @@ static void render_metrics(struct super *s, int now_or_later)
                 "Seconds since the newest checkpoint was committed.", now - s->commit_at);
     counter(b, n, &len, "fsdp_checkpoint_bytes_written_total", "counter",
             "Bytes of the committed checkpoints' shards.", (double)s->bytes_written);
-    metrics_put(b, n, &len, "# HELP fsdp_checkpoint_save_seconds Save start to commit.\n"
-                            "# TYPE fsdp_checkpoint_save_seconds histogram\n");
+    metrics_put(b, n, &len,
+                "# HELP fsdp_checkpoint_save_seconds Save start to commit.\n"
+                "# TYPE fsdp_checkpoint_save_seconds histogram\n");
     histogram_render(&s->save_s, "fsdp_checkpoint_save_seconds", b, n, &len);
-    metrics_put(b, n, &len, "# HELP fsdp_checkpoint_load_seconds A resume's load.\n"
-                            "# TYPE fsdp_checkpoint_load_seconds histogram\n");
+    metrics_put(b, n, &len,
+                "# HELP fsdp_checkpoint_load_seconds A resume's load.\n"
+                "# TYPE fsdp_checkpoint_load_seconds histogram\n");
     histogram_render(&s->load_s, "fsdp_checkpoint_load_seconds", b, n, &len);
     metrics_publish(s->metrics, b, len < n ? len : n - 1);
 }
@@ -1170,7 +1169,8 @@ static int end_failed(struct super *s, const struct outcome *out, uint64_t reach
     if (store_taken(s, &owner)) { /* relaunching would fence the other launcher in turn */
         say("%s now belongs to generation %llu, claimed by another launcher (a second "
             "fsdp-super or an unsupervised fsdp-train on the same store): this fsdp-super stops "
-            "rather than take it back", s->o.ckpt, (unsigned long long)owner);
+            "rather than take it back",
+            s->o.ckpt, (unsigned long long)owner);
         ev_emit("fenced", "{s:I, s:I}", "generation", (json_int_t)s->generation, "by",
                 (json_int_t)owner);
         s->final_step = reached;

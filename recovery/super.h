@@ -29,8 +29,8 @@
 #define SUPER_MAX_HOSTS  64
 #define SUPER_MAX_SLOTS  4096      /* on one host line */
 #define SUPER_HOSTS_MAX  (1 << 20) /* bytes of host file read */
-#define SUPER_TAIL_LINES 5 /* mpirun's own lines shown when a launch fails */
-#define SUPER_TAIL_KEEP  8 /* lines kept of each kind */
+#define SUPER_TAIL_LINES 5         /* mpirun's own lines shown when a launch fails */
+#define SUPER_TAIL_KEEP  8         /* lines kept of each kind */
 
 struct super_opts {
     int np, min_np, max_restarts;
@@ -236,7 +236,7 @@ struct agent {
     char text[AGENT_TEXT_LEN]; /* the words, each NUL-terminated */
     char *word[AGENT_MAX_WORDS];
     int nwords;
-    int is_ssh; /* the command is ssh: it takes -o ConnectTimeout, BatchMode */
+    int is_ssh;       /* the command is ssh: it takes -o ConnectTimeout, BatchMode */
     char probe[1024]; /* the command a probe runs on each host ("" : true) */
 };
 /* From the values of plm_rsh_agent (NULL or empty: ssh; "A : B": the first
@@ -304,8 +304,8 @@ struct mpiargs {
     int use_env_list;    /* the environment sets OMPI_MCA_mca_base_env_list */
     char env_list[8192]; /* ours, then the user's list (use_env_list) */
     char user_list[4096], our_list[4096];
-    char delim;          /* its delimiter (mca_base_env_list_delimiter, ';') */
-    int overflow;        /* a variable did not fit: the launch must not go */
+    char delim;   /* its delimiter (mca_base_env_list_delimiter, ';') */
+    int overflow; /* a variable did not fit: the launch must not go */
 };
 void mpiargs_build(struct mpiargs *m, double hb_timeout, char *const *env);
 /* One more variable for every host (name must outlive m): -x NAME, or

@@ -98,8 +98,7 @@ static int claim_and_probe(struct tckpt *c, char *err)
 {
     char sub[FSDP_ERR_LEN];
     if (!c->generation && ckpt_fence_claim(c->st, &c->generation, sub))
-        return fsdp_err(err, "checkpoint store %s: cannot claim a generation: %s", c->st->uri,
-                        sub);
+        return fsdp_err(err, "checkpoint store %s: cannot claim a generation: %s", c->st->uri, sub);
     if (ckpt_fence_check(c->st, c->generation, sub))
         return fsdp_err(err, "%s", sub);
     if (ckpt_new_writer_tag(c->st, c->generation, c->tag, sizeof c->tag, sub))
@@ -198,7 +197,7 @@ static void chunk_hook(int chunk)
 /* Writes this rank's shard from bases[kind] (the engine's state, or the
  * async staging copy of it). */
 int tckpt_write_own_shard(struct tckpt *c, uint64_t step, float *const bases[CKPT_NKINDS],
-                           char **json_out, char *err)
+                          char **json_out, char *err)
 {
     const struct model_layout *m = c->m;
     struct fsdp_engine *e = c->e;
@@ -209,8 +208,7 @@ int tckpt_write_own_shard(struct tckpt *c, uint64_t step, float *const bases[CKP
     for (int u = 0; u < m->nunits; u++)
         for (int k = 0; k < CKPT_NKINDS; k++)
             src[u * CKPT_NKINDS + k] = (struct ckpt_src){
-                u, k, e->units[u].shard_lo, e->units[u].shard_n,
-                bases[k] + e->units[u].shard_off};
+                u, k, e->units[u].shard_lo, e->units[u].shard_n, bases[k] + e->units[u].shard_off};
     char dir[32], file[CKPT_TAG_LEN + 32], key[128];
     ckpt_step_dir(step, dir, sizeof dir);
     ckpt_shard_file(c->comm->rank, c->world, c->tag, file, sizeof file);
@@ -238,7 +236,8 @@ static int same_run(const struct tckpt *c, const struct ckpt_manifest *other, js
         return 0;
     static const char *const keys[] = {"step", "data_cursor", "seed", "global_batch"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        json_t *a = json_object_get(other->trainer, keys[i]), *b = json_object_get(trainer, keys[i]);
+        json_t *a = json_object_get(other->trainer, keys[i]),
+               *b = json_object_get(trainer, keys[i]);
         if (!a || !b || !json_equal(a, b))
             return 0;
     }
@@ -263,8 +262,8 @@ static int commit(struct tckpt *c, uint64_t step, json_t *trainer, const char *a
     snprintf(man.sharding, sizeof man.sharding, "%s", fsdp_shard_name(c->e->shard));
     man.model = json_incref(c->model_json);
     man.trainer = json_incref(trainer);
-    int rc = model_ckpt_units(c->m, c->world, &man) ? fsdp_err(err, "checkpoint: out of memory")
-                                                    : 0;
+    int rc =
+        model_ckpt_units(c->m, c->world, &man) ? fsdp_err(err, "checkpoint: out of memory") : 0;
     man.shards = calloc((size_t)c->world, sizeof *man.shards);
     if (!rc && !man.shards)
         rc = fsdp_err(err, "checkpoint: out of memory");
@@ -293,24 +292,29 @@ static int commit(struct tckpt *c, uint64_t step, json_t *trainer, const char *a
         for (int r = 0; !rc && r < man.nshards; r++)
             c->stored_bytes += man.shards[r].stored_size;
         if (rc && res.outcome == CKPT_OTHER_UNREADABLE) {
-            fprintf(stderr, "fsdp-train: checkpoint step %llu is already committed in %s but "
+            fprintf(stderr,
+                    "fsdp-train: checkpoint step %llu is already committed in %s but "
                     "does not load (kept for fsdp-ckpt verify; not overwritten): this run's copy "
-                    "is discarded\n", (unsigned long long)step, c->st->uri);
+                    "is discarded\n",
+                    (unsigned long long)step, c->st->uri);
             rc = 1;
         } else if (rc && res.outcome == CKPT_OTHER_DEAD) {
-            fprintf(stderr, "fsdp-train: checkpoint step %llu in %s holds a fenced writer's late "
+            fprintf(stderr,
+                    "fsdp-train: checkpoint step %llu in %s holds a fenced writer's late "
                     "commit (generation %llu, not part of the run; not overwritten): this run's "
-                    "copy is discarded, the next checkpoint counts\n", (unsigned long long)step,
-                    c->st->uri, (unsigned long long)res.other.generation);
+                    "copy is discarded, the next checkpoint counts\n",
+                    (unsigned long long)step, c->st->uri, (unsigned long long)res.other.generation);
             rc = 1;
         } else if (rc && res.outcome == CKPT_OTHER && same_run(c, &res.other, trainer)) {
-            fprintf(stderr, "fsdp-train: checkpoint step %llu is already committed in %s by an "
+            fprintf(stderr,
+                    "fsdp-train: checkpoint step %llu is already committed in %s by an "
                     "earlier launch of this run (generation %llu; not overwritten): this run's "
-                    "copy is discarded\n", (unsigned long long)step, c->st->uri,
-                    (unsigned long long)res.other.generation);
+                    "copy is discarded\n",
+                    (unsigned long long)step, c->st->uri, (unsigned long long)res.other.generation);
             rc = 1;
         } else if (rc && res.outcome == CKPT_OTHER) {
-            fsdp_err(err, "checkpoint step %llu in %s was committed by another run (generation "
+            fsdp_err(err,
+                     "checkpoint step %llu in %s was committed by another run (generation "
                      "%llu, other model, data or seed): stopping rather than training beside it",
                      (unsigned long long)step, c->st->uri,
                      (unsigned long long)res.other.generation);
@@ -360,9 +364,10 @@ static void exit_if_fenced(struct tckpt *c, uint64_t step, const char *why)
     if (strncmp(why, "fenced", 6) == 0)
         fprintf(stderr, "fsdp-train: %s; stopping\n", why);
     else
-        fprintf(stderr, "fsdp-train: fenced: %s now belongs to generation %llu, not this launch's "
-                "(%llu); its checkpoint of step %llu: %s; stopping\n", c->st->uri,
-                (unsigned long long)cur, (unsigned long long)c->generation,
+        fprintf(stderr,
+                "fsdp-train: fenced: %s now belongs to generation %llu, not this launch's "
+                "(%llu); its checkpoint of step %llu: %s; stopping\n",
+                c->st->uri, (unsigned long long)cur, (unsigned long long)c->generation,
                 (unsigned long long)step, why);
     fflush(stderr);
     hb_event("fenced step=%llu by=%llu", (unsigned long long)step, (unsigned long long)cur);
@@ -373,7 +378,7 @@ static void exit_if_fenced(struct tckpt *c, uint64_t step, const char *why)
 /* Collective, after every rank wrote (or failed to write) its shard: the
  * agreement, the shard records to rank 0, the commit, retention. Takes mine. */
 int tckpt_finish_save(struct tckpt *c, uint64_t step, json_t *trainer, char *mine, int rc,
-                       char *err)
+                      char *err)
 {
     if (tckpt_agree(c->comm, rc, err)) {
         free(mine);
@@ -400,7 +405,7 @@ int tckpt_finish_save(struct tckpt *c, uint64_t step, json_t *trainer, char *min
                 tckpt_async_retain(c, step); /* rank 0's writer thread deletes old steps */
             else
                 rc = tckpt_retain(c, step, err); /* a failure here leaves the commit as it is */
-        } else if (rc < 0 && !attempted) { /* never committed: our shards are garbage */
+        } else if (rc < 0 && !attempted) {       /* never committed: our shards are garbage */
             discard_own(c, step);
         }
         if (rc < 0)
@@ -572,12 +577,13 @@ int tckpt_verify_loaded(struct tckpt *c, const struct ckpt_manifest *man, char *
     if (c->comm->allreduce_sum_f64(c->comm, &bad, 1, err))
         return -1;
     if (c->comm->rank == 0) {
-        fprintf(stderr, "fsdp-train: loaded state of step %llu (written by %d ranks, loaded on "
-                "%d): %s\n", (unsigned long long)man->step, man->world, c->comm->world,
+        fprintf(stderr,
+                "fsdp-train: loaded state of step %llu (written by %d ranks, loaded on "
+                "%d): %s\n",
+                (unsigned long long)man->step, man->world, c->comm->world,
                 bad ? "DIGEST DIFFERS" : "digest equal to the checkpoint's");
-        hb_event("load_verified step=%llu from=%d to=%d digest=%s",
-                 (unsigned long long)man->step, man->world, c->comm->world,
-                 bad ? "different" : "equal");
+        hb_event("load_verified step=%llu from=%d to=%d digest=%s", (unsigned long long)man->step,
+                 man->world, c->comm->world, bad ? "different" : "equal");
     }
     if (bad || (c->comm->rank == 0 && checked != want.n))
         return fsdp_err(err, "the loaded state's digest differs from checkpoint step %llu",
@@ -598,9 +604,10 @@ static int clean_for_start(struct tckpt *c, char *err)
     if (ckpt_clean(c->st, &p, &rep, sub))
         return fsdp_err(err, "%s", sub);
     if (rep.incomplete_removed)
-        fprintf(stderr, "fsdp-train: removed %d incomplete checkpoint%s left by earlier runs in "
-                "%s\n", rep.incomplete_removed, rep.incomplete_removed == 1 ? "" : "s",
-                c->st->uri);
+        fprintf(stderr,
+                "fsdp-train: removed %d incomplete checkpoint%s left by earlier runs in "
+                "%s\n",
+                rep.incomplete_removed, rep.incomplete_removed == 1 ? "" : "s", c->st->uri);
     return 0;
 }
 
@@ -653,18 +660,18 @@ static int share_manifest(struct tckpt *c, uint64_t step, struct ckpt_manifest *
         c->comm->allreduce_sum_f64(c->comm, &short_of_memory, 1, sub))
         head[0] = fsdp_err(err, "%s", sub);
     else if (head[0] == 0 && short_of_memory > 0)
-        head[0] = fsdp_err(err, "checkpoint: a rank is out of memory for the manifest of step %llu "
-                           "(%lld bytes)", (unsigned long long)step, (long long)head[1]);
+        head[0] = fsdp_err(err,
+                           "checkpoint: a rank is out of memory for the manifest of step %llu "
+                           "(%lld bytes)",
+                           (unsigned long long)step, (long long)head[1]);
     else if (head[0] == 0 && c->comm->world > 1 &&
              c->comm->bcast_bytes(c->comm, doc, (size_t)head[1], 0, sub))
         head[0] = fsdp_err(err, "%s", sub);
-    if (c->comm->rank != 0 && head[0] == 0 &&
-        ckpt_manifest_parse(doc, (size_t)head[1], man, sub))
-        head[0] = fsdp_err(err, "step %llu: the manifest rank 0 sent: %s",
-                           (unsigned long long)step, sub);
+    if (c->comm->rank != 0 && head[0] == 0 && ckpt_manifest_parse(doc, (size_t)head[1], man, sub))
+        head[0] =
+            fsdp_err(err, "step %llu: the manifest rank 0 sent: %s", (unsigned long long)step, sub);
     else if (c->comm->rank != 0 && head[0] != 0 && !*err)
-        fsdp_err(err, "rank 0 could not load the manifest of step %llu",
-                 (unsigned long long)step);
+        fsdp_err(err, "rank 0 could not load the manifest of step %llu", (unsigned long long)step);
     free(doc);
     return (int)head[0];
 }
@@ -691,8 +698,8 @@ static int load_step(struct tckpt *c, uint64_t step, struct ckpt_manifest *man,
     for (int u = 0; w && u < c->m->nunits; u++) {
         const struct fsdp_unit *U = &c->e->units[u];
         for (int k = 0; k < CKPT_NKINDS; k++)
-            w[u * CKPT_NKINDS + k] = (struct ckpt_want){u, k, U->shard_lo, U->shard_n,
-                                                        host_base(c, k) + U->shard_off};
+            w[u * CKPT_NKINDS + k] =
+                (struct ckpt_want){u, k, U->shard_lo, U->shard_n, host_base(c, k) + U->shard_off};
     }
     if (!rc)
         rc = ckpt_load(&r, w, nw, err);
@@ -719,9 +726,11 @@ static void report_reads(struct tckpt *c, const struct ckpt_manifest *man, uint6
             stored += man->shards[s].stored_size;
         for (int r = 0; r < c->comm->world; r++)
             total += lens[r];
-        fprintf(stderr, "fsdp-train: loading step %llu read%.*s bytes on ranks 0..%d, of %llu "
-                "stored, in %.3f s\n", (unsigned long long)man->step, (int)total, all,
-                c->comm->world - 1, (unsigned long long)stored, seconds);
+        fprintf(stderr,
+                "fsdp-train: loading step %llu read%.*s bytes on ranks 0..%d, of %llu "
+                "stored, in %.3f s\n",
+                (unsigned long long)man->step, (int)total, all, c->comm->world - 1,
+                (unsigned long long)stored, seconds);
     }
     free(all);
 }
@@ -861,7 +870,8 @@ int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *loaded, char *err)
             return rc;
         }
         if (c->comm->rank == 0)
-            fprintf(stderr, "fsdp-train: checkpoint step %llu is unusable: %s; %s (step %llu "
+            fprintf(stderr,
+                    "fsdp-train: checkpoint step %llu is unusable: %s; %s (step %llu "
                     "stays in the store: fsdp-ckpt verify %s@%llu)\n",
                     (unsigned long long)cand[i], err,
                     i > 0 ? "falling back to the previous committed step"

@@ -23,9 +23,9 @@
 struct tckpt_opts {
     const char *uri;
     long long every, keep;
-    int resume; /* 1: auto, 0: none */
-    int verify_load; /* after loading, compare the state's digest with the checkpoint's */
-    int async;       /* --ckpt-async */
+    int resume;       /* 1: auto, 0: none */
+    int verify_load;  /* after loading, compare the state's digest with the checkpoint's */
+    int async;        /* --ckpt-async */
     int load_threads; /* threads that fetch, verify and decode chunks at resume */
     struct ckpt_write_opts write;
 };
@@ -38,13 +38,13 @@ struct tckpt {
     struct fsdp_comm *comm;
     const struct model_layout *m;
     json_t *model_json;
-    int world;   /* ranks whose shards form a checkpoint (1 for NO_SHARD) */
-    int saves;   /* checkpoints written by this process */
+    int world;                 /* ranks whose shards form a checkpoint (1 for NO_SHARD) */
+    int saves;                 /* checkpoints written by this process */
     uint64_t newest_committed; /* 0 if none */
-    int skipped; /* rank 0: the last save met a step already committed, kept it */
-    double save_t0;        /* when the save being committed began (its event's seconds) */
-    double load_s;         /* how long the resume's load took (0: none) */
-    uint64_t stored_bytes; /* rank 0: what the last commit's shards hold, every rank's */
+    int skipped;               /* rank 0: the last save met a step already committed, kept it */
+    double save_t0;            /* when the save being committed began (its event's seconds) */
+    double load_s;             /* how long the resume's load took (0: none) */
+    uint64_t stored_bytes;     /* rank 0: what the last commit's shards hold, every rank's */
     uint64_t generation;       /* of this launch: fsdp-super's, or claimed at open */
     char tag[CKPT_TAG_LEN];    /* this launch's writer tag, in every shard name */
     struct tckpt_async *async; /* --ckpt-async */
@@ -54,7 +54,6 @@ struct tckpt {
      * state is host memory. */
     float *host[CKPT_NKINDS];
 };
-
 
 /* The exit status of a rank 0 that found its launch fenced at a commit: a
  * newer generation claimed the store, so nothing this launch does counts

@@ -36,8 +36,8 @@ struct fsdp_coll {
     size_t n;
     int pieces;                   /* 0 means 1 */
     size_t in_stride, out_stride; /* pieces > 1 */
-    int state; /* 0 idle, 1 running, 2 arrived (wait finishes it) */
-    int phase; /* the backend's: an all-reduce runs in two */
+    int state;                    /* 0 idle, 1 running, 2 arrived (wait finishes it) */
+    int phase;                    /* the backend's: an all-reduce runs in two */
     union {
         unsigned char bytes[16];
         void *align_p;
@@ -63,8 +63,8 @@ struct fsdp_comm {
                           char *err);
     /* the same on bf16 elements (--reduce-dtype bf16): each partial sum is
      * rounded to bf16 (to nearest even), as NCCL's bf16 sum does */
-    int (*reduce_scatter_bf16)(struct fsdp_comm *c, const uint16_t *full, uint16_t *shard,
-                               size_t n, char *err);
+    int (*reduce_scatter_bf16)(struct fsdp_comm *c, const uint16_t *full, uint16_t *shard, size_t n,
+                               char *err);
     /* buf = the sum over ranks; the MPI backend adds in rank order (a
      * reduce-scatter as above, then an all-gather), so bucketing a buffer
      * into several all-reduces gives the same bits */

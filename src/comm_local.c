@@ -34,8 +34,8 @@ static int local_reduce_scatter(struct fsdp_comm *c, const float *full, float *s
     return 0;
 }
 
-static int local_reduce_scatter_bf16(struct fsdp_comm *c, const uint16_t *full,
-                                     uint16_t *shard, size_t n, char *err)
+static int local_reduce_scatter_bf16(struct fsdp_comm *c, const uint16_t *full, uint16_t *shard,
+                                     size_t n, char *err)
 {
     (void)c, (void)err;
     if (full != shard)
@@ -67,8 +67,8 @@ static int local_bcast(struct fsdp_comm *c, void *buf, size_t bytes, int root, c
     return 0;
 }
 
-static int local_gather_bytes(struct fsdp_comm *c, const void *buf, size_t n, int root,
-                              char **out, size_t *lens, char *err)
+static int local_gather_bytes(struct fsdp_comm *c, const void *buf, size_t n, int root, char **out,
+                              size_t *lens, char *err)
 {
     (void)c, (void)root, (void)err;
     *out = malloc(n ? n : 1);

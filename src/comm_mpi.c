@@ -40,8 +40,7 @@ static int count_ok(size_t n, const char *what, char *err)
     return 0;
 }
 
-static int mpi_allgather(struct fsdp_comm *c, const float *shard, float *full, size_t n,
-                         char *err)
+static int mpi_allgather(struct fsdp_comm *c, const float *shard, float *full, size_t n, char *err)
 {
     if (in_order(c, err) || count_ok(n, "allgather", err))
         return -1;
@@ -50,14 +49,13 @@ static int mpi_allgather(struct fsdp_comm *c, const float *shard, float *full, s
     return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "allgather", err);
 }
 
-static int mpi_allgather_bf16(struct fsdp_comm *c, const uint16_t *shard, uint16_t *full,
-                              size_t n, char *err)
+static int mpi_allgather_bf16(struct fsdp_comm *c, const uint16_t *shard, uint16_t *full, size_t n,
+                              char *err)
 {
     if (in_order(c, err) || count_ok(n, "allgather", err))
         return -1;
     const void *send = shard == full + (size_t)c->rank * n ? MPI_IN_PLACE : shard;
-    int rc = MPI_Allgather(send, (int)n, MPI_UINT16_T, full, (int)n, MPI_UINT16_T,
-                           MPI_COMM_WORLD);
+    int rc = MPI_Allgather(send, (int)n, MPI_UINT16_T, full, (int)n, MPI_UINT16_T, MPI_COMM_WORLD);
     return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "allgather (bf16)", err);
 }
 
@@ -154,8 +152,7 @@ static int allreduce_phase1(struct fsdp_comm *c, struct fsdp_coll *op, int slot)
         rd[r] = (int)(part * (size_t)r);
     }
     op->phase = 1;
-    return MPI_Ialltoallv(op->out, sc, sd, type, op->tmp, rc, rd, type, MPI_COMM_WORLD,
-                          req_of(op));
+    return MPI_Ialltoallv(op->out, sc, sd, type, op->tmp, rc, rd, type, MPI_COMM_WORLD, req_of(op));
 }
 
 /* Phase 2: this rank's part summed in rank order, then gathered by all. */
@@ -216,8 +213,8 @@ static int mpi_start(struct fsdp_comm *c, struct fsdp_coll *op, char *err)
         if (gather) {
             const char *mine = (const char *)op->out + (size_t)c->rank * op->n * esize;
             const void *in = pieces == 1 && op->in == (const void *)mine ? MPI_IN_PLACE : op->in;
-            rc = MPI_Iallgather(in, scount, send, op->out, rcount, recv, MPI_COMM_WORLD,
-                                req_of(op));
+            rc =
+                MPI_Iallgather(in, scount, send, op->out, rcount, recv, MPI_COMM_WORLD, req_of(op));
         } else {
             rc = MPI_Ialltoall(op->in, scount, send, op->tmp, rcount, recv, MPI_COMM_WORLD,
                                req_of(op));
@@ -319,9 +316,8 @@ static int blocking(struct fsdp_comm *c, enum fsdp_coll_kind kind, const void *i
     const size_t es = kind == FSDP_COLL_REDUCE_SCATTER_BF16 || kind == FSDP_COLL_ALLREDUCE_BF16
                           ? sizeof(uint16_t)
                           : sizeof(float);
-    const size_t parts = kind == FSDP_COLL_ALLREDUCE || kind == FSDP_COLL_ALLREDUCE_BF16
-                             ? part_of(n, c->world)
-                             : n;
+    const size_t parts =
+        kind == FSDP_COLL_ALLREDUCE || kind == FSDP_COLL_ALLREDUCE_BF16 ? part_of(n, c->world) : n;
     void *tmp = malloc(parts * (size_t)c->world * es + 1);
     if (!tmp)
         return fsdp_err(err, "mpi: out of memory for a %s of %zu elements", coll_what[kind], n);

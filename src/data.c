@@ -121,8 +121,10 @@ int token_file_check_output(const char *path, char *err)
     if (lstat(path, &st) == 0) {
         if (S_ISREG(st.st_mode))
             return 0;
-        return fsdp_err(err, "%s: exists and is %s, not a regular file; refusing to replace it "
-                             "with a token file (name a new file)", path, kind_of(st.st_mode));
+        return fsdp_err(err,
+                        "%s: exists and is %s, not a regular file; refusing to replace it "
+                        "with a token file (name a new file)",
+                        path, kind_of(st.st_mode));
     }
     if (errno != ENOENT)
         return fsdp_err(err, "%s: cannot stat: %s", path, strerror(errno));
@@ -159,8 +161,8 @@ int token_file_write(const char *path, const uint16_t *tokens, size_t n, char *e
     int32_t header[DATA_HEADER_INTS] = {DATA_MAGIC, DATA_VERSION, (int32_t)n};
     /* The format is little-endian; so is every machine this builds for. */
     _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "little-endian host");
-    if (fsdp_write_all(fd, header, sizeof header) || fsdp_write_all(fd, tokens, n * sizeof *tokens) ||
-        fsync(fd)) {
+    if (fsdp_write_all(fd, header, sizeof header) ||
+        fsdp_write_all(fd, tokens, n * sizeof *tokens) || fsync(fd)) {
         int e = errno;
         close(fd);
         unlink(tmp);

@@ -15,10 +15,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DATA_MAGIC 20240520
-#define DATA_VERSION 1
+#define DATA_MAGIC       20240520
+#define DATA_VERSION     1
 #define DATA_HEADER_INTS 256
-#define DATA_EOT 0 /* byte-level end-of-text token (NUL never occurs in text) */
+#define DATA_EOT         0 /* byte-level end-of-text token (NUL never occurs in text) */
 
 struct token_file {
     const uint16_t *tokens;
@@ -45,7 +45,7 @@ struct sample_stream {
     int T;
     uint64_t nsamples;
     uint64_t seed;
-    uint64_t epoch;     /* epoch whose permutation is in perm */
+    uint64_t epoch; /* epoch whose permutation is in perm */
     uint64_t *perm;
 };
 

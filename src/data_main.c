@@ -241,8 +241,10 @@ int main(int argc, char **argv)
     if (!rc && s.train.n == 0)
         rc = fsdp_err(err, "no training text: the inputs hold no documents");
     if (!rc && val_out && s.val.n == 0)
-        rc = fsdp_err(err, "the validation split is empty (%zu documents; use --doc-sep, more "
-                           "inputs or a larger --val-fraction)", s.docs);
+        rc = fsdp_err(err,
+                      "the validation split is empty (%zu documents; use --doc-sep, more "
+                      "inputs or a larger --val-fraction)",
+                      s.docs);
     if (!rc)
         rc = token_file_write(out, s.train.v, s.train.n, err);
     if (!rc && val_out)

@@ -121,20 +121,36 @@ static int alloc_acts(struct fsdp_engine *e, char *err)
         float **p;
         size_t n;
     } plan[] = {
-        {&a->encoded, BT * C},        {&a->ln1, Lx * BT * C},         {&a->ln1_mean, L * BT},
-        {&a->ln1_rstd, L * BT},       {&a->qkv, L * BT * 3 * C},      {&a->atty, Lx * BT * C},
-        {&a->att, L * e->B * NH * TT}, {&a->residual2, L * BT * C},   {&a->ln2, Lx * BT * C},
-        {&a->ln2_mean, L * BT},       {&a->ln2_rstd, L * BT},         {&a->fch, L * BT * 4 * C},
-        {&a->fch_gelu, Lx * BT * 4 * C}, {&a->residual3, LB * BT * C}, {&a->lnf, BT * C},
-        {&a->lnf_mean, BT},           {&a->lnf_rstd, BT},             {&a->logits, BT * c->vocab_pad},
-        {&a->losses, BT},             {&a->scratch, BT * C},          {&a->dres, BT * C},
-        {&a->dbtc, BT * C},           {&a->d4c, BT * 4 * C},          {&a->datt, e->B * NH * TT},
+        {&a->encoded, BT * C},
+        {&a->ln1, Lx * BT * C},
+        {&a->ln1_mean, L * BT},
+        {&a->ln1_rstd, L * BT},
+        {&a->qkv, L * BT * 3 * C},
+        {&a->atty, Lx * BT * C},
+        {&a->att, L * e->B * NH * TT},
+        {&a->residual2, L * BT * C},
+        {&a->ln2, Lx * BT * C},
+        {&a->ln2_mean, L * BT},
+        {&a->ln2_rstd, L * BT},
+        {&a->fch, L * BT * 4 * C},
+        {&a->fch_gelu, Lx * BT * 4 * C},
+        {&a->residual3, LB * BT * C},
+        {&a->lnf, BT * C},
+        {&a->lnf_mean, BT},
+        {&a->lnf_rstd, BT},
+        {&a->logits, BT * c->vocab_pad},
+        {&a->losses, BT},
+        {&a->scratch, BT * C},
+        {&a->dres, BT * C},
+        {&a->dbtc, BT * C},
+        {&a->d4c, BT * 4 * C},
+        {&a->datt, e->B * NH * TT},
     };
     struct {
         uint16_t **p;
         size_t n;
     } plan16[] = {
-        {&a->ln1_16, L16 * BT * C}, {&a->atty16, L16 * BT * C}, {&a->ln2_16, L16 * BT * C},
+        {&a->ln1_16, L16 * BT * C},         {&a->atty16, L16 * BT * C}, {&a->ln2_16, L16 * BT * C},
         {&a->fch_gelu16, L16 * BT * 4 * C}, {&a->lnf16, lnf16},
     };
     size_t total = 0, total16 = 0; /* floats; bf16 values after them */
@@ -442,7 +458,7 @@ void fsdp_free(struct fsdp_engine *e)
     if (!e->k)
         return;
     settle(e);
-    float *bufs[] = {e->params, e->grads, e->exp_avg, e->exp_avg_sq, e->gather_buf,
+    float *bufs[] = {e->params,        e->grads,  e->exp_avg,  e->exp_avg_sq, e->gather_buf,
                      e->grad_full_buf, e->rs_tmp, e->rs_parts, e->a.encoded};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
@@ -541,8 +557,8 @@ static int coll_start(struct fsdp_engine *e, struct fsdp_coll *op, char *err)
     if (c->start) {
         rc = c->start(c, op, err);
     } else { /* one blocking call per piece */
-        const int bf16 = op->kind == FSDP_COLL_ALLGATHER_BF16 ||
-                         op->kind == FSDP_COLL_REDUCE_SCATTER_BF16;
+        const int bf16 =
+            op->kind == FSDP_COLL_ALLGATHER_BF16 || op->kind == FSDP_COLL_REDUCE_SCATTER_BF16;
         const size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
         rc = 0;
         for (int p = 0; !rc && p < (op->pieces > 1 ? op->pieces : 1); p++) {
@@ -656,11 +672,13 @@ static int gather_start(struct fsdp_engine *e, int u, char *err)
     struct fsdp_coll *op = &e->gather_op;
     if (e->bf16) {
         e->k->to_bf16(e->shard16, e->params + G->shard_off, sstride * (size_t)(n - 1) + G->shard_n);
-        *op = (struct fsdp_coll){.kind = FSDP_COLL_ALLGATHER_BF16, .in = e->shard16,
-                                 .out = G->full16, .n = G->shard_n};
+        *op = (struct fsdp_coll){
+            .kind = FSDP_COLL_ALLGATHER_BF16, .in = e->shard16, .out = G->full16, .n = G->shard_n};
     } else {
-        *op = (struct fsdp_coll){.kind = FSDP_COLL_ALLGATHER, .in = e->params + G->shard_off,
-                                 .out = G->full, .n = G->shard_n};
+        *op = (struct fsdp_coll){.kind = FSDP_COLL_ALLGATHER,
+                                 .in = e->params + G->shard_off,
+                                 .out = G->full,
+                                 .n = G->shard_n};
     }
     op->pieces = n;
     op->in_stride = sstride;
@@ -744,11 +762,11 @@ static int bucket_start(struct fsdp_engine *e, int b, char *err)
     struct fsdp_coll *op = &e->bucket_op;
     if (e->reduce_bf16) {
         e->k->to_bf16(e->grad16 + off, e->grads + off, n);
-        *op = (struct fsdp_coll){.kind = FSDP_COLL_ALLREDUCE_BF16, .out = e->grad16 + off,
-                                 .tmp = e->rs_parts, .n = n};
+        *op = (struct fsdp_coll){
+            .kind = FSDP_COLL_ALLREDUCE_BF16, .out = e->grad16 + off, .tmp = e->rs_parts, .n = n};
     } else {
-        *op = (struct fsdp_coll){.kind = FSDP_COLL_ALLREDUCE, .out = e->grads + off,
-                                 .tmp = e->rs_parts, .n = n};
+        *op = (struct fsdp_coll){
+            .kind = FSDP_COLL_ALLREDUCE, .out = e->grads + off, .tmp = e->rs_parts, .n = n};
     }
     if (!e->comm->start) { /* the blocking call */
         double t0 = fsdp_now();
@@ -809,11 +827,17 @@ static int unit_grad_end(struct fsdp_engine *e, int u, char *err)
     struct fsdp_coll *op = &e->rs_op;
     if (e->reduce_bf16) {
         e->k->to_bf16(e->grad16, G->full_grad, span);
-        *op = (struct fsdp_coll){.kind = FSDP_COLL_REDUCE_SCATTER_BF16, .in = e->grad16,
-                                 .out = e->rs16, .tmp = e->rs_parts, .n = G->shard_n};
+        *op = (struct fsdp_coll){.kind = FSDP_COLL_REDUCE_SCATTER_BF16,
+                                 .in = e->grad16,
+                                 .out = e->rs16,
+                                 .tmp = e->rs_parts,
+                                 .n = G->shard_n};
     } else {
-        *op = (struct fsdp_coll){.kind = FSDP_COLL_REDUCE_SCATTER, .in = G->full_grad,
-                                 .out = e->rs_tmp, .tmp = e->rs_parts, .n = G->shard_n};
+        *op = (struct fsdp_coll){.kind = FSDP_COLL_REDUCE_SCATTER,
+                                 .in = G->full_grad,
+                                 .out = e->rs_tmp,
+                                 .tmp = e->rs_parts,
+                                 .n = G->shard_n};
     }
     op->pieces = n;
     op->in_stride = gstride;
@@ -845,14 +869,13 @@ static const struct model_tensor *tensor(const struct fsdp_engine *e, int unit, 
  * weight's place in the unit's fp32 buffer, and the bf16 twin lies at the
  * same offset. In bf16 the forward rounds inp into inp16, which the
  * backward then reads (the same bits it would round again). */
-static void mm_forward(struct fsdp_engine *e, int u, float *out, const float *inp,
-                       uint16_t *inp16, const float *w, const float *bias, size_t N, int C,
-                       int OC)
+static void mm_forward(struct fsdp_engine *e, int u, float *out, const float *inp, uint16_t *inp16,
+                       const float *w, const float *bias, size_t N, int C, int OC)
 {
     if (e->bf16) {
         e->k->to_bf16(inp16, inp, N * (size_t)C);
-        e->k->matmul_forward_bf16(out, inp16, e->units[u].full16 + (w - e->units[u].full), bias,
-                                  N, C, OC);
+        e->k->matmul_forward_bf16(out, inp16, e->units[u].full16 + (w - e->units[u].full), bias, N,
+                                  C, OC);
     } else {
         e->k->matmul_forward(out, inp, w, bias, N, C, OC);
     }
@@ -860,8 +883,8 @@ static void mm_forward(struct fsdp_engine *e, int u, float *out, const float *in
 }
 
 static void mm_backward(struct fsdp_engine *e, int u, float *dinp, float *dw, float *dbias,
-                        const float *dout, const float *inp, const uint16_t *inp16,
-                        const float *w, size_t N, int C, int OC)
+                        const float *dout, const float *inp, const uint16_t *inp16, const float *w,
+                        size_t N, int C, int OC)
 {
     if (e->bf16)
         e->k->matmul_backward_bf16(dinp, dw, dbias, dout, inp16,
@@ -877,7 +900,7 @@ struct layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
         *fch_gelu;
     uint16_t *ln1_16, *atty16, *ln2_16, *fch_gelu16; /* bf16: the products' inputs */
-    float *res3; /* the block's output */
+    float *res3;                                     /* the block's output */
 };
 
 static void layer_acts(const struct fsdp_engine *e, int l, struct layer_acts *la)
@@ -919,25 +942,23 @@ static void block_forward(struct fsdp_engine *e, int u, const struct block_param
     float *scratch = e->a.scratch;
     k->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->res, p->t[BT_LN1_W],
                          p->t[BT_LN1_B], BT, C);
-    mm_forward(e, u, la->qkv, la->ln1, la->ln1_16, p->t[BT_QKV_W], p->t[BT_QKV_B], BT, C,
-               3 * C);
+    mm_forward(e, u, la->qkv, la->ln1, la->ln1_16, p->t[BT_QKV_W], p->t[BT_QKV_B], BT, C, 3 * C);
     k->attention_forward(la->atty, la->att, la->qkv, B, T, C, NH);
     poke(e);
-    mm_forward(e, u, scratch, la->atty, la->atty16, p->t[BT_ATTPROJ_W], p->t[BT_ATTPROJ_B],
-               BT, C, C);
+    mm_forward(e, u, scratch, la->atty, la->atty16, p->t[BT_ATTPROJ_W], p->t[BT_ATTPROJ_B], BT, C,
+               C);
     k->residual_forward(la->res2, la->res, scratch, BT * C);
     k->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, p->t[BT_LN2_W],
                          p->t[BT_LN2_B], BT, C);
-    mm_forward(e, u, la->fch, la->ln2, la->ln2_16, p->t[BT_FC_W], p->t[BT_FC_B], BT, C,
-               4 * C);
+    mm_forward(e, u, la->fch, la->ln2, la->ln2_16, p->t[BT_FC_W], p->t[BT_FC_B], BT, C, 4 * C);
     k->gelu_forward(la->fch_gelu, la->fch, BT * 4 * C);
     if (recompute) { /* the backward reads fch_gelu as the last product's input */
         if (e->bf16)
             k->to_bf16(la->fch_gelu16, la->fch_gelu, BT * 4 * C);
         return;
     }
-    mm_forward(e, u, scratch, la->fch_gelu, la->fch_gelu16, p->t[BT_FCPROJ_W],
-               p->t[BT_FCPROJ_B], BT, 4 * C, C);
+    mm_forward(e, u, scratch, la->fch_gelu, la->fch_gelu16, p->t[BT_FCPROJ_W], p->t[BT_FCPROJ_B],
+               BT, 4 * C, C);
     k->residual_forward(la->res3, la->res2, scratch, BT * C);
 }
 
@@ -965,8 +986,8 @@ static void block_backward(struct fsdp_engine *e, int u, const struct block_para
     poke(e);
     mm_backward(e, u, a->dbtc, g->t[BT_QKV_W], g->t[BT_QKV_B], a->d4c, la->ln1, la->ln1_16,
                 p->t[BT_QKV_W], BT, C, 3 * C);
-    k->layernorm_backward(a->dres, g->t[BT_LN1_W], g->t[BT_LN1_B], a->dbtc, la->res,
-                          p->t[BT_LN1_W], la->ln1_mean, la->ln1_rstd, BT, C);
+    k->layernorm_backward(a->dres, g->t[BT_LN1_W], g->t[BT_LN1_B], a->dbtc, la->res, p->t[BT_LN1_W],
+                          la->ln1_mean, la->ln1_rstd, BT, C);
 }
 
 int fsdp_forward(struct fsdp_engine *e, int B, int T, double *loss_sum, char *err)
@@ -1054,8 +1075,8 @@ int fsdp_backward(struct fsdp_engine *e, float dloss, char *err)
     k->layernorm_backward(a->dres, e->units[lnf].full_grad + tensor(e, lnf, 0)->offset,
                           e->units[lnf].full_grad + tensor(e, lnf, 1)->offset, a->dbtc,
                           a->residual3 + (L - 1) * S * C,
-                          e->units[lnf].full + tensor(e, lnf, 0)->offset, a->lnf_mean,
-                          a->lnf_rstd, BT, C);
+                          e->units[lnf].full + tensor(e, lnf, 0)->offset, a->lnf_mean, a->lnf_rstd,
+                          BT, C);
     if (unit_grad_end(e, lnf, err))
         return -1;
     unit_reshard(e, lnf);
@@ -1066,7 +1087,7 @@ int fsdp_backward(struct fsdp_engine *e, float dloss, char *err)
      * its activations (the last recomputed block of the forward). */
     for (int l = L - 1; l >= 0; l--) {
         const int u = model_unit_block(l), g = e->units[u].group, n = e->units[g].group_n;
-        const int first = u == g + n - 1, last = u == g; /* of its group, in this pass */
+        const int first = u == g + n - 1, last = u == g;         /* of its group, in this pass */
         const int before = g > model_unit_block(0) ? g - 1 : -1; /* the group computed next */
         if (unit_gather(e, u, err) || (first && unit_prefetch(e, before, err)))
             return -1;

@@ -114,7 +114,7 @@ struct fsdp_segment {
 struct fsdp_acts {
     float *encoded, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean,
         *ln2_rstd, *fch, *fch_gelu, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
-    float *scratch, *dres, *dbtc, *d4c, *datt; /* one layer's worth, reused */
+    float *scratch, *dres, *dbtc, *d4c, *datt;               /* one layer's worth, reused */
     uint16_t *ln1_16, *atty16, *ln2_16, *fch_gelu16, *lnf16; /* bf16 only */
     int nslots;
     int *slot;       /* per block: its slot */
@@ -154,7 +154,7 @@ struct fsdp_engine {
     /* none: buckets of units lo..hi, in the order the backward finishes them */
     struct fsdp_bucket {
         int lo, hi, done;
-    } *buckets;
+    } * buckets;
     int nbuckets, bucket_running; /* the bucket in flight in bucket_op, or -1 */
     struct fsdp_coll bucket_op;
     int final_micro; /* set by the caller: this backward is the step's last */
@@ -167,7 +167,7 @@ struct fsdp_engine {
     int have_targets;
 
     struct fsdp_mem mem;
-    double comm_seconds; /* time the compute thread spent in collectives (not hidden) */
+    double comm_seconds;       /* time the compute thread spent in collectives (not hidden) */
     void (*on_progress)(void); /* after each unit's forward and backward (heartbeats) */
 };
 

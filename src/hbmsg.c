@@ -21,8 +21,8 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-static const char *phase_names[HB_NPHASES] = {"start",     "train", "save",   "load", "done",
-                                              "preempted", "hold",  "stopped"};
+static const char *phase_names[HB_NPHASES] = {"start", "train",     "save", "load",
+                                              "done",  "preempted", "hold", "stopped"};
 
 static const char *ctl_names[HBCTL_N] = {"ack", "preempt", "stop", "kill"};
 
@@ -257,10 +257,7 @@ int hbmsg_key_new(struct hbmsg_key *k)
 
 void hbmsg_key_hex(const struct hbmsg_key *k, char *hex) { fsdp_hex(k->k, sizeof k->k, hex); }
 
-int hbmsg_key_parse(const char *s, struct hbmsg_key *k)
-{
-    return fsdp_unhex(s, sizeof k->k, k->k);
-}
+int hbmsg_key_parse(const char *s, struct hbmsg_key *k) { return fsdp_unhex(s, sizeof k->k, k->k); }
 
 /* 64 hex digits of HMAC-SHA256(k, p[0..n)) into out (65 bytes); -1 if
  * OpenSSL fails. */

@@ -42,8 +42,8 @@ struct fsdp_kernels {
     /* out[b,t,:] = wte[tok[b,t],:] + wpe[t,:] */
     void (*encoder_forward)(float *out, const int32_t *tok, const float *wte, const float *wpe,
                             int B, int T, int C);
-    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
-                             int B, int T, int C);
+    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int B,
+                             int T, int C);
     void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
                               const float *w, const float *b, size_t N, int C);
     void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout,
@@ -68,8 +68,7 @@ struct fsdp_kernels {
     void (*matmul_forward_bf16)(float *out, const uint16_t *inp, const uint16_t *w,
                                 const float *bias, size_t N, int C, int OC);
     void (*matmul_backward_bf16)(float *dinp, float *dw, float *dbias, const float *dout,
-                                 const uint16_t *inp, const uint16_t *w, size_t N, int C,
-                                 int OC);
+                                 const uint16_t *inp, const uint16_t *w, size_t N, int C, int OC);
     /* Reserves the scratch matmul_backward_bf16 rounds dout into: room for
      * n elements (a larger dout goes through it in chunks of rows on the
      * CPU; the GPU grows it). Returns the bytes held, 0 when out of memory. */
@@ -87,11 +86,11 @@ struct fsdp_kernels {
     void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
     /* logits (N,Vp) become probabilities over the first V entries; losses[i] =
      * -log p[target[i]] */
-    void (*softmax_crossentropy_forward)(float *probs_logits, float *losses,
-                                         const int32_t *targets, size_t N, int V, int Vp);
+    void (*softmax_crossentropy_forward)(float *probs_logits, float *losses, const int32_t *targets,
+                                         size_t N, int V, int Vp);
     /* probs become dlogits = (probs - onehot(target)) * dloss */
-    void (*softmax_crossentropy_backward)(float *probs_dlogits, const int32_t *targets,
-                                          float dloss, size_t N, int V, int Vp);
+    void (*softmax_crossentropy_backward)(float *probs_dlogits, const int32_t *targets, float dloss,
+                                          size_t N, int V, int Vp);
 
     /* optimizer on one contiguous range of a shard: AdamW with bias
      * corrections bc1 = 1 - beta1^t, bc2 = 1 - beta2^t, gradient scaled by

@@ -49,8 +49,8 @@ int model_config_check(const struct model_config *c, char *err)
     return 0;
 }
 
-static void add_tensor(struct model_layout *m, int unit, const char *name, size_t rows,
-                       size_t cols, int decay, float std, float value)
+static void add_tensor(struct model_layout *m, int unit, const char *name, size_t rows, size_t cols,
+                       int decay, float std, float value)
 {
     struct model_tensor *t = &m->tensors[m->ntensors++];
     struct model_unit *u = &m->units[unit];

@@ -16,12 +16,12 @@
 #include <stddef.h>
 
 struct model_config {
-    int layers;      /* L */
-    int dim;         /* C */
-    int heads;       /* NH */
-    int seq;         /* T: maximum (and training) sequence length */
-    int vocab;       /* V: tokens the data may hold */
-    int vocab_pad;   /* Vp: rows of wte, V rounded up (64 for large vocabularies) */
+    int layers;    /* L */
+    int dim;       /* C */
+    int heads;     /* NH */
+    int seq;       /* T: maximum (and training) sequence length */
+    int vocab;     /* V: tokens the data may hold */
+    int vocab_pad; /* Vp: rows of wte, V rounded up (64 for large vocabularies) */
 };
 
 /* Fills cfg from a preset name (tiny, small, gpt2-124m); -1 if unknown. */
@@ -34,8 +34,18 @@ int model_vocab_pad(int vocab);
 
 /* The tensors of one block, in unit order. */
 enum block_tensor {
-    BT_LN1_W, BT_LN1_B, BT_QKV_W, BT_QKV_B, BT_ATTPROJ_W, BT_ATTPROJ_B,
-    BT_LN2_W, BT_LN2_B, BT_FC_W, BT_FC_B, BT_FCPROJ_W, BT_FCPROJ_B,
+    BT_LN1_W,
+    BT_LN1_B,
+    BT_QKV_W,
+    BT_QKV_B,
+    BT_ATTPROJ_W,
+    BT_ATTPROJ_B,
+    BT_LN2_W,
+    BT_LN2_B,
+    BT_FC_W,
+    BT_FC_B,
+    BT_FCPROJ_W,
+    BT_FCPROJ_B,
     BT_COUNT
 };
 
@@ -47,9 +57,9 @@ struct model_tensor {
     size_t shape[2];
     size_t numel;
     int unit;
-    size_t offset;    /* in elements, within the unit's flat buffer */
-    int decay;        /* weight decay applies (matrices and embeddings) */
-    float init_std;   /* 0 with init_value for norms and biases */
+    size_t offset;  /* in elements, within the unit's flat buffer */
+    int decay;      /* weight decay applies (matrices and embeddings) */
+    float init_std; /* 0 with init_value for norms and biases */
     float init_value;
     size_t init_numel; /* elements initialised so; the rest start at zero (wte's padded
                           rows: never looked up, no gradient, so they stay zero) */
@@ -59,16 +69,16 @@ struct model_unit {
     char name[MODEL_MAX_NAME];
     int first_tensor;
     int ntensors;
-    size_t numel;     /* logical elements, before padding */
+    size_t numel; /* logical elements, before padding */
 };
 
 struct model_layout {
     struct model_config cfg;
     int ntensors;
     struct model_tensor *tensors;
-    int nunits;       /* L + 2 */
+    int nunits; /* L + 2 */
     struct model_unit *units;
-    size_t numel;     /* all parameters */
+    size_t numel; /* all parameters */
 };
 
 int model_layout_init(struct model_layout *m, const struct model_config *cfg, char *err);

@@ -67,8 +67,7 @@ void testhook_stop(const char *point)
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, stop_init);
     if (stop_point[0] && current_save == stop_nth && strcmp(point, stop_point) == 0) {
-        fprintf(stderr, "fsdp-train: test hook: stopping at %s of save %d\n", point,
-                current_save);
+        fprintf(stderr, "fsdp-train: test hook: stopping at %s of save %d\n", point, current_save);
         raise(SIGSTOP);
     }
 }

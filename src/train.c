@@ -39,22 +39,22 @@ struct trainer {
     FILE *log;
     struct tckpt ck;
     int have_ckpt;
-    long long start_step; /* steps already done when this process started */
-    uint64_t sample_rng;  /* state of the sampling generator */
-    int agreed_error;     /* every rank knows: rank 0 reports, nobody aborts */
-    int preempted;        /* an emergency checkpoint was written; exit 0 */
-    const char *stopped;  /* why the run stopped before --steps (NULL: it did not) */
-    long long stopped_at; /* and after which step */
-    double start;         /* when main began (--time-limit counts from here) */
-    double limit;         /* the time limit, a monotonic time (0: none; deadline()) */
+    long long start_step;   /* steps already done when this process started */
+    uint64_t sample_rng;    /* state of the sampling generator */
+    int agreed_error;       /* every rank knows: rank 0 reports, nobody aborts */
+    int preempted;          /* an emergency checkpoint was written; exit 0 */
+    const char *stopped;    /* why the run stopped before --steps (NULL: it did not) */
+    long long stopped_at;   /* and after which step */
+    double start;           /* when main began (--time-limit counts from here) */
+    double limit;           /* the time limit, a monotonic time (0: none; deadline()) */
     const char *limit_from; /* and what set it */
-    double step_max;      /* the longest step, validation and checkpoint save of this */
-    double val_max;       /* process: the margin kept before a time limit */
+    double step_max;        /* the longest step, validation and checkpoint save of this */
+    double val_max;         /* process: the margin kept before a time limit */
     double save_max;
-    int async_pending;    /* an async checkpoint is being written (same on every rank) */
+    int async_pending; /* an async checkpoint is being written (same on every rank) */
     double async_t0;
-    double train_t0;      /* when the training loop began (the log's elapsed_s) */
-    double ckpt_s;        /* time the loop spent in checkpoint work (the log's ckpt_s) */
+    double train_t0; /* when the training loop began (the log's elapsed_s) */
+    double ckpt_s;   /* time the loop spent in checkpoint work (the log's ckpt_s) */
 };
 
 static int pick_threads(const struct trainer *t)
@@ -97,8 +97,8 @@ static void print_banner(const struct trainer *t)
     char ac[32], buckets[48] = "";
     size_t full = 0;
     if (t->eng.nbuckets) /* none on several ranks */
-        snprintf(buckets, sizeof buckets, ", gradients all-reduced in %d bucket%s",
-                 t->eng.nbuckets, t->eng.nbuckets > 1 ? "s" : "");
+        snprintf(buckets, sizeof buckets, ", gradients all-reduced in %d bucket%s", t->eng.nbuckets,
+                 t->eng.nbuckets > 1 ? "s" : "");
     for (int u = 0; u < t->model.nunits; u++)
         full += t->model.units[u].numel * sizeof(float);
     fprintf(stderr,
@@ -107,11 +107,10 @@ static void print_banner(const struct trainer *t)
             t->o.model_label, c->layers, c->dim, c->heads, c->seq, c->vocab,
             (double)t->model.numel / 1e6, t->comm.world, t->comm.world > 1 ? "s" : "",
             fsdp_shard_name(t->o.shard), t->precision,
-            t->o.reduce_bf16 ? ", gradients reduced in bf16" : "",
-            t->eng.prefetch ? "on" : "off", t->eng.unit_blocks, t->eng.unit_blocks > 1 ? "s" : "",
-            buckets, t->threads,
-            t->threads > 1 ? "s" : "",
-            t->eng.k->name, t->o.cuda ? "cuBLAS matmuls, NCCL collectives" : fsdp_kernels_cpu_blas());
+            t->o.reduce_bf16 ? ", gradients reduced in bf16" : "", t->eng.prefetch ? "on" : "off",
+            t->eng.unit_blocks, t->eng.unit_blocks > 1 ? "s" : "", buckets, t->threads,
+            t->threads > 1 ? "s" : "", t->eng.k->name,
+            t->o.cuda ? "cuBLAS matmuls, NCCL collectives" : fsdp_kernels_cpu_blas());
     fprintf(stderr,
             "fsdp-train: per rank: params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB "
             "(unsharded %.2f / %.2f / %.2f MiB); gathered params %.2f MiB, full grads %.2f MiB, "
@@ -123,8 +122,7 @@ static void print_banner(const struct trainer *t)
     fprintf(stderr,
             "fsdp-train: global batch %lld = %d ranks x %d micro-batch x %d accumulation, %zu "
             "training sequences\n",
-            t->o.global_batch, t->comm.world, t->micro, t->accum,
-            (size_t)t->stream.nsamples);
+            t->o.global_batch, t->comm.world, t->micro, t->accum, (size_t)t->stream.nsamples);
 }
 
 /* Loads micro-batch m of this rank for the step that starts at the cursor. */
@@ -149,8 +147,8 @@ static int validate(struct trainer *t, double *out, char *err)
     struct sample_stream vs;
     if (sample_stream_init(&vs, &t->val_file, T, 0, err))
         return -1;
-    uint64_t n = (uint64_t)t->o.val_samples < vs.nsamples ? (uint64_t)t->o.val_samples
-                                                            : vs.nsamples;
+    uint64_t n =
+        (uint64_t)t->o.val_samples < vs.nsamples ? (uint64_t)t->o.val_samples : vs.nsamples;
     uint64_t per = n / (uint64_t)W / (uint64_t)t->micro * (uint64_t)t->micro;
     if (per == 0) {
         sample_stream_free(&vs);
@@ -246,8 +244,7 @@ static int gather_samples(struct trainer *t, json_t **out, char *err)
     size_t n = (size_t)t->accum * t->micro, lens[t->comm.world];
     char *all = NULL;
     *out = NULL;
-    if (t->comm.gather_bytes(&t->comm, t->consumed, n * sizeof *t->consumed, 0, &all, lens,
-                             err))
+    if (t->comm.gather_bytes(&t->comm, t->consumed, n * sizeof *t->consumed, 0, &all, lens, err))
         return -1;
     if (t->comm.rank == 0) {
         *out = json_array();
@@ -276,20 +273,20 @@ static void log_step(struct trainer *t, long long step, double loss, double lr, 
         hb_event("progress step=%lld loss=%.6f tokens_per_s=%.1f", step + 1, loss, tps);
     }
     if ((step + 1) % t->o.log_every == 0 || step + 1 == t->o.steps || !isnan(val)) {
-        fprintf(stderr, "step %6lld/%lld | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | %7.1f ms",
+        fprintf(stderr,
+                "step %6lld/%lld | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | %7.1f ms",
                 step + 1, t->o.steps, loss, lr, norm, tps, dt * 1e3);
         if (!isnan(val))
             fprintf(stderr, " | val %.6f", val);
         fputc('\n', stderr);
     }
     if (t->log) {
-        json_t *j = json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:f, s:I}", "step",
-                              (json_int_t)step + 1, "loss", loss, "lr", lr, "grad_norm", norm,
-                              "tokens_per_s", tps, "ms", dt * 1e3, "samples_seen",
-                              (json_int_t)t->cursor, "elapsed_s", fsdp_now() - t->train_t0,
-                              "ckpt_s", t->ckpt_s, "comm_s", t->eng.comm_seconds,
-                              "activation_bytes",
-                              (json_int_t)t->eng.mem.act_bytes);
+        json_t *j =
+            json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:f, s:I}", "step",
+                      (json_int_t)step + 1, "loss", loss, "lr", lr, "grad_norm", norm,
+                      "tokens_per_s", tps, "ms", dt * 1e3, "samples_seen", (json_int_t)t->cursor,
+                      "elapsed_s", fsdp_now() - t->train_t0, "ckpt_s", t->ckpt_s, "comm_s",
+                      t->eng.comm_seconds, "activation_bytes", (json_int_t)t->eng.mem.act_bytes);
         if (j && !isnan(val))
             json_object_set_new(j, "val_loss", json_real(val));
         if (j && samples)
@@ -310,16 +307,15 @@ static json_t *trainer_state(const struct trainer *t, long long step)
     const struct train_opts *o = &t->o;
     char rng[24];
     snprintf(rng, sizeof rng, "%016llx", (unsigned long long)t->sample_rng);
-    return json_pack("{s:I, s:I, s:I, s:I, s:s, s:I, s:i, s:{s:f, s:f, s:I, s:I}, "
-                     "s:{s:s, s:f, s:f, s:f, s:f, s:I}}",
-                     "step", (json_int_t)step, "tokens_seen",
-                     (json_int_t)(t->cursor * (uint64_t)o->cfg.seq), "data_cursor",
-                     (json_int_t)t->cursor, "seed", (json_int_t)o->seed, "rng_state",
-                     rng, "global_batch", (json_int_t)o->global_batch,
-                     "seq", o->cfg.seq, "schedule", "lr", o->lr, "min_lr_frac", o->min_lr_frac,
-                     "warmup", (json_int_t)o->warmup, "total_steps", (json_int_t)o->steps,
-                     "optimizer", "name", "adamw", "beta1", o->beta1, "beta2", o->beta2, "eps",
-                     o->eps, "weight_decay", o->weight_decay, "t", (json_int_t)step);
+    return json_pack(
+        "{s:I, s:I, s:I, s:I, s:s, s:I, s:i, s:{s:f, s:f, s:I, s:I}, "
+        "s:{s:s, s:f, s:f, s:f, s:f, s:I}}",
+        "step", (json_int_t)step, "tokens_seen", (json_int_t)(t->cursor * (uint64_t)o->cfg.seq),
+        "data_cursor", (json_int_t)t->cursor, "seed", (json_int_t)o->seed, "rng_state", rng,
+        "global_batch", (json_int_t)o->global_batch, "seq", o->cfg.seq, "schedule", "lr", o->lr,
+        "min_lr_frac", o->min_lr_frac, "warmup", (json_int_t)o->warmup, "total_steps",
+        (json_int_t)o->steps, "optimizer", "name", "adamw", "beta1", o->beta1, "beta2", o->beta2,
+        "eps", o->eps, "weight_decay", o->weight_decay, "t", (json_int_t)step);
 }
 
 static int restore_state(struct trainer *t, json_t *j, uint64_t step, char *err)
@@ -327,11 +323,12 @@ static int restore_state(struct trainer *t, json_t *j, uint64_t step, char *err)
     json_int_t s = -1, cursor = -1;
     const char *rng = NULL;
     char *end = NULL;
-    if (json_unpack(j, "{s:I, s:I, s:s}", "step", &s, "data_cursor", &cursor, "rng_state",
-                    &rng) ||
+    if (json_unpack(j, "{s:I, s:I, s:s}", "step", &s, "data_cursor", &cursor, "rng_state", &rng) ||
         s < 0 || cursor < 0 || (uint64_t)s != step)
-        return fsdp_err(err, "checkpoint step %llu: trainer state lacks step, data_cursor or "
-                        "rng_state", (unsigned long long)step);
+        return fsdp_err(err,
+                        "checkpoint step %llu: trainer state lacks step, data_cursor or "
+                        "rng_state",
+                        (unsigned long long)step);
     unsigned long long r = strtoull(rng, &end, 16);
     if (!*rng || *end)
         return fsdp_err(err, "checkpoint step %llu: rng_state '%s' is not hexadecimal",
@@ -355,12 +352,15 @@ static int save(struct trainer *t, long long step, char *err)
         char msg[FSDP_ERR_LEN];
         snprintf(msg, sizeof msg, "%s", err);
         if (t->ck.newest_committed == (uint64_t)step) /* the commit held; retention failed */
-            return fsdp_err(err, "checkpoint step %lld is committed, but removing older "
-                            "checkpoints (--keep) failed: %s", step, msg);
+            return fsdp_err(err,
+                            "checkpoint step %lld is committed, but removing older "
+                            "checkpoints (--keep) failed: %s",
+                            step, msg);
         if (t->ck.newest_committed)
-            return fsdp_err(err, "checkpoint of step %lld failed: %s (the newest committed "
-                            "checkpoint is step %llu)", step, msg,
-                            (unsigned long long)t->ck.newest_committed);
+            return fsdp_err(err,
+                            "checkpoint of step %lld failed: %s (the newest committed "
+                            "checkpoint is step %llu)",
+                            step, msg, (unsigned long long)t->ck.newest_committed);
         return fsdp_err(err, "checkpoint of step %lld failed: %s", step, msg);
     }
     t->ckpt_s += fsdp_now() - t0;
@@ -384,11 +384,14 @@ static int finish_async(struct trainer *t, const char *why, char *err)
         char msg[FSDP_ERR_LEN];
         snprintf(msg, sizeof msg, "%s", err);
         if (!t->ck.newest_committed)
-            return fsdp_err(err, "background checkpoint of step %llu failed: %s (no checkpoint "
-                            "is committed yet)", (unsigned long long)step, msg);
-        return fsdp_err(err, "background checkpoint of step %llu failed: %s (the newest "
-                        "committed checkpoint is step %llu)", (unsigned long long)step, msg,
-                        (unsigned long long)t->ck.newest_committed);
+            return fsdp_err(err,
+                            "background checkpoint of step %llu failed: %s (no checkpoint "
+                            "is committed yet)",
+                            (unsigned long long)step, msg);
+        return fsdp_err(err,
+                        "background checkpoint of step %llu failed: %s (the newest "
+                        "committed checkpoint is step %llu)",
+                        (unsigned long long)step, msg, (unsigned long long)t->ck.newest_committed);
     }
     t->ckpt_s += fsdp_now() - t0;
     if (fsdp_now() - t->async_t0 > t->save_max) /* a whole save, had it been waited for */
@@ -397,8 +400,10 @@ static int finish_async(struct trainer *t, const char *why, char *err)
         if (why)
             fprintf(stderr, "fsdp-train: %s: waited %.2f s for checkpoint step %llu\n", why,
                     fsdp_now() - t0, (unsigned long long)step);
-        fprintf(stderr, "fsdp-train: checkpoint step %llu committed (async, %.2f s after its "
-                "step boundary)\n", (unsigned long long)step, fsdp_now() - t->async_t0);
+        fprintf(stderr,
+                "fsdp-train: checkpoint step %llu committed (async, %.2f s after its "
+                "step boundary)\n",
+                (unsigned long long)step, fsdp_now() - t->async_t0);
     }
     return 0;
 }
@@ -419,8 +424,10 @@ static int save_async(struct trainer *t, long long step, char *err)
     t->async_t0 = fsdp_now();
     t->ckpt_s += t->async_t0 - t0;
     if (t->comm.rank == 0)
-        fprintf(stderr, "fsdp-train: checkpoint step %lld: snapshot and write in the "
-                "background\n", step);
+        fprintf(stderr,
+                "fsdp-train: checkpoint step %lld: snapshot and write in the "
+                "background\n",
+                step);
     return 0;
 }
 
@@ -428,10 +435,10 @@ static int save_async(struct trainer *t, long long step, char *err)
  * riding on the loss's reduction: no extra collective anywhere else. */
 enum step_vote {
     VOTE_LOSS,
-    VOTE_PREEMPTED,     /* ranks asked to stop (a preemption notice) */
-    VOTE_WRITES_ENDED,  /* ranks whose background checkpoint write has ended */
+    VOTE_PREEMPTED,    /* ranks asked to stop (a preemption notice) */
+    VOTE_WRITES_ENDED, /* ranks whose background checkpoint write has ended */
     VOTE_WRITES_FAILED,
-    VOTE_OUT_OF_TIME,   /* rank 0 judged that a time limit is near */
+    VOTE_OUT_OF_TIME, /* rank 0 judged that a time limit is near */
     VOTE_N
 };
 
@@ -645,8 +652,7 @@ static int agree_precision(struct trainer *t, char *err)
     else if (!t->o.bf16)
         snprintf(t->precision, sizeof t->precision, "precision fp32");
     else if (why[0]) /* rank 0 prints the banner: its own reason */
-        snprintf(t->precision, sizeof t->precision, "precision fp32 (bf16 asked for, but %s)",
-                 why);
+        snprintf(t->precision, sizeof t->precision, "precision fp32 (bf16 asked for, but %s)", why);
     else
         snprintf(t->precision, sizeof t->precision,
                  "precision fp32 (bf16 asked for, but %.0f of %d ranks lack %s)", lacking,
@@ -698,12 +704,17 @@ static int setup(struct trainer *t, char *err)
     t->consumed = calloc((size_t)per_rank, sizeof *t->consumed);
     if (!t->in || !t->tgt || !t->consumed)
         return fsdp_err(err, "out of memory for the batch");
-    const struct fsdp_opts fo = {o->shard, t->micro, o->recompute_every, t->bf16,
-                                 o->reduce_bf16, o->prefetch, unit_blocks(t),
+    const struct fsdp_opts fo = {o->shard,
+                                 t->micro,
+                                 o->recompute_every,
+                                 t->bf16,
+                                 o->reduce_bf16,
+                                 o->prefetch,
+                                 unit_blocks(t),
                                  o->shard != FSDP_SHARD_NONE ? 0
                                  : o->bucket_mib < 0         ? (size_t)25 << 20 /* DDP's */
                                  : o->bucket_mib == 0        ? 0 /* one, after the backward */
-                                                             : (size_t)(o->bucket_mib * 1048576.0) + 1};
+                                                      : (size_t)(o->bucket_mib * 1048576.0) + 1};
     const struct fsdp_kernels *k = o->cuda ? fsdp_kernels_cuda() : fsdp_kernels_cpu();
     if (fsdp_init(&t->eng, &t->model, k, &t->comm, &fo, err))
         return -1;

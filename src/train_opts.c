@@ -103,8 +103,7 @@ static const struct opt train_flags[] = {
              "param_dtype bf16: bf16 all-gathers and matmuls, fp32\n"
              "master state, optimizer and checkpoints (default fp32;\n"
              "fp32 where the CPU lacks AVX512_BF16, said in the banner)"},
-    {"--reduce-dtype", OPT_WORD, AT(o.reduce_bf16), .words = {"fp32", "bf16"},
-     .arg = "fp32|bf16",
+    {"--reduce-dtype", OPT_WORD, AT(o.reduce_bf16), .words = {"fp32", "bf16"}, .arg = "fp32|bf16",
      .help = "the gradients' type in their reduce-scatter\n"
              "(all-reduce for --shard none), as MixedPrecision's\n"
              "reduce_dtype: bf16 moves half the bytes; the shard\n"

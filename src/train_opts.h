@@ -15,7 +15,7 @@ struct train_opts {
     const char *cpu_kernels; /* auto, or an instruction set (kernels.h) */
     const char *matmul;      /* auto, onednn or openblas (kernels.h) */
     int cuda;                /* --device cuda (cuda/cuda.h) */
-    char model_label[64]; /* the preset, or "custom" when a field was overridden */
+    char model_label[64];    /* the preset, or "custom" when a field was overridden */
     struct model_config cfg;
     long long global_batch, micro_batch; /* micro_batch 0: global / world */
     int log_samples;
@@ -27,12 +27,12 @@ struct train_opts {
     double temperature, lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip;
     uint64_t seed;
     enum fsdp_shard shard;
-    int recompute_every; /* --activation-checkpointing (fsdp_opts) */
-    int bf16;            /* --precision bf16 (fsdp_opts) */
-    int reduce_bf16;     /* --reduce-dtype bf16 (fsdp_opts) */
-    int prefetch;        /* --prefetch (fsdp_opts) */
-    int unit_blocks;     /* --unit-blocks (fsdp_opts); 0 when not given */
-    double bucket_mib;   /* --bucket-mib (fsdp_opts); -1 when not given */
+    int recompute_every;    /* --activation-checkpointing (fsdp_opts) */
+    int bf16;               /* --precision bf16 (fsdp_opts) */
+    int reduce_bf16;        /* --reduce-dtype bf16 (fsdp_opts) */
+    int prefetch;           /* --prefetch (fsdp_opts) */
+    int unit_blocks;        /* --unit-blocks (fsdp_opts); 0 when not given */
+    double bucket_mib;      /* --bucket-mib (fsdp_opts); -1 when not given */
     struct tckpt_opts ckpt; /* ckpt.uri NULL: no checkpoints */
 };
 

@@ -163,8 +163,12 @@ int fsdp_parse_duration(const char *s, double *secs)
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    double unit = !*end ? 1 : strcmp(end, "s") == 0 ? 1 : strcmp(end, "m") == 0 ? 60
-                         : strcmp(end, "h") == 0 ? 3600 : strcmp(end, "d") == 0 ? 86400 : 0;
+    double unit = !*end                   ? 1
+                  : strcmp(end, "s") == 0 ? 1
+                  : strcmp(end, "m") == 0 ? 60
+                  : strcmp(end, "h") == 0 ? 3600
+                  : strcmp(end, "d") == 0 ? 86400
+                                          : 0;
     if (errno || unit == 0 || !isfinite(v) || !(v > 0) || end == s)
         return -1;
     v *= unit;

@@ -29,9 +29,9 @@
 enum fsdp_status {
     FSDP_OK = 0,
     FSDP_ERROR = -1,
-    STORAGE_NOT_FOUND = -2, /* no such object (storage.h) */
-    STORAGE_EXISTS = -3,    /* put-if-absent found the key taken (storage.h) */
-    CKPT_NOT_LIVE = -40,    /* a fenced writer's late commit (ckpt.h) */
+    STORAGE_NOT_FOUND = -2,  /* no such object (storage.h) */
+    STORAGE_EXISTS = -3,     /* put-if-absent found the key taken (storage.h) */
+    CKPT_NOT_LIVE = -40,     /* a fenced writer's late commit (ckpt.h) */
     CKPT_CANNOT_JUDGE = -41, /* a step's seals cannot be read (ckpt.h) */
     CKPT_DAMAGED = -42,      /* a manifest that fails its checks (ckpt.h) */
     TCKPT_REFUSED = -50,     /* a checkpoint of another model (checkpoint.h) */

@@ -49,7 +49,7 @@ struct fault_writer {
 static const struct {
     const char *name;
     int value;
-} errnos[] = {{"ENOSPC", ENOSPC}, {"EACCES", EACCES},     {"EROFS", EROFS},
+} errnos[] = {{"ENOSPC", ENOSPC}, {"EACCES", EACCES},       {"EROFS", EROFS},
               {"EIO", EIO},       {"ETIMEDOUT", ETIMEDOUT}, {"ECONNRESET", ECONNRESET}};
 
 static double next_uniform(struct fault_store *f)
@@ -77,8 +77,7 @@ static int fail(char *err, enum op op, const char *key, int e)
     for (size_t i = 0; i < sizeof errnos / sizeof errnos[0]; i++)
         if (errnos[i].value == e)
             name = errnos[i].name;
-    fsdp_err(err, "%s %s: %s (%s, injected)", op_names[op], key, strerror(e),
-             name);
+    fsdp_err(err, "%s %s: %s (%s, injected)", op_names[op], key, strerror(e), name);
     return FSDP_ERROR;
 }
 
@@ -155,8 +154,8 @@ static int f_stat(struct storage *s, const char *key, uint64_t *size, char *err)
     return e ? fail(err, OP_STAT, key, e) : storage_stat(F(s)->inner, key, size, err);
 }
 
-static int f_list(struct storage *s, const char *prefix,
-                  int (*fn)(void *, const char *, uint64_t), void *arg, char *err)
+static int f_list(struct storage *s, const char *prefix, int (*fn)(void *, const char *, uint64_t),
+                  void *arg, char *err)
 {
     int e = injected(F(s), OP_LIST);
     return e ? fail(err, OP_LIST, prefix, e) : storage_list(F(s)->inner, prefix, fn, arg, err);
@@ -264,8 +263,10 @@ int storage_fault_open(const char *spec, struct storage *inner, struct storage *
         char copy[128];
         snprintf(copy, sizeof copy, "%s", tok);
         if (parse_rule(f, tok, err)) {
-            fsdp_err(err, "storage: bad fault rule '%s' (expected OP=ERR@N, "
-                     "OP=ERR@N+, OP=ERR%%P, corrupt@N or seed=S)", copy);
+            fsdp_err(err,
+                     "storage: bad fault rule '%s' (expected OP=ERR@N, "
+                     "OP=ERR@N+, OP=ERR%%P, corrupt@N or seed=S)",
+                     copy);
             free(f);
             return FSDP_ERROR;
         }

@@ -85,8 +85,7 @@ static const char *kind_of(mode_t m)
 /* The one refusal of anything but a directory or a regular file. */
 static int refuse(char *err, const char *path, mode_t m)
 {
-    fsdp_err(err,
-             "%s: is %s; a checkpoint store holds only directories and regular files", path,
+    fsdp_err(err, "%s: is %s; a checkpoint store holds only directories and regular files", path,
              kind_of(m));
     return FSDP_ERROR;
 }
@@ -515,8 +514,7 @@ static int posix_get_range(struct storage *st, const char *key, uint64_t off, si
             break;
         }
         if (r == 0) {
-            fsdp_err(err,
-                     "%s: truncated: wanted %zu bytes at offset %llu, found %zu", path, len,
+            fsdp_err(err, "%s: truncated: wanted %zu bytes at offset %llu, found %zu", path, len,
                      (unsigned long long)off, done);
             rc = FSDP_ERROR;
             break;
@@ -595,8 +593,8 @@ static int walk_dir(struct walk *wk, int fd, size_t kl)
         size_t nl = strlen(name), el = kl + (kl ? 1 : 0) + nl;
         if (el > MAX_LISTED) {
             where(wk->s, wk->key, kl, path, sizeof wk->path);
-            fsdp_err(wk->err, "%s/%s: path longer than %d bytes in a store", path,
-                     name, MAX_LISTED);
+            fsdp_err(wk->err, "%s/%s: path longer than %d bytes in a store", path, name,
+                     MAX_LISTED);
             rc = FSDP_ERROR;
             break;
         }

@@ -34,7 +34,7 @@
 #include <string.h>
 
 #define MAX_PARTS 10000
-#define MAX_KEY 1024 /* bytes in an S3 object key, the prefix included */
+#define MAX_KEY   1024 /* bytes in an S3 object key, the prefix included */
 
 struct s3_store {
     struct storage base;
@@ -53,8 +53,10 @@ static int full_key(const struct s3_store *s, const char *key, char *out, size_t
         return FSDP_ERROR;
     size_t len = (size_t)snprintf(out, n, "%s%s%s", s->prefix, s->prefix[0] ? "/" : "", key);
     if (len > MAX_KEY || len >= n) {
-        fsdp_err(err, "storage: invalid key '%.100s...': s3://%s/%.100s... is "
-                 "longer than S3's %d bytes", key, s->bucket, out, MAX_KEY);
+        fsdp_err(err,
+                 "storage: invalid key '%.100s...': s3://%s/%.100s... is "
+                 "longer than S3's %d bytes",
+                 key, s->bucket, out, MAX_KEY);
         return FSDP_ERROR;
     }
     return 0;
@@ -74,8 +76,10 @@ static int list_prefix_ok(const char *prefix, char *err)
         bad = storage_key_problem(dirs) != NULL;
     }
     if (bad)
-        fsdp_err(err, "storage: invalid listing prefix '%.200s' (a path of "
-                 "plain names: no '.', '..' or empty parts, no control characters)", prefix);
+        fsdp_err(err,
+                 "storage: invalid listing prefix '%.200s' (a path of "
+                 "plain names: no '.', '..' or empty parts, no control characters)",
+                 prefix);
     return bad ? FSDP_ERROR : 0;
 }
 
@@ -110,8 +114,8 @@ static int simple(struct s3_store *s, struct s3_request *r, const char *op, char
 
 static int create_upload(struct s3_store *s, struct s3_writer *w, char *err)
 {
-    struct s3_request r = {.method = "POST", .bucket = s->bucket, .key = w->key,
-                           .query = "uploads="};
+    struct s3_request r = {
+        .method = "POST", .bucket = s->bucket, .key = w->key, .query = "uploads="};
     int rc = simple(s, &r, "CreateMultipartUpload", err);
     if (!rc && r.status != 200)
         rc = s3_http_error(&r, "CreateMultipartUpload", err);
@@ -123,8 +127,8 @@ static int create_upload(struct s3_store *s, struct s3_writer *w, char *err)
         s3_xml_free(&x);
     }
     if (!rc && !w->upload_id[0]) {
-        fsdp_err(err, "s3 CreateMultipartUpload %s/%s: no UploadId in the answer",
-                 s->bucket, w->key);
+        fsdp_err(err, "s3 CreateMultipartUpload %s/%s: no UploadId in the answer", s->bucket,
+                 w->key);
         rc = FSDP_ERROR;
     }
     if (!rc)
@@ -136,11 +140,14 @@ static int create_upload(struct s3_store *s, struct s3_writer *w, char *err)
 
 static int start_part(struct s3_store *s, struct s3_writer *w, struct slot *sl, char *err)
 {
-    snprintf(sl->query, sizeof sl->query, "partNumber=%d&uploadId=%s", sl->part,
-             w->upload_id_enc);
+    snprintf(sl->query, sizeof sl->query, "partNumber=%d&uploadId=%s", sl->part, w->upload_id_enc);
     s3_buf_free(&sl->req.resp);
-    sl->req = (struct s3_request){.method = "PUT", .bucket = s->bucket, .key = w->key,
-                                  .query = sl->query, .body = sl->buf, .body_len = sl->len};
+    sl->req = (struct s3_request){.method = "PUT",
+                                  .bucket = s->bucket,
+                                  .key = w->key,
+                                  .query = sl->query,
+                                  .body = sl->buf,
+                                  .body_len = sl->len};
     if (!sl->h && !(sl->h = curl_easy_init())) {
         fsdp_err(err, "s3: out of curl handles");
         return FSDP_ERROR;
@@ -149,8 +156,8 @@ static int start_part(struct s3_store *s, struct s3_writer *w, struct slot *sl, 
         return FSDP_ERROR;
     curl_easy_setopt(sl->h, CURLOPT_PRIVATE, sl);
     if (curl_multi_add_handle(s->c.multi, sl->h) != CURLM_OK) {
-        fsdp_err(err, "s3 UploadPart %s/%s part %d: cannot start the transfer",
-                 s->bucket, w->key, sl->part);
+        fsdp_err(err, "s3 UploadPart %s/%s part %d: cannot start the transfer", s->bucket, w->key,
+                 sl->part);
         return FSDP_ERROR;
     }
     return 0;
@@ -221,8 +228,8 @@ static int ship(struct s3_store *s, struct s3_writer *w, char *err)
     if (!w->upload_id[0] && create_upload(s, w, err))
         return FSDP_ERROR;
     if (w->next_part >= MAX_PARTS) {
-        fsdp_err(err, "s3 UploadPart %s/%s: more than %d parts of %zu MiB",
-                 s->bucket, w->key, MAX_PARTS, s->c.cfg.part_size >> 20);
+        fsdp_err(err, "s3 UploadPart %s/%s: more than %d parts of %zu MiB", s->bucket, w->key,
+                 MAX_PARTS, s->c.cfg.part_size >> 20);
         return FSDP_ERROR;
     }
     struct slot *sl = &w->slots[w->cur];
@@ -244,8 +251,7 @@ static int ship(struct s3_store *s, struct s3_writer *w, char *err)
     w->cur = free_slot;
     struct slot *n = &w->slots[free_slot];
     if (!n->buf && !(n->buf = malloc(s->c.cfg.part_size))) {
-        fsdp_err(err, "s3: out of memory for a %zu-byte part",
-                 s->c.cfg.part_size);
+        fsdp_err(err, "s3: out of memory for a %zu-byte part", s->c.cfg.part_size);
         return FSDP_ERROR;
     }
     n->len = 0;
@@ -280,8 +286,7 @@ static void abort_upload(struct s3_store *s, struct s3_writer *w)
     s3_buf_free(&r.resp);
 }
 
-static int s3_put_begin(struct storage *st, const char *key, struct storage_writer **out,
-                        char *err)
+static int s3_put_begin(struct storage *st, const char *key, struct storage_writer **out, char *err)
 {
     struct s3_store *s = S(st);
     struct s3_writer *w = calloc(1, sizeof *w);
@@ -400,14 +405,20 @@ static int complete(struct s3_store *s, struct s3_writer *w, char *err)
 {
     char q[1700];
     struct s3_buf xml = {0};
-    if (s3_complete_body((const char (*)[128])w->etags, w->next_part, &xml)) {
-        fsdp_err(err, "s3 CompleteMultipartUpload %s/%s: out of memory for "
-                 "the request body (or an ETag XML cannot carry)", s->bucket, w->key);
+    if (s3_complete_body((const char(*)[128])w->etags, w->next_part, &xml)) {
+        fsdp_err(err,
+                 "s3 CompleteMultipartUpload %s/%s: out of memory for "
+                 "the request body (or an ETag XML cannot carry)",
+                 s->bucket, w->key);
         return FSDP_ERROR;
     }
     snprintf(q, sizeof q, "uploadId=%s", w->upload_id_enc);
-    struct s3_request r = {.method = "POST", .bucket = s->bucket, .key = w->key, .query = q,
-                           .body = xml.p, .body_len = xml.len};
+    struct s3_request r = {.method = "POST",
+                           .bucket = s->bucket,
+                           .key = w->key,
+                           .query = q,
+                           .body = xml.p,
+                           .body_len = xml.len};
     int rc = s3_perform(&s->c, &r, "CompleteMultipartUpload", err);
     if (!rc && r.status == 404 && r.attempts > 1 && completed_before(s, w)) {
         s3_buf_free(&r.resp);
@@ -440,8 +451,11 @@ static int s3_commit(struct storage_writer *wb, char *err)
     int rc = 0;
     if (!w->upload_id[0]) { /* small: one PutObject */
         struct slot *sl = &w->slots[w->cur];
-        struct s3_request r = {.method = "PUT", .bucket = s->bucket, .key = w->key,
-                               .body = sl->buf, .body_len = sl->len};
+        struct s3_request r = {.method = "PUT",
+                               .bucket = s->bucket,
+                               .key = w->key,
+                               .body = sl->buf,
+                               .body_len = sl->len};
         rc = s3_perform(&s->c, &r, "PutObject", err);
         if (!rc && r.status != 200)
             rc = s3_http_error(&r, "PutObject", err);
@@ -465,8 +479,8 @@ static int s3_commit(struct storage_writer *wb, char *err)
 
 /* ---- reads, listing, deletion --------------------------------------------- */
 
-static int s3_get_range(struct storage *st, const char *key, uint64_t off, size_t len,
-                        void *buf, char *err)
+static int s3_get_range(struct storage *st, const char *key, uint64_t off, size_t len, void *buf,
+                        char *err)
 {
     struct s3_store *s = S(st);
     char k[1100], range[96];
@@ -476,16 +490,16 @@ static int s3_get_range(struct storage *st, const char *key, uint64_t off, size_
         return 0;
     snprintf(range, sizeof range, "Range: bytes=%llu-%llu", (unsigned long long)off,
              (unsigned long long)(off + len - 1));
-    struct s3_request r = {.method = "GET", .bucket = s->bucket, .key = k, .into = buf,
-                           .into_len = len};
+    struct s3_request r = {
+        .method = "GET", .bucket = s->bucket, .key = k, .into = buf, .into_len = len};
     r.extra[0] = range;
     int rc = s3_perform(&s->c, &r, "GetObject", err);
     if (!rc && r.status == 404) {
         fsdp_err(err, "s3://%s/%s: not found", s->bucket, k);
         rc = STORAGE_NOT_FOUND;
     } else if (!rc && r.status == 416) {
-        fsdp_err(err, "s3://%s/%s: truncated: no bytes at %llu..%llu",
-                 s->bucket, k, (unsigned long long)off, (unsigned long long)(off + len));
+        fsdp_err(err, "s3://%s/%s: truncated: no bytes at %llu..%llu", s->bucket, k,
+                 (unsigned long long)off, (unsigned long long)(off + len));
         rc = FSDP_ERROR;
     } else if (!rc && r.status != 206 && !(r.status == 200 && off == 0)) {
         rc = s3_http_error(&r, "GetObject", err);
@@ -521,10 +535,12 @@ static int s3_list(struct storage *st, const char *prefix,
     char full[1100], efull[3400], token[2048] = "", etok[6200], q[10000];
     if (list_prefix_ok(prefix, err))
         return FSDP_ERROR;
-    if ((size_t)snprintf(full, sizeof full, "%s%s%s", s->prefix, s->prefix[0] ? "/" : "",
-                         prefix) > MAX_KEY) {
-        fsdp_err(err, "storage: listing prefix '%.100s...' longer than S3's %d "
-                 "bytes", prefix, MAX_KEY);
+    if ((size_t)snprintf(full, sizeof full, "%s%s%s", s->prefix, s->prefix[0] ? "/" : "", prefix) >
+        MAX_KEY) {
+        fsdp_err(err,
+                 "storage: listing prefix '%.100s...' longer than S3's %d "
+                 "bytes",
+                 prefix, MAX_KEY);
         return FSDP_ERROR;
     }
     sigv4_uri_encode(full, strlen(full), 0, efull, sizeof efull);
@@ -555,12 +571,13 @@ static int s3_list(struct storage *st, const char *prefix,
             const struct s3_xml_item *it = &x.v[i];
             if (strcmp(it->parent, "Contents") == 0 && strcmp(it->name, "Key") == 0)
                 key = it->text;
-            else if (strcmp(it->parent, "Contents") == 0 && strcmp(it->name, "Size") == 0 &&
-                     key) {
+            else if (strcmp(it->parent, "Contents") == 0 && strcmp(it->name, "Size") == 0 && key) {
                 /* only keys under our prefix: anything else is the server's error */
                 if (strip && (strncmp(key, s->prefix, strip - 1) != 0 || key[strip - 1] != '/')) {
-                    fsdp_err(err, "s3 ListObjectsV2 %s: the answer lists "
-                             "'%.200s', outside the prefix '%s/'", s->bucket, key, s->prefix);
+                    fsdp_err(err,
+                             "s3 ListObjectsV2 %s: the answer lists "
+                             "'%.200s', outside the prefix '%s/'",
+                             s->bucket, key, s->prefix);
                     rc = FSDP_ERROR;
                 } else {
                     rc = fn(arg, key + strip, strtoull(it->text, NULL, 10));
@@ -577,8 +594,7 @@ static int s3_list(struct storage *st, const char *prefix,
         if (!truncated)
             return 0;
         if (!token[0]) {
-            fsdp_err(err,
-                     "s3 ListObjectsV2 %s: truncated listing without a continuation token",
+            fsdp_err(err, "s3 ListObjectsV2 %s: truncated listing without a continuation token",
                      s->bucket);
             return FSDP_ERROR;
         }
@@ -604,8 +620,7 @@ int s3_delete_body(const char *prefix, const char *const *keys, int n, struct s3
     int bad = s3_buf_append_str(out, "<Delete><Quiet>true</Quiet>");
     for (int i = 0; !bad && i < n; i++) {
         bad = s3_buf_append_str(out, "<Object><Key>") ||
-              (prefix[0] && (s3_buf_append_xml_text(out, prefix) ||
-                             s3_buf_append_str(out, "/"))) ||
+              (prefix[0] && (s3_buf_append_xml_text(out, prefix) || s3_buf_append_str(out, "/"))) ||
               s3_buf_append_xml_text(out, keys[i]) || s3_buf_append_str(out, "</Key></Object>");
     }
     bad = bad || s3_buf_append_str(out, "</Delete>");
@@ -631,27 +646,31 @@ static int s3_del_many(struct storage *st, const char *const *keys, int n, char 
         if (s3_delete_body(s->prefix, keys + at, m, &xml) ||
             !EVP_Digest(xml.p, xml.len, md5, &mdlen, EVP_md5(), NULL) || mdlen != 16) {
             s3_buf_free(&xml);
-            fsdp_err(err, "s3 DeleteObjects %s: cannot build the request "
-                     "(out of memory, or OpenSSL failed)", s->bucket);
+            fsdp_err(err,
+                     "s3 DeleteObjects %s: cannot build the request "
+                     "(out of memory, or OpenSSL failed)",
+                     s->bucket);
             return FSDP_ERROR;
         }
         char b64[32], hdr[64];
         EVP_EncodeBlock((unsigned char *)b64, md5, 16);
         snprintf(hdr, sizeof hdr, "Content-MD5: %s", b64);
-        struct s3_request r = {.method = "POST", .bucket = s->bucket, .query = "delete=",
-                               .body = xml.p, .body_len = xml.len};
+        struct s3_request r = {.method = "POST",
+                               .bucket = s->bucket,
+                               .query = "delete=",
+                               .body = xml.p,
+                               .body_len = xml.len};
         r.extra[0] = hdr;
         int rc = s3_perform(&s->c, &r, "DeleteObjects", err);
         if (!rc && r.status != 200)
             rc = s3_http_error(&r, "DeleteObjects", err);
         if (!rc && r.resp.p && strstr(r.resp.p, "<Error>")) {
             struct s3_xml x;
-            fsdp_err(err, "s3 DeleteObjects %s: an error in the answer",
-                     s->bucket);
+            fsdp_err(err, "s3 DeleteObjects %s: an error in the answer", s->bucket);
             if (s3_xml_parse(r.resp.p, r.resp.len, &x) == 0) {
                 const char *key = s3_xml_first(&x, "Key"), *code = s3_xml_first(&x, "Code");
-                fsdp_err(err, "s3 DeleteObjects %s: %s: %s", s->bucket,
-                         key ? key : "?", code ? code : "error");
+                fsdp_err(err, "s3 DeleteObjects %s: %s: %s", s->bucket, key ? key : "?",
+                         code ? code : "error");
                 s3_xml_free(&x);
             }
             rc = FSDP_ERROR;
@@ -689,8 +708,8 @@ static int s3_put_if_absent(struct storage *st, const char *key, const void *buf
     char k[1100];
     if (full_key(s, key, k, sizeof k, err))
         return FSDP_ERROR;
-    struct s3_request r = {.method = "PUT", .bucket = s->bucket, .key = k, .body = buf,
-                           .body_len = n};
+    struct s3_request r = {
+        .method = "PUT", .bucket = s->bucket, .key = k, .body = buf, .body_len = n};
     r.extra[0] = "If-None-Match: *";
     int rc = s3_perform(&s->c, &r, "PutObject", err);
     if (!rc && (r.status == 412 || r.status == 409)) {
@@ -741,8 +760,10 @@ int storage_s3_open(const char *uri, struct storage **out, char *err)
     for (size_t i = 0; ok && i < bl; i++)
         ok = (alnum(p[i]) || p[i] == '-' || p[i] == '.') && !(p[i] == '.' && p[i + 1] == '.');
     if (!ok) {
-        fsdp_err(err, "storage: '%s': a bucket name is 3-63 of a-z 0-9 . -, "
-                 "starting and ending with a letter or digit, without '..'", uri);
+        fsdp_err(err,
+                 "storage: '%s': a bucket name is 3-63 of a-z 0-9 . -, "
+                 "starting and ending with a letter or digit, without '..'",
+                 uri);
         return FSDP_ERROR;
     }
     struct s3_store *s = calloc(1, sizeof *s);
@@ -765,8 +786,10 @@ int storage_s3_open(const char *uri, struct storage **out, char *err)
         /* a prefix is a path of plain names: s3://b/../x would leave the bucket */
         const char *why = pl ? storage_key_problem(s->prefix) : NULL;
         if (why) {
-            fsdp_err(err, "storage: '%s': the prefix has %s (a bucket prefix "
-                     "is a path of plain names)", uri, why);
+            fsdp_err(err,
+                     "storage: '%s': the prefix has %s (a bucket prefix "
+                     "is a path of plain names)",
+                     uri, why);
             free(s);
             return FSDP_ERROR;
         }

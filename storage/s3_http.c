@@ -120,9 +120,8 @@ int s3_config_load(struct s3_config *c, char *err)
     if (!c->region[0])
         snprintf(c->region, sizeof c->region, "us-east-1");
     if (!c->access_key[0] || !c->secret_key[0]) {
-        fsdp_err(err,
-                 "s3: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
-                 "AWS_PROFILE with ~/.aws/credentials");
+        fsdp_err(err, "s3: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+                      "AWS_PROFILE with ~/.aws/credentials");
         return FSDP_ERROR;
     }
     const char *ep = getenv("AWS_ENDPOINT_URL_S3");
@@ -134,10 +133,8 @@ int s3_config_load(struct s3_config *c, char *err)
         ep = def;
     }
     const char *sep = strstr(ep, "://");
-    if (!sep || (size_t)(sep - ep) >= sizeof c->scheme ||
-        (strncmp(ep, "http", 4) != 0)) {
-        fsdp_err(err, "s3: endpoint '%s' is not http://HOST[:PORT] or https://",
-                 ep);
+    if (!sep || (size_t)(sep - ep) >= sizeof c->scheme || (strncmp(ep, "http", 4) != 0)) {
+        fsdp_err(err, "s3: endpoint '%s' is not http://HOST[:PORT] or https://", ep);
         return FSDP_ERROR;
     }
     snprintf(c->scheme, sizeof c->scheme, "%.*s", (int)(sep - ep), ep);
@@ -494,9 +491,19 @@ int s3_prepare(struct s3_client *c, CURL *h, struct s3_request *r, struct curl_s
     }
     for (int i = 0; i < nkv; i++)
         kv[i] = (struct sigv4_kv){names[i], values[i]};
-    struct sigv4_input in = {r->method, path, r->query ? r->query : "", kv, nkv, sha, date,
-                             cfg->region, "s3", cfg->access_key, cfg->secret_key,
-                             cfg->session_token[0] ? cfg->session_token : NULL, 1};
+    struct sigv4_input in = {r->method,
+                             path,
+                             r->query ? r->query : "",
+                             kv,
+                             nkv,
+                             sha,
+                             date,
+                             cfg->region,
+                             "s3",
+                             cfg->access_key,
+                             cfg->secret_key,
+                             cfg->session_token[0] ? cfg->session_token : NULL,
+                             1};
     static __thread struct sigv4_output out;
     if (sigv4_sign(&in, &out)) {
         fsdp_err(err, "s3: cannot sign a request (too large, or OpenSSL failed)");
@@ -589,13 +596,12 @@ int s3_finish(struct s3_client *c, CURL *h, struct s3_request *r, CURLcode cc, i
                      r->into_len);
             return -1;
         }
-        *retry = cc == CURLE_COULDNT_CONNECT || cc == CURLE_RECV_ERROR ||
-                 cc == CURLE_SEND_ERROR || cc == CURLE_OPERATION_TIMEDOUT ||
-                 cc == CURLE_GOT_NOTHING || cc == CURLE_PARTIAL_FILE || cc == CURLE_WRITE_ERROR ||
+        *retry = cc == CURLE_COULDNT_CONNECT || cc == CURLE_RECV_ERROR || cc == CURLE_SEND_ERROR ||
+                 cc == CURLE_OPERATION_TIMEDOUT || cc == CURLE_GOT_NOTHING ||
+                 cc == CURLE_PARTIAL_FILE || cc == CURLE_WRITE_ERROR ||
                  cc == CURLE_SSL_CONNECT_ERROR || cc == CURLE_HTTP2 || cc == CURLE_HTTP2_STREAM;
         /* name the endpoint: "Couldn't connect" is only useful with it */
-        snprintf(why, why_len, "%s (%s://%s)", curl_easy_strerror(cc), c->cfg.scheme,
-                 c->cfg.host);
+        snprintf(why, why_len, "%s (%s://%s)", curl_easy_strerror(cc), c->cfg.scheme, c->cfg.host);
         return -1;
     }
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
@@ -651,8 +657,7 @@ int s3_perform(struct s3_client *c, struct s3_request *r, const char *op, char *
     char why[256] = "", obj[1200];
     CURL *h = take_handle(c);
     if (!h) {
-        fsdp_err(err, "s3 %s %s: out of memory for a curl handle", op,
-                 what(r, obj, sizeof obj));
+        fsdp_err(err, "s3 %s %s: out of memory for a curl handle", op, what(r, obj, sizeof obj));
         return FSDP_ERROR;
     }
     for (int attempt = 0; attempt < c->cfg.max_attempts; attempt++) {
@@ -676,8 +681,8 @@ int s3_perform(struct s3_client *c, struct s3_request *r, const char *op, char *
             break;
     }
     give_handle(c, h);
-    fsdp_err(err, "s3 %s %s: %s (after %d attempt%s)", op,
-             what(r, obj, sizeof obj), why, r->attempts, r->attempts > 1 ? "s" : "");
+    fsdp_err(err, "s3 %s %s: %s (after %d attempt%s)", op, what(r, obj, sizeof obj), why,
+             r->attempts, r->attempts > 1 ? "s" : "");
     return FSDP_ERROR;
 }
 
@@ -693,10 +698,9 @@ int s3_http_error(const struct s3_request *r, const char *op, char *err)
             s3_xml_free(&x);
         }
     }
-    const char *code = r->code[0]                         ? r->code
+    const char *code = r->code[0]                       ? r->code
                        : strcmp(r->method, "HEAD") == 0 ? "(a HEAD answer has no error body)"
                                                         : "(no S3 error code)";
-    fsdp_err(err, "s3 %s %s: HTTP %ld %s%s", op, what(r, obj, sizeof obj),
-             r->status, code, msg);
+    fsdp_err(err, "s3 %s %s: HTTP %ld %s%s", op, what(r, obj, sizeof obj), r->status, code, msg);
     return FSDP_ERROR;
 }

@@ -13,8 +13,8 @@
 #include <stdint.h>
 
 struct s3_config {
-    char scheme[8];    /* http or https */
-    char host[256];    /* host[:port] as in the Host header */
+    char scheme[8]; /* http or https */
+    char host[256]; /* host[:port] as in the Host header */
     char region[64];
     char access_key[128], secret_key[256], session_token[4096];
     char ca_bundle[1024];
@@ -35,7 +35,7 @@ int s3_config_load(struct s3_config *c, char *err);
 
 /* A growing buffer (answers, request bodies), always NUL-terminated;
  * limit: most bytes it may hold (0: S3_BUF_LIMIT). */
-#define S3_BUF_LIMIT ((size_t)64 << 20)
+#define S3_BUF_LIMIT    ((size_t)64 << 20)
 #define S3_IDLE_HANDLES 16 /* easy handles kept for reuse; more threads get fresh ones */
 struct s3_buf {
     char *p;
@@ -71,7 +71,7 @@ struct s3_request {
     size_t into_len;
     struct s3_buf resp;
     long status;
-    char code[64];      /* S3 error code from an error body */
+    char code[64]; /* S3 error code from an error body */
     uint64_t content_length;
     char etag[128];
     /* per attempt */

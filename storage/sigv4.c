@@ -234,9 +234,9 @@ int sigv4_sign(const struct sigv4_input *in, struct sigv4_output *out)
     if (sigv4_uri_encode(in->path, strlen(in->path), 1, uri, 4096) < 0 ||
         canonical_query(in->query ? in->query : "", query, 8192))
         goto out;
-    int w = snprintf(out->canonical_request, sizeof out->canonical_request,
-                     "%s\n%s\n%s\n%s\n%s\n%s", in->method, uri, query, canon_headers,
-                     out->signed_headers, in->payload_sha256);
+    int w =
+        snprintf(out->canonical_request, sizeof out->canonical_request, "%s\n%s\n%s\n%s\n%s\n%s",
+                 in->method, uri, query, canon_headers, out->signed_headers, in->payload_sha256);
     if (w < 0 || (size_t)w >= sizeof out->canonical_request)
         goto out;
     char day[9], scope[160], creq_hash[65];

@@ -18,8 +18,8 @@ struct sigv4_kv {
 
 struct sigv4_input {
     const char *method;
-    const char *path;  /* raw bytes, e.g. "/bucket/step-1/shard"; encoded here */
-    const char *query; /* as sent, "" or e.g. "list-type=2&prefix=a%2Fb" */
+    const char *path;               /* raw bytes, e.g. "/bucket/step-1/shard"; encoded here */
+    const char *query;              /* as sent, "" or e.g. "list-type=2&prefix=a%2Fb" */
     const struct sigv4_kv *headers; /* as sent (host included), duplicates allowed */
     int nheaders;
     const char *payload_sha256; /* hex digest, or UNSIGNED-PAYLOAD */

@@ -46,8 +46,10 @@ int storage_open(const char *uri, struct storage **out, char *err)
         return storage_posix_open(uri + 7, out, err);
     const char *colon = strstr(uri, "://");
     if (colon) {
-        fsdp_err(err, "storage: '%s': unsupported scheme '%.*s' (paths, file:// "
-                 "and s3:// are supported)", uri, (int)(colon - uri), uri);
+        fsdp_err(err,
+                 "storage: '%s': unsupported scheme '%.*s' (paths, file:// "
+                 "and s3:// are supported)",
+                 uri, (int)(colon - uri), uri);
         return FSDP_ERROR;
     }
     return storage_posix_open(uri, out, err);
@@ -124,8 +126,8 @@ int storage_get_all(struct storage *s, const char *key, size_t max, void **buf, 
     if (rc)
         return rc;
     if (size > max) {
-        fsdp_err(err, "%s/%s: %llu bytes, more than the %zu allowed", s->uri,
-                 key, (unsigned long long)size, max);
+        fsdp_err(err, "%s/%s: %llu bytes, more than the %zu allowed", s->uri, key,
+                 (unsigned long long)size, max);
         return FSDP_ERROR;
     }
     char *p = malloc((size_t)size + 1);
@@ -169,8 +171,7 @@ int storage_delete_many(struct storage *s, const char *const *keys, int n, char 
     return 0;
 }
 
-int storage_put_if_absent(struct storage *s, const char *key, const void *buf, size_t n,
-                          char *err)
+int storage_put_if_absent(struct storage *s, const char *key, const void *buf, size_t n, char *err)
 {
     int rc = s->ops->put_if_absent(s, key, buf, n, err);
     if (rc == 0)
@@ -209,8 +210,7 @@ int storage_key_check(const char *key, char *err)
     for (; key[i] && i + 1 < sizeof shown; i++)
         shown[i] = (unsigned char)key[i] < 0x20 || key[i] == 0x7f ? '?' : key[i];
     shown[i] = 0;
-    fsdp_err(err,
-             "storage: invalid key '%s%s': %s (keys are relative paths of plain names)", shown,
+    fsdp_err(err, "storage: invalid key '%s%s': %s (keys are relative paths of plain names)", shown,
              key[i] ? "..." : "", why);
     return FSDP_ERROR;
 }

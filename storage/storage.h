@@ -72,8 +72,7 @@ struct storage_ops {
     int (*del)(struct storage *s, const char *key, char *err); /* absent is fine */
     /* many keys at once; NULL: del for each */
     int (*del_many)(struct storage *s, const char *const *keys, int n, char *err);
-    int (*put_if_absent)(struct storage *s, const char *key, const void *buf, size_t n,
-                         char *err);
+    int (*put_if_absent)(struct storage *s, const char *key, const void *buf, size_t n, char *err);
     void (*close)(struct storage *s);
     /* 1: get_range and stat may be called from several threads at once
      * (everything else: one thread at a time) */
@@ -109,8 +108,7 @@ int storage_list(struct storage *s, const char *prefix,
                  int (*fn)(void *arg, const char *key, uint64_t size), void *arg, char *err);
 int storage_delete(struct storage *s, const char *key, char *err);
 int storage_delete_many(struct storage *s, const char *const *keys, int n, char *err);
-int storage_put_if_absent(struct storage *s, const char *key, const void *buf, size_t n,
-                          char *err);
+int storage_put_if_absent(struct storage *s, const char *key, const void *buf, size_t n, char *err);
 
 /* The rule every backend applies to keys (and S3 to a bucket prefix): a
  * relative path of plain names, '/'-separated, none empty, none "." or

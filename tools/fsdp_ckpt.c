@@ -224,7 +224,9 @@ static int cmd_ls(const char *uri)
         int lr = ckpt_load_manifest(st, steps[i].step, &m, err);
         if (lr) {
             printf("%-14s %-11s %5s %12.2f %12s %6s  (%s)\n", dir,
-                   lr == CKPT_NOT_LIVE ? "fenced" : lr == CKPT_CANNOT_JUDGE ? "unknown" : "damaged",
+                   lr == CKPT_NOT_LIVE       ? "fenced"
+                   : lr == CKPT_CANNOT_JUDGE ? "unknown"
+                                             : "damaged",
                    "-", mib(steps[i].stored_bytes), "-", "-", err);
             continue;
         }
@@ -261,12 +263,12 @@ static int cmd_inspect(const char *arg, int as_json)
         printf("model   %s\ntrainer %s\n", model ? model : "?", trainer ? trainer : "?");
         free(model);
         free(trainer);
-        printf("\n%-6s %-28s %-8s %-16s %12s %12s\n", "UNIT", "TENSOR", "DTYPE", "SHAPE",
-               "OFFSET", "NUMEL");
+        printf("\n%-6s %-28s %-8s %-16s %12s %12s\n", "UNIT", "TENSOR", "DTYPE", "SHAPE", "OFFSET",
+               "NUMEL");
         for (int u = 0; u < m.nunits; u++) {
             const struct ckpt_unit *U = &m.units[u];
-            printf("%-6d %-28s %-8s %-16s %12s %12" PRIu64 "  (padded %" PRIu64 ")\n", u,
-                   U->name, "", "", "", U->numel, U->padded);
+            printf("%-6d %-28s %-8s %-16s %12s %12" PRIu64 "  (padded %" PRIu64 ")\n", u, U->name,
+                   "", "", "", U->numel, U->padded);
             for (int t = 0; t < U->ntensors; t++) {
                 const struct ckpt_tensor *T = &U->tensors[t];
                 char shape[64] = "";
@@ -335,8 +337,8 @@ static int verify_step(struct ckpt_reader *r, void *ctx, char *err)
     int bad = v.bad;
     ckpt_step_dir(m->step, dir, sizeof dir);
     if (bad)
-        fprintf(stderr, "fsdp-ckpt: %s/%s: %d problem%s in %d shards, %d chunks\n", r->st->uri,
-                dir, bad, bad > 1 ? "s" : "", m->nshards, chunks);
+        fprintf(stderr, "fsdp-ckpt: %s/%s: %d problem%s in %d shards, %d chunks\n", r->st->uri, dir,
+                bad, bad > 1 ? "s" : "", m->nshards, chunks);
     else
         printf("%s/%s: OK (%d shards, %d chunks, every chunk and shard digest verified)\n",
                r->st->uri, dir, m->nshards, chunks);
@@ -448,8 +450,10 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, c
         return report_failure(err);
     int custom = dims[0] || dims[1] || dims[2] || dims[3] || dims[4];
     if (layout == LAYOUT_NATIVE && model_preset(preset ? preset : "tiny", &cfg)) {
-        fprintf(stderr, "fsdp-ckpt: --model '%s' is not one of tiny, small, gpt2-124m "
-                        "(see fsdp-ckpt --help)\n", preset);
+        fprintf(stderr,
+                "fsdp-ckpt: --model '%s' is not one of tiny, small, gpt2-124m "
+                "(see fsdp-ckpt --help)\n",
+                preset);
         return 2;
     }
     if (custom) { /* fsdp-train's overrides of a preset */
@@ -460,10 +464,10 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, c
     }
     if (model_layout_init(&m, &cfg, err))
         return report_failure(err);
-    const char *name = custom                  ? "custom"
-                       : preset                ? preset
-                       : layout == LAYOUT_HF   ? "config.json"
-                                               : "llm.c header";
+    const char *name = custom                ? "custom"
+                       : preset              ? preset
+                       : layout == LAYOUT_HF ? "config.json"
+                                             : "llm.c header";
     const char *path = in;
     int rc = 0, fd = -1;
     err[0] = 0;
@@ -491,8 +495,8 @@ static int cmd_import(const char *in, const char *dst_uri, const char *preset, c
         progress_stop(&p);
         if (!rc)
             printf("%s -> %s: step 0 for %d ranks, model %s (%d layers, dim %d, %d heads, seq "
-                   "%d, vocab %d), fresh optimizer state\n", in, dst->uri, world, name,
-                   cfg.layers, cfg.dim, cfg.heads, cfg.seq, cfg.vocab);
+                   "%d, vocab %d), fresh optimizer state\n",
+                   in, dst->uri, world, name, cfg.layers, cfg.dim, cfg.heads, cfg.seq, cfg.vocab);
         storage_close(dst);
     }
     if (fd >= 0)
@@ -539,17 +543,18 @@ static int cmd_cp(const char *src_arg, const char *dst_uri, const struct ckpt_wr
             break;
         int version = m.version;
         if (rewrite_opts && version >= CKPT_FORMAT_VERSION)
-            fprintf(stderr, "fsdp-ckpt: step %llu is format %d: copied as it is (--compress, "
+            fprintf(stderr,
+                    "fsdp-ckpt: step %llu is format %d: copied as it is (--compress, "
                     "--chunk-kib and --hash apply when rewriting format 1; reshard rewrites "
-                    "any step)\n", (unsigned long long)steps[i].step, version);
+                    "any step)\n",
+                    (unsigned long long)steps[i].step, version);
         struct progress p;
         progress_start(&p, "cp", &st->bytes_read, stored_bytes(&m));
         rc = ckpt_copy_step(st, &m, dst, o, err);
         progress_stop(&p);
         ckpt_manifest_free(&m);
         if (!rc) {
-            printf("%s -> %s: step %llu %s\n", st->uri, dst->uri,
-                   (unsigned long long)steps[i].step,
+            printf("%s -> %s: step %llu %s\n", st->uri, dst->uri, (unsigned long long)steps[i].step,
                    version < CKPT_FORMAT_VERSION ? "rewritten from format 1 as format 2"
                                                  : "copied");
             copied++;
@@ -623,13 +628,13 @@ static int cmd_prune(const char *uri, long long keep)
     struct ckpt_clean_report rep;
     int rc = ckpt_clean(st, &p, &rep, err);
     if (!rc) {
-        printf("%s: removed %d committed step%s and %d incomplete; kept %d committed\n",
-               st->uri, rep.steps_removed, rep.steps_removed == 1 ? "" : "s",
-               rep.incomplete_removed, rep.steps_kept);
+        printf("%s: removed %d committed step%s and %d incomplete; kept %d committed\n", st->uri,
+               rep.steps_removed, rep.steps_removed == 1 ? "" : "s", rep.incomplete_removed,
+               rep.steps_kept);
         if (rep.incomplete_left)
             printf("%s: left %d incomplete step%s: their writers may still be running (a newer "
-                   "launch of the job removes them)\n", st->uri, rep.incomplete_left,
-                   rep.incomplete_left == 1 ? "" : "s");
+                   "launch of the job removes them)\n",
+                   st->uri, rep.incomplete_left, rep.incomplete_left == 1 ? "" : "s");
     }
     storage_close(st);
     return rc ? report_failure(err) : 0;
@@ -647,8 +652,8 @@ static int parse_size(const char *s, uint64_t *out)
     static const struct {
         const char *unit;
         double scale;
-    } units[] = {{"", 1},      {"B", 1},         {"KB", 1e3},        {"MB", 1e6},
-                 {"GB", 1e9},  {"KiB", 1024.0},  {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
+    } units[] = {{"", 1},     {"B", 1},        {"KB", 1e3},        {"MB", 1e6},
+                 {"GB", 1e9}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
     char *end;
     errno = 0;
     double v = strtod(s, &end);
@@ -704,13 +709,23 @@ static int parse_hash(void *field, const char *v, char *err)
 
 #define CV(field) offsetof(struct convert_args, field)
 #define LAYOUT_FLAG                                                                                \
-    {"--layout", OPT_WORD, CV(x.layout), .words = {"native", "hf", "llmc"}}
-#define WORLD_FLAG {"--world-size", OPT_LLONG, CV(world), .min = 1, .max = 65536}
+    {                                                                                              \
+        "--layout", OPT_WORD, CV(x.layout), .words = { "native", "hf", "llmc" }                    \
+    }
+#define WORLD_FLAG                                                                                 \
+    {                                                                                              \
+        "--world-size", OPT_LLONG, CV(world), .min = 1, .max = 65536                               \
+    }
 #define REWRITE_FLAGS                                                                              \
     {"--compress", OPT_PARSE, CV(w), .parse = parse_compress},                                     \
         {"--hash", OPT_PARSE, CV(w), .parse = parse_hash, .expect = "sha256 or xxh3"},             \
-        {"--chunk-kib", OPT_LLONG, CV(chunk_kib), .min = 1, .max = 256 * 1024}
-#define DIM_FLAG(name, i) {name, OPT_INT, CV(dims[i]), .min = 1, .max = 65536}
+    {                                                                                              \
+        "--chunk-kib", OPT_LLONG, CV(chunk_kib), .min = 1, .max = 256 * 1024                       \
+    }
+#define DIM_FLAG(name, i)                                                                          \
+    {                                                                                              \
+        name, OPT_INT, CV(dims[i]), .min = 1, .max = 65536                                         \
+    }
 
 /* Each verb's flags (what they mean: `commands` above) */
 static const struct opt export_flags[] = {
@@ -773,8 +788,7 @@ static int parse_convert(const struct verb_flags *v, int argc, char **argv, stru
 static int convert_export(struct convert_args *a)
 {
     struct export_opts *x = &a->x;
-    if ((x->dtype >= 0 && x->layout == LAYOUT_NATIVE) ||
-        (x->max_shard && x->layout != LAYOUT_HF))
+    if ((x->dtype >= 0 && x->layout == LAYOUT_NATIVE) || (x->max_shard && x->layout != LAYOUT_HF))
         return bad_usage("--dtype goes with --layout hf or llmc, --max-shard-size with "
                          "--layout hf");
     x->dtype = x->dtype >= 0 ? x->dtype : HF_F32;

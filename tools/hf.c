@@ -63,9 +63,9 @@ static uint16_t f16_round(float f)
 struct hf_tensor {
     char name[96];
     int unit;
-    uint64_t offset;   /* in the unit's parameters */
+    uint64_t offset;     /* in the unit's parameters */
     uint64_t rows, cols; /* what is read (rows x cols, row-major); cols 0: 1-D */
-    int transpose;     /* a Conv1D weight: stored (cols, rows) */
+    int transpose;       /* a Conv1D weight: stored (cols, rows) */
     uint64_t bytes;
     int shard;
 };
@@ -100,8 +100,9 @@ static int write_json(const char *dir, const char *name, json_t *doc, char *err)
     snprintf(path, sizeof path, "%s/%s", dir, name);
     int rc = outfile_open(&o, path, err);
     if (!rc)
-        rc = outfile_close(&o, outfile_write(&o, text, strlen(text), err) == 0 &&
-                                   outfile_write(&o, "\n", 1, err) == 0,
+        rc = outfile_close(&o,
+                           outfile_write(&o, text, strlen(text), err) == 0 &&
+                               outfile_write(&o, "\n", 1, err) == 0,
                            err);
     free(text);
     return rc;
@@ -144,9 +145,10 @@ static int write_shard(struct ckpt_reader *r, const char *dir, const char *file,
         const struct hf_tensor *t = &ts[i];
         if (t->shard != shard)
             continue;
-        json_t *shape = t->cols ? json_pack("[I, I]", (json_int_t)(t->transpose ? t->cols : t->rows),
-                                            (json_int_t)(t->transpose ? t->rows : t->cols))
-                                : json_pack("[I]", (json_int_t)t->rows);
+        json_t *shape = t->cols
+                            ? json_pack("[I, I]", (json_int_t)(t->transpose ? t->cols : t->rows),
+                                        (json_int_t)(t->transpose ? t->rows : t->cols))
+                            : json_pack("[I]", (json_int_t)t->rows);
         json_object_set_new(h, t->name,
                             json_pack("{s:s, s:o, s:[I, I]}", "dtype", dtypes[dtype].st, "shape",
                                       shape, "data_offsets", (json_int_t)off,
@@ -184,7 +186,7 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
               seq = cfg_int(m, "seq"), vocab = cfg_int(m, "vocab");
     if (layers < 1 || dim < 1 || heads < 1 || seq < 1 || vocab < 1) {
         fsdp_err(err, "export --layout hf: the manifest's model lacks layers, dim, "
-                                    "heads, seq or vocab");
+                      "heads, seq or vocab");
         return -1;
     }
     if (mkdir(dir, 0755) && errno != EEXIST) {
@@ -204,8 +206,10 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
     if (d)
         closedir(d);
     if (!empty) {
-        fsdp_err(err, "%s: exists and is not empty (export --layout hf writes a "
-                                    "new directory)", dir);
+        fsdp_err(err,
+                 "%s: exists and is not empty (export --layout hf writes a "
+                 "new directory)",
+                 dir);
         return -1;
     }
     int nt = 0, nshards = 1;
@@ -271,12 +275,12 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
         json_t *cfg = json_pack(
             "{s:[s], s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:s, s:b, s:s, s:f, s:f, s:f, "
             "s:f}",
-            "architectures", "GPT2LMHeadModel", "model_type", "gpt2", "n_layer",
-            (json_int_t)layers, "n_head", (json_int_t)heads, "n_embd", (json_int_t)dim,
-            "n_positions", (json_int_t)seq, "n_ctx", (json_int_t)seq, "vocab_size",
-            (json_int_t)vocab, "layer_norm_epsilon", 1e-5, "activation_function", "gelu_new",
-            "tie_word_embeddings", 1, "torch_dtype", dtypes[dtype].torch, "initializer_range",
-            0.02, "attn_pdrop", 0.0, "embd_pdrop", 0.0, "resid_pdrop", 0.0);
+            "architectures", "GPT2LMHeadModel", "model_type", "gpt2", "n_layer", (json_int_t)layers,
+            "n_head", (json_int_t)heads, "n_embd", (json_int_t)dim, "n_positions", (json_int_t)seq,
+            "n_ctx", (json_int_t)seq, "vocab_size", (json_int_t)vocab, "layer_norm_epsilon", 1e-5,
+            "activation_function", "gelu_new", "tie_word_embeddings", 1, "torch_dtype",
+            dtypes[dtype].torch, "initializer_range", 0.02, "attn_pdrop", 0.0, "embd_pdrop", 0.0,
+            "resid_pdrop", 0.0);
         rc = cfg ? write_json(dir, "config.json", cfg, err) : -1;
         json_decref(cfg);
     }
@@ -318,8 +322,7 @@ static int open_in(int dfd, const char *dir, const char *name, uint64_t *size, c
     int fd = openat(dfd, name, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat sb;
     if (fd < 0 || fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
-        fsdp_err(err, "%s/%s: %s", dir, name,
-                 fd < 0 ? strerror(errno) : "not a regular file");
+        fsdp_err(err, "%s/%s: %s", dir, name, fd < 0 ? strerror(errno) : "not a regular file");
         if (fd >= 0)
             close(fd);
         return -1;
@@ -374,20 +377,25 @@ int hf_read_config(const char *dir, struct model_config *cfg, char *err)
         json_t *x = json_object_get(c, keys[i]);
         v[i] = json_is_integer(x) ? (long long)json_integer_value(x) : -1;
         if (v[i] < 1 || v[i] > hi[i])
-            rc = -1, fsdp_err(err, "%s/config.json: %s must be an integer in 1..%lld",
-                              dir, keys[i], hi[i]);
+            rc = -1,
+            fsdp_err(err, "%s/config.json: %s must be an integer in 1..%lld", dir, keys[i], hi[i]);
     }
     const char *type = json_string_value(json_object_get(c, "model_type"));
     const char *act = json_string_value(json_object_get(c, "activation_function"));
-    json_t *eps = json_object_get(c, "layer_norm_epsilon"), *tie = json_object_get(c, "tie_word_embeddings");
+    json_t *eps = json_object_get(c, "layer_norm_epsilon"),
+           *tie = json_object_get(c, "tie_word_embeddings");
     if (!rc && type && strcmp(type, "gpt2") != 0)
         rc = -1, fsdp_err(err, "%s/config.json: model_type '%.40s', not gpt2", dir, type);
     if (!rc && act && strcmp(act, "gelu_new") != 0) /* absent: GPT2Config's gelu_new */
-        rc = -1, fsdp_err(err, "%s/config.json: activation_function '%.40s'; this "
-                                             "trainer's GELU is gelu_new (tanh)", dir, act);
+        rc = -1, fsdp_err(err,
+                          "%s/config.json: activation_function '%.40s'; this "
+                          "trainer's GELU is gelu_new (tanh)",
+                          dir, act);
     if (!rc && eps && (!json_is_number(eps) || fabs(json_number_value(eps) - 1e-5) > 1e-12))
-        rc = -1, fsdp_err(err, "%s/config.json: layer_norm_epsilon must be 1e-5 "
-                                             "(this trainer's LayerNorm)", dir);
+        rc = -1, fsdp_err(err,
+                          "%s/config.json: layer_norm_epsilon must be 1e-5 "
+                          "(this trainer's LayerNorm)",
+                          dir);
     static const struct {
         const char *key;
         int want;
@@ -397,18 +405,21 @@ int hf_read_config(const char *dir, struct model_config *cfg, char *err)
     for (int i = 0; !rc && i < 3; i++) {
         json_t *x = json_object_get(c, flags[i].key);
         if (x && (!json_is_boolean(x) || json_is_true(x) != flags[i].want))
-            rc = -1, fsdp_err(err, "%s/config.json: %s must be %s (this "
-                                                 "trainer's attention)", dir, flags[i].key,
-                              flags[i].want ? "true" : "false");
+            rc = -1, fsdp_err(err,
+                              "%s/config.json: %s must be %s (this "
+                              "trainer's attention)",
+                              dir, flags[i].key, flags[i].want ? "true" : "false");
     }
     if (!rc && tie && !json_is_true(tie))
-        rc = -1, fsdp_err(err, "%s/config.json: tie_word_embeddings false; this "
-                                             "trainer's head is tied to wte", dir);
+        rc = -1, fsdp_err(err,
+                          "%s/config.json: tie_word_embeddings false; this "
+                          "trainer's head is tied to wte",
+                          dir);
     json_decref(c);
     if (rc)
         return -1;
-    *cfg = (struct model_config){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4],
-                                 model_vocab_pad((int)v[4])};
+    *cfg = (struct model_config){(int)v[0], (int)v[1], (int)v[2],
+                                 (int)v[3], (int)v[4], model_vocab_pad((int)v[4])};
     return model_config_check(cfg, err);
 }
 
@@ -474,16 +485,17 @@ static int list_files(int dfd, const char *dir, struct hf_file **out, int *n, js
         {
             const char *file = json_string_value(v);
             if (!file || !plain_file_name(file)) {
-                fsdp_err(err, "%s/model.safetensors.index.json: %.80s: file "
-                                            "'%.80s' is not a plain file name in the directory",
+                fsdp_err(err,
+                         "%s/model.safetensors.index.json: %.80s: file "
+                         "'%.80s' is not a plain file name in the directory",
                          dir, key, file ? file : "(not a string)");
                 break;
             }
             if (json_object_get(seen, file))
                 continue;
             if (*n >= HF_MAX_FILES) {
-                fsdp_err(err, "%s/model.safetensors.index.json: more than %d files",
-                         dir, HF_MAX_FILES);
+                fsdp_err(err, "%s/model.safetensors.index.json: more than %d files", dir,
+                         HF_MAX_FILES);
                 break;
             }
             json_object_set_new(seen, file, json_true());
@@ -511,8 +523,9 @@ static float widen(const unsigned char *p, int size, int f16)
     if (!f16)
         return fsdp_bf16_widen(h);
     int e = (h >> 10) & 31, m = h & 1023;
-    float x = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY)
-                                                      : ldexpf((float)(m | 1024), e - 25);
+    float x = e == 0    ? ldexpf((float)m, -24)
+              : e == 31 ? (m ? NAN : INFINITY)
+                        : ldexpf((float)(m | 1024), e - 25);
     return h & 0x8000 ? -x : x;
 }
 
@@ -577,26 +590,28 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
             const struct model_tensor *t = &m->tensors[ti];
             uint64_t shape[2] = {t->shape[0], t->ndim > 1 ? t->shape[1] : 0};
             if (strcmp(t->name, "wte.weight") == 0)
-                shape[0] = (uint64_t)m->cfg.vocab; /* the real vocabulary's rows */
+                shape[0] = (uint64_t)m->cfg.vocab;    /* the real vocabulary's rows */
             if (t->ndim == 2 && is_conv1d(t->name)) { /* Conv1D: (in, out) */
                 uint64_t x = shape[0];
                 shape[0] = shape[1];
                 shape[1] = x;
             }
-            problems += st_check_entry(path, e, e->name, t->ndim, shape,
-                                       ST_F32 | ST_BF16 | ST_F16, "config.json");
+            problems += st_check_entry(path, e, e->name, t->ndim, shape, ST_F32 | ST_BF16 | ST_F16,
+                                       "config.json");
             at[ti] = e;
             in[ti] = i;
         }
     for (int t = 0; !rc && t < nt; t++)
         if (!at[t]) {
-            fprintf(stderr, "fsdp-ckpt: %s: transformer.%s: missing (config.json's model has "
-                            "it)\n", dir, m->tensors[t].name);
+            fprintf(stderr,
+                    "fsdp-ckpt: %s: transformer.%s: missing (config.json's model has "
+                    "it)\n",
+                    dir, m->tensors[t].name);
             problems++;
         }
     if (!rc && problems)
-        rc = -1, fsdp_err(err, "%s: %d problem%s; nothing imported", dir, problems,
-                          problems > 1 ? "s" : "");
+        rc = -1,
+        fsdp_err(err, "%s: %d problem%s; nothing imported", dir, problems, problems > 1 ? "s" : "");
     /* the native file: our names, F32, (out, in), the padded rows zero */
     uint64_t largest = 0;
     for (int t = 0; t < nt; t++)
@@ -613,8 +628,7 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
         size_t bytes = (size_t)(e->end - e->begin);
         int size = strcmp(e->dtype, "F32") == 0 ? 4 : 2, f16 = strcmp(e->dtype, "F16") == 0;
         if (fsdp_pread_all(f[in[t]].fd, raw, bytes, e->begin)) {
-            rc = -1, fsdp_err(err, "%s/%s: %s: cannot read", dir, f[in[t]].name,
-                              e->name);
+            rc = -1, fsdp_err(err, "%s/%s: %s: cannot read", dir, f[in[t]].name, e->name);
             break;
         }
         uint64_t n = bytes / (size_t)size;
@@ -622,7 +636,8 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
             tmp[i] = widen(raw + i * (uint64_t)size, size, f16);
         memset(dst, 0, (size_t)mt->numel * 4); /* wte's padded rows */
         if (mt->ndim == 2 && is_conv1d(mt->name)) {
-            uint64_t rows = mt->shape[0], cols = mt->shape[1]; /* ours (out, in); stored (in, out) */
+            uint64_t rows = mt->shape[0],
+                     cols = mt->shape[1]; /* ours (out, in); stored (in, out) */
             for (uint64_t i = 0; i < rows; i++)
                 for (uint64_t j = 0; j < cols; j++)
                     dst[i * cols + j] = tmp[j * rows + i];
@@ -630,8 +645,7 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
             memcpy(dst, tmp, (size_t)n * 4);
         }
         if (fsdp_write_all(out_fd, dst, (size_t)mt->numel * 4))
-            rc = -1, fsdp_err(err, "import: cannot write a temporary file: %s",
-                              strerror(errno));
+            rc = -1, fsdp_err(err, "import: cannot write a temporary file: %s", strerror(errno));
     }
     free(dst);
     free(tmp);

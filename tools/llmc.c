@@ -22,8 +22,8 @@
 #include <unistd.h>
 
 #define LLMC_MAGIC 20240326
-#define LLMC_FP32 3
-#define LLMC_BF16 5
+#define LLMC_FP32  3
+#define LLMC_BF16  5
 
 /* llm.c's order; per_layer: "h.N." + name for N in 0..L-1 */
 static const struct {
@@ -69,16 +69,18 @@ int llmc_export(struct ckpt_reader *r, const char *path, int bf16, char *err)
               T = cfg_int(m, "seq"), V = cfg_int(m, "vocab"), Vp = cfg_int(m, "vocab_pad");
     if (L < 1 || C < 1 || NH < 1 || T < 1 || V < 1 || Vp < V || Vp > INT32_MAX) {
         fsdp_err(err, "export --layout llmc: the manifest's model lacks layers, "
-                                    "dim, heads, seq, vocab or vocab_pad");
+                      "dim, heads, seq, vocab or vocab_pad");
         return -1;
     }
-    int32_t head[256] = {LLMC_MAGIC, bf16 ? LLMC_BF16 : LLMC_FP32, (int32_t)T, (int32_t)V,
-                         (int32_t)L, (int32_t)NH, (int32_t)C, (int32_t)Vp};
+    int32_t head[256] = {LLMC_MAGIC, bf16 ? LLMC_BF16 : LLMC_FP32,
+                         (int32_t)T, (int32_t)V,
+                         (int32_t)L, (int32_t)NH,
+                         (int32_t)C, (int32_t)Vp};
     uint64_t largest = 0;
     for (int u = 0; u < m->nunits; u++)
         for (int t = 0; t < m->units[u].ntensors; t++)
-            largest = m->units[u].tensors[t].numel > largest ? m->units[u].tensors[t].numel
-                                                              : largest;
+            largest =
+                m->units[u].tensors[t].numel > largest ? m->units[u].tensors[t].numel : largest;
     float *buf = malloc((size_t)largest * 4 + 4);
     uint16_t *half = malloc((size_t)largest * 2 + 2);
     struct outfile o;
@@ -96,8 +98,7 @@ int llmc_export(struct ckpt_reader *r, const char *path, int bf16, char *err)
             name_of(g, l, name, sizeof name);
             const struct ckpt_tensor *t = find(m, name, &unit);
             if (!t) {
-                fsdp_err(err, "export --layout llmc: the checkpoint has no %s",
-                         name);
+                fsdp_err(err, "export --layout llmc: the checkpoint has no %s", name);
                 rc = -1;
                 break;
             }
@@ -133,8 +134,7 @@ static int open_file(const char *path, struct llmc_file *f, struct model_config 
     f->fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat sb;
     if (f->fd < 0 || fstat(f->fd, &sb) || !S_ISREG(sb.st_mode)) {
-        fsdp_err(err, "%s: %s", path,
-                 f->fd < 0 ? strerror(errno) : "not a regular file");
+        fsdp_err(err, "%s: %s", path, f->fd < 0 ? strerror(errno) : "not a regular file");
         return -1;
     }
     f->size = (uint64_t)sb.st_size;
@@ -144,24 +144,27 @@ static int open_file(const char *path, struct llmc_file *f, struct model_config 
     }
     const int32_t *h = f->h;
     if (h[0] != LLMC_MAGIC || (h[1] != LLMC_FP32 && h[1] != LLMC_BF16)) {
-        fsdp_err(err, "%s: not an llm.c model file (magic %d, version %d; want "
-                                    "%d and 3 or 5)", path, h[0], h[1], LLMC_MAGIC);
+        fsdp_err(err,
+                 "%s: not an llm.c model file (magic %d, version %d; want "
+                 "%d and 3 or 5)",
+                 path, h[0], h[1], LLMC_MAGIC);
         return -1;
     }
     /* maxT, V, L, NH, C within this trainer's bounds; Vp at least V */
     if (h[2] < 1 || h[2] > 65536 || h[3] < 2 || h[3] > 65536 || h[4] < 1 || h[4] > 256 ||
         h[5] < 1 || h[5] > 1024 || h[6] < 1 || h[6] > 16384 || h[7] < h[3] ||
         h[7] > (h[3] + 127) / 128 * 128) { /* llm.c pads V to a multiple of 128 */
-        fsdp_err(err, "%s: header sizes out of bounds (maxT %d, V %d, L %d, NH %d, "
-                                    "C %d, Vp %d)", path, h[2], h[3], h[4], h[5], h[6], h[7]);
+        fsdp_err(err,
+                 "%s: header sizes out of bounds (maxT %d, V %d, L %d, NH %d, "
+                 "C %d, Vp %d)",
+                 path, h[2], h[3], h[4], h[5], h[6], h[7]);
         return -1;
     }
     *cfg = (struct model_config){h[4], h[6], h[5], h[2], h[3], model_vocab_pad(h[3])};
     if (model_config_check(cfg, err))
         return -1;
-    uint64_t C = (uint64_t)h[6], L = (uint64_t)h[4], n = (uint64_t)h[7] * C +
-                                                         (uint64_t)h[2] * C + 2 * C +
-                                                         L * (12 * C * C + 13 * C);
+    uint64_t C = (uint64_t)h[6], L = (uint64_t)h[4],
+             n = (uint64_t)h[7] * C + (uint64_t)h[2] * C + 2 * C + L * (12 * C * C + 13 * C);
     uint64_t want = sizeof f->h + n * (h[1] == LLMC_BF16 ? 2 : 4);
     if (f->size != want) {
         fsdp_err(err, "%s: %llu bytes; its header describes %llu", path,
@@ -185,8 +188,8 @@ int llmc_to_native(const char *path, const struct model_layout *m, int out_fd, c
     struct llmc_file f;
     struct model_config cfg = {0};
     int rc = open_file(path, &f, &cfg, err);
-    if (!rc && (cfg.layers != m->cfg.layers || cfg.dim != m->cfg.dim ||
-                cfg.heads != m->cfg.heads || cfg.seq != m->cfg.seq || cfg.vocab != m->cfg.vocab))
+    if (!rc && (cfg.layers != m->cfg.layers || cfg.dim != m->cfg.dim || cfg.heads != m->cfg.heads ||
+                cfg.seq != m->cfg.seq || cfg.vocab != m->cfg.vocab))
         rc = -1, fsdp_err(err, "%s: changed since its header was read", path);
     int size = f.h[1] == LLMC_BF16 ? 2 : 4;
     uint64_t C = (uint64_t)cfg.dim, Vp_file = rc ? 0 : (uint64_t)f.h[7];
@@ -243,8 +246,7 @@ int llmc_to_native(const char *path, const struct model_layout *m, int out_fd, c
                 dst[k] = fsdp_bf16_widen((uint16_t)(raw[2 * k] | raw[2 * k + 1] << 8));
         }
         if (fsdp_write_all(out_fd, dst, (size_t)t->numel * 4))
-            rc = -1, fsdp_err(err, "import: cannot write a temporary file: %s",
-                              strerror(errno));
+            rc = -1, fsdp_err(err, "import: cannot write a temporary file: %s", strerror(errno));
     }
     free(dst);
     free(raw);

@@ -31,7 +31,8 @@ static void show(struct progress *p, int final)
     double frac = p->total ? (double)done / (double)p->total : 0;
     frac = frac > 1 ? 1 : frac;
     if (p->total && rate > 0 && !final)
-        snprintf(left, sizeof left, ", %.0f s left", (double)(p->total > done ? p->total - done : 0) / rate);
+        snprintf(left, sizeof left, ", %.0f s left",
+                 (double)(p->total > done ? p->total - done : 0) / rate);
     if (p->tty) {
         char bar[31];
         int fill = (int)(frac * 30);
@@ -46,8 +47,8 @@ static void show(struct progress *p, int final)
         if (final)
             fputc('\n', stderr);
     } else if (p->total) {
-        fprintf(stderr, "fsdp-ckpt: %s: %s of %s (%.0f%%), %s/s%s\n", p->label, d, t, 100 * frac,
-                r, left);
+        fprintf(stderr, "fsdp-ckpt: %s: %s of %s (%.0f%%), %s/s%s\n", p->label, d, t, 100 * frac, r,
+                left);
     } else {
         fprintf(stderr, "fsdp-ckpt: %s: %s, %s/s\n", p->label, d, r);
     }
@@ -75,8 +76,7 @@ static void *run(void *arg)
     return NULL;
 }
 
-void progress_start(struct progress *p, const char *label, const uint64_t *counter,
-                    uint64_t total)
+void progress_start(struct progress *p, const char *label, const uint64_t *counter, uint64_t total)
 {
     memset(p, 0, sizeof *p);
     const char *env = getenv("FSDP_PROGRESS");
@@ -91,8 +91,8 @@ void progress_start(struct progress *p, const char *label, const uint64_t *count
     const char *after = getenv("FSDP_PROGRESS_AFTER"); /* seconds before the first show */
     double a;
     p->after = after && fsdp_parse_f64(after, &a) == 0 && a >= 0 && a < 1e6 ? a
-               : p->tty                                                      ? 0.5
-                                                                             : 5.0;
+               : p->tty                                                     ? 0.5
+                                                                            : 5.0;
     p->t0 = fsdp_now();
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);

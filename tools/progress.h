@@ -25,8 +25,7 @@ struct progress {
     pthread_cond_t cv;
 };
 
-void progress_start(struct progress *p, const char *label, const uint64_t *counter,
-                    uint64_t total);
+void progress_start(struct progress *p, const char *label, const uint64_t *counter, uint64_t total);
 /* Erases the bar from its line (a terminal's), so that a line printed next
  * starts clean; the next redraw comes on the line after. */
 void progress_clear(struct progress *p);

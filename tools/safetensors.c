@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #define MAX_HEADER (100u << 20)
-#define PIECE (1u << 16)
+#define PIECE      (1u << 16)
 
 static const char *prefix[CKPT_NKINDS] = {"", "optim.exp_avg.", "optim.exp_avg_sq."};
 
@@ -89,9 +89,9 @@ int st_write_native_header(int fd, const struct model_layout *m, char *err)
     uint64_t off = 0;
     for (int t = 0; t < m->ntensors; t++) {
         const struct model_tensor *mt = &m->tensors[t];
-        json_t *shape = mt->ndim == 2 ? json_pack("[I, I]", (json_int_t)mt->shape[0],
-                                                 (json_int_t)mt->shape[1])
-                                     : json_pack("[I]", (json_int_t)mt->shape[0]);
+        json_t *shape =
+            mt->ndim == 2 ? json_pack("[I, I]", (json_int_t)mt->shape[0], (json_int_t)mt->shape[1])
+                          : json_pack("[I]", (json_int_t)mt->shape[0]);
         json_object_set_new(h, mt->name,
                             json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape", shape,
                                       "data_offsets", (json_int_t)off,
@@ -142,8 +142,8 @@ void st_header_free(struct st_header *h)
     memset(h, 0, sizeof *h);
 }
 
-int st_header_parse(const char *path, int fd, uint64_t fsize, struct st_header *out,
-                    int *problems, char *err)
+int st_header_parse(const char *path, int fd, uint64_t fsize, struct st_header *out, int *problems,
+                    char *err)
 {
     memset(out, 0, sizeof *out);
     unsigned char lenb[8];
@@ -267,8 +267,8 @@ int st_check_entry(const char *path, const struct st_entry *e, const char *want_
     if (!same) {
         shape_str(e->shape, e->ndim, got, sizeof got);
         shape_str(shape, ndim, want, sizeof want);
-        fprintf(stderr, "fsdp-ckpt: %s: %s: shape %s, model %s expects %s\n", path, want_name,
-                got, model_name, want);
+        fprintf(stderr, "fsdp-ckpt: %s: %s: shape %s, model %s expects %s\n", path, want_name, got,
+                model_name, want);
         problems++;
     }
     if (strcmp(e->dtype, "F32") == 0 && (dtypes & ST_F32))
@@ -285,8 +285,8 @@ int st_check_entry(const char *path, const struct st_entry *e, const char *want_
     for (int d = 0; d < ndim; d++)
         numel *= shape[d];
     if (same && size && e->end - e->begin != numel * (uint64_t)size) {
-        fprintf(stderr, "fsdp-ckpt: %s: %s: data_offsets span %llu bytes, shape needs %llu\n",
-                path, want_name, (unsigned long long)(e->end - e->begin),
+        fprintf(stderr, "fsdp-ckpt: %s: %s: data_offsets span %llu bytes, shape needs %llu\n", path,
+                want_name, (unsigned long long)(e->end - e->begin),
                 (unsigned long long)(numel * (uint64_t)size));
         problems++;
     }
@@ -336,8 +336,10 @@ static int read_header(const char *path, int fd, uint64_t fsize, const struct mo
             problems++;
         }
     if (ignored)
-        fprintf(stderr, "fsdp-ckpt: %s: ignoring %d optimizer tensors (import starts fresh "
-                "optimizer state)\n", path, ignored);
+        fprintf(stderr,
+                "fsdp-ckpt: %s: ignoring %d optimizer tensors (import starts fresh "
+                "optimizer state)\n",
+                path, ignored);
     free(found);
     st_header_free(&h);
     if (problems) {
@@ -377,8 +379,8 @@ static int read_params(int fd, const struct model_layout *m, const uint64_t *off
 }
 
 int st_import(const char *path, const char *source, const struct model_layout *m,
-              const char *model_name,
-              struct storage *dst, int world, const struct ckpt_write_opts *o, char *err)
+              const char *model_name, struct storage *dst, int world,
+              const struct ckpt_write_opts *o, char *err)
 {
     char tag[CKPT_TAG_LEN];
     if (ckpt_new_step_in(dst, 0, tag, sizeof tag, err))
@@ -407,9 +409,8 @@ int st_import(const char *path, const char *source, const struct model_layout *m
     out.world = world;
     snprintf(out.sharding, sizeof out.sharding, "full");
     out.model = model_ckpt_config(&m->cfg);
-    out.trainer = json_pack("{s:i, s:i, s:i, s:s, s:s}", "step", 0, "tokens_seen", 0,
-                            "data_cursor", 0, "rng_state", "0000000000000000", "imported_from",
-                            source);
+    out.trainer = json_pack("{s:i, s:i, s:i, s:s, s:s}", "step", 0, "tokens_seen", 0, "data_cursor",
+                            0, "rng_state", "0000000000000000", "imported_from", source);
     out.shards = calloc((size_t)world, sizeof *out.shards);
     struct ckpt_section *secs = calloc((size_t)m->nunits * CKPT_NKINDS, sizeof *secs);
     struct ckpt_codec *codec = ckpt_codec_new(o->chunk_bytes);

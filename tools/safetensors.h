@@ -24,8 +24,8 @@ int st_export(struct ckpt_reader *r, const char *path, int all, char *err);
  * what the manifest records as imported_from (path, or what path was made
  * from). */
 int st_import(const char *path, const char *source, const struct model_layout *m,
-              const char *model_name,
-              struct storage *dst, int world, const struct ckpt_write_opts *o, char *err);
+              const char *model_name, struct storage *dst, int world,
+              const struct ckpt_write_opts *o, char *err);
 
 /* The header of a file in this trainer's layout for m (every parameter,
  * F32, in layout order, back to back), written to fd: what import reads
@@ -52,8 +52,8 @@ struct st_header {
 /* -1 with err when the file cannot be a safetensors file at all; else 0,
  * with each malformed entry, gap, overlap or trailing byte printed to
  * stderr as its own line and counted in *problems. */
-int st_header_parse(const char *path, int fd, uint64_t fsize, struct st_header *h,
-                    int *problems, char *err);
+int st_header_parse(const char *path, int fd, uint64_t fsize, struct st_header *h, int *problems,
+                    char *err);
 void st_header_free(struct st_header *h);
 
 enum { ST_F32 = 1, ST_BF16 = 2, ST_F16 = 4 };

@@ -40,8 +40,9 @@ int fsdp_gemm_select(const char *want, char *err, size_t errlen)
     else if (strcmp(want, "onednn") == 0 && have)
         use_onednn = 1;
     else if (strcmp(want, "onednn") == 0) {
-        snprintf(err, errlen, "--matmul onednn: this build has no oneDNN (install libdnnl-dev "
-                              "and rebuild)");
+        snprintf(err, errlen,
+                 "--matmul onednn: this build has no oneDNN (install libdnnl-dev "
+                 "and rebuild)");
         return -1;
     } else {
         snprintf(err, errlen, "--matmul '%s' is not auto, onednn or openblas", want);
@@ -180,14 +181,14 @@ static struct plan *plan_for(int bf16, char ta, char tb, int M, int N, int K, in
     struct plan *p = &plans[next_victim];
     next_victim = (next_victim + 1) % PLANS;
     plan_free(p);
-    *p = (struct plan){1, 0, bf16, ta, tb, M, N, K, lda, ldb, ldc, accumulate,
-                       NULL, NULL, NULL, NULL};
+    *p = (struct plan){1,   0,   bf16, ta,         tb,   M,    N,    K,
+                       lda, ldb, ldc,  accumulate, NULL, NULL, NULL, NULL};
     if (plan_make(p) == 0)
         return p;
     /* remembered, so a shape that cannot be planned is not tried (and does
      * not evict a good plan) on every call */
-    *p = (struct plan){1, 1, bf16, ta, tb, M, N, K, lda, ldb, ldc, accumulate,
-                       NULL, NULL, NULL, NULL};
+    *p = (struct plan){1,   1,   bf16, ta,         tb,   M,    N,    K,
+                       lda, ldb, ldc,  accumulate, NULL, NULL, NULL, NULL};
     return NULL;
 }
 
@@ -229,9 +230,10 @@ static int by_onednn(int bf16, char ta, char tb, int M, int N, int K, const void
             return 0;
         static int said;
         if (!said++)
-            fprintf(stderr, "fsdp-train: oneDNN could not plan a %dx%dx%d %s matmul (out of "
-                            "memory?); OpenBLAS takes such calls%s\n", M, N, K,
-                    bf16 ? "bf16" : "fp32", bf16 ? ", widened to fp32 (slow)" : "");
+            fprintf(stderr,
+                    "fsdp-train: oneDNN could not plan a %dx%dx%d %s matmul (out of "
+                    "memory?); OpenBLAS takes such calls%s\n",
+                    M, N, K, bf16 ? "bf16" : "fp32", bf16 ? ", widened to fp32 (slow)" : "");
     }
 #else
     (void)bf16, (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B,
@@ -248,8 +250,8 @@ void fsdp_gemm(char ta, char tb, int M, int N, int K, const float *A, int lda, c
     blas_gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
 
-void fsdp_gemm_small(char ta, char tb, int M, int N, int K, float alpha, const float *A,
-                     int lda, const float *B, int ldb, float beta, float *C, int ldc)
+void fsdp_gemm_small(char ta, char tb, int M, int N, int K, float alpha, const float *A, int lda,
+                     const float *B, int ldb, float beta, float *C, int ldc)
 {
 #ifdef FSDP_HAVE_ONEDNN
     /* use_onednn was chosen before any parallel region (fsdp_gemm_name) */

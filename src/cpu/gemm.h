@@ -35,8 +35,8 @@ void fsdp_gemm(char ta, char tb, int M, int N, int K, const float *A, int lda, c
 /* As fsdp_gemm, for the small products inside OpenMP loops (the
  * attention's per-head ones): runs on the calling thread, and may be
  * called by many threads at once. */
-void fsdp_gemm_small(char ta, char tb, int M, int N, int K, float alpha, const float *A,
-                     int lda, const float *B, int ldb, float beta, float *C, int ldc);
+void fsdp_gemm_small(char ta, char tb, int M, int N, int K, float alpha, const float *A, int lda,
+                     const float *B, int ldb, float beta, float *C, int ldc);
 
 /* As fsdp_gemm with A and B in bf16 (products accumulated in fp32, C
  * fp32). Without oneDNN it widens both to fp32 and calls OpenBLAS (correct,

@@ -75,16 +75,18 @@ static int blas_core_runs_here(const char *core)
 
 void fsdp_kernels_cpu_fix_blas_core(char **argv)
 {
-    static const char *weak[] = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem",
-                                 "Atom",     "Katmai", "Coppermine", "Northwood", "Banias",
-                                 "Sandybridge"};
+    static const char *weak[] = {"Prescott",  "Core2",  "Penryn",     "Dunnington",
+                                 "Nehalem",   "Atom",   "Katmai",     "Coppermine",
+                                 "Northwood", "Banias", "Sandybridge"};
     const char *forced = getenv("OPENBLAS_CORETYPE");
     const char *want = widest_blas_core();
     if (forced) {
         if (blas_core_runs_here(forced))
             return;
-        fprintf(stderr, "fsdp: OPENBLAS_CORETYPE=%.40s needs instructions this CPU lacks; "
-                "using %s\n", forced, want ? want : "OpenBLAS's own choice");
+        fprintf(stderr,
+                "fsdp: OPENBLAS_CORETYPE=%.40s needs instructions this CPU lacks; "
+                "using %s\n",
+                forced, want ? want : "OpenBLAS's own choice");
         if (want)
             setenv("OPENBLAS_CORETYPE", want, 1);
         else
@@ -126,10 +128,11 @@ const char *fsdp_kernels_cpu_blas(void)
     static char desc[160];
     int par = openblas_get_parallel();
     snprintf(desc, sizeof desc, "%s matmuls; %s (%s)", fsdp_gemm_name(), openblas_get_config(),
-             par == 2 ? "openmp" : par == 1 ? "pthreads" : "serial");
+             par == 2   ? "openmp"
+             : par == 1 ? "pthreads"
+                        : "serial");
     return desc;
 }
-
 
 /* ---- which kernel table ---------------------------------------------------- */
 
@@ -199,8 +202,10 @@ int fsdp_kernels_cpu_select(const char *want, char *err, size_t errlen)
             if (any)
                 continue;
             isa_list(list, sizeof list, 1);
-            snprintf(err, errlen, "--cpu-kernels %s: this CPU lacks instructions they use "
-                     "(it runs: %s)", want, list);
+            snprintf(err, errlen,
+                     "--cpu-kernels %s: this CPU lacks instructions they use "
+                     "(it runs: %s)",
+                     want, list);
             return -1;
         }
         chosen = isas[i].table();
@@ -209,8 +214,7 @@ int fsdp_kernels_cpu_select(const char *want, char *err, size_t errlen)
         return 0;
     }
     isa_list(list, sizeof list, 0);
-    snprintf(err, errlen, "--cpu-kernels '%s' is not auto or one of this build's: %s", want,
-             list);
+    snprintf(err, errlen, "--cpu-kernels '%s' is not auto or one of this build's: %s", want, list);
     return -1;
 }
 

@@ -51,7 +51,7 @@ static void *cpu_alloc(size_t bytes)
 static void cpu_free(void *p) { free(p); }
 /* Large fills and copies (a unit's gradient, the gradient shard) are split
  * over the threads: one thread cannot saturate memory here. */
-#define PAR_MIN (1 << 18)
+#define PAR_MIN   (1 << 18)
 #define PAR_CHUNK (1 << 16)
 
 static void cpu_zero(float *p, size_t n)
@@ -114,8 +114,8 @@ static inline float ftanh(float x)
 
 /* ---- embeddings ------------------------------------------------------------ */
 
-static void cpu_encoder_forward(float *out, const int32_t *tok, const float *wte,
-                                const float *wpe, int B, int T, int C)
+static void cpu_encoder_forward(float *out, const int32_t *tok, const float *wte, const float *wpe,
+                                int B, int T, int C)
 {
 #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
@@ -127,8 +127,8 @@ static void cpu_encoder_forward(float *out, const int32_t *tok, const float *wte
     }
 }
 
-static void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout,
-                                 const int32_t *tok, int B, int T, int C)
+static void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
+                                 int B, int T, int C)
 {
     /* Threads own channel slices, so the scatter into dwte has no races and
      * the order of additions is fixed. */
@@ -380,8 +380,8 @@ static void cpu_attention_forward(float *out, float *att, const float *qkv, int 
             float *o = out + (size_t)b * T * C + (size_t)h * hs;
             for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
                 int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-                fsdp_gemm_small('N', 'T', r1 - r0, r1, hs, scale,
-                            q + (size_t)r0 * C3, C3, k, C3, 0.0f, A + (size_t)r0 * T, T);
+                fsdp_gemm_small('N', 'T', r1 - r0, r1, hs, scale, q + (size_t)r0 * C3, C3, k, C3,
+                                0.0f, A + (size_t)r0 * T, T);
             }
             for (int t = 0; t < T; t++) {
                 float *a = A + (size_t)t * T;
@@ -403,8 +403,8 @@ static void cpu_attention_forward(float *out, float *att, const float *qkv, int 
             }
             for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
                 int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-                fsdp_gemm_small('N', 'N', r1 - r0, hs, r1, 1.0f,
-                            A + (size_t)r0 * T, T, v, C3, 0.0f, o + (size_t)r0 * C, C);
+                fsdp_gemm_small('N', 'N', r1 - r0, hs, r1, 1.0f, A + (size_t)r0 * T, T, v, C3, 0.0f,
+                                o + (size_t)r0 * C, C);
             }
         }
     }
@@ -427,8 +427,8 @@ static void cpu_attention_backward(float *dqkv, float *datt, const float *dout, 
             /* dA = dout V^T (lower blocks only) */
             for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
                 int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-                fsdp_gemm_small('N', 'T', r1 - r0, r1, hs, 1.0f,
-                            d + (size_t)r0 * C, C, v, C3, 0.0f, dA + (size_t)r0 * T, T);
+                fsdp_gemm_small('N', 'T', r1 - r0, r1, hs, 1.0f, d + (size_t)r0 * C, C, v, C3, 0.0f,
+                                dA + (size_t)r0 * T, T);
             }
             /* dV = A^T dout: key block [c0, c1) gets queries c0 .. T-1 only */
             for (int c0 = 0; c0 < T; c0 += ATT_BLOCK) {
@@ -483,7 +483,8 @@ static void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, 
         float u = GELU_K * (x + 0.044715f * x * x * x);
         float th = ftanh(u);
         float sech2 = 1.0f - th * th;
-        float g = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        float g =
+            0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
         dinp[i] = g * dout[i];
     }
 }
@@ -545,9 +546,8 @@ static void cpu_softmax_crossentropy_backward(float *p, const int32_t *targets, 
 
 /* ---- optimizer ------------------------------------------------------------- */
 
-static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr,
-                      float beta1, float beta2, float eps, float wd, float bc1, float bc2,
-                      float gscale)
+static void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                      float beta2, float eps, float wd, float bc1, float bc2, float gscale)
 {
     /* lr * mhat / (sqrt(vhat) + eps) with the bias corrections folded into
      * scalars (as torch.optim.AdamW does): one division and one square root

@@ -38,8 +38,7 @@ static inline void fuzz_manifest_accepted(const struct ckpt_manifest *m)
         FUZZ_CHECK((m->version == 1) == (s->chunks != NULL));
         if (m->version >= 2)
             FUZZ_CHECK(s->index_off + s->index_len == s->stored_size &&
-                       s->index_len == CKPT_INDEX_HEADER +
-                                           (uint64_t)s->nchunks * CKPT_INDEX_ENTRY);
+                       s->index_len == CKPT_INDEX_HEADER + (uint64_t)s->nchunks * CKPT_INDEX_ENTRY);
         for (int i = 0; s->chunks && i < s->nchunks; i++)
             FUZZ_CHECK(s->chunks[i].raw_off + s->chunks[i].raw_len <= s->raw_size &&
                        s->chunks[i].raw_len <= m->chunk_bytes);

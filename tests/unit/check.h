@@ -24,7 +24,7 @@
 
 static int check_failures;
 
-#define CHECK(cond, ...)                                                                          \
+#define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
         if (!(cond)) {                                                                             \
             check_failures++;                                                                      \
@@ -34,7 +34,7 @@ static int check_failures;
         }                                                                                          \
     } while (0)
 
-#define REQUIRE(cond, ...)                                                                        \
+#define REQUIRE(cond, ...)                                                                         \
     do {                                                                                           \
         int before_ = check_failures;                                                              \
         CHECK(cond, __VA_ARGS__);                                                                  \
@@ -133,12 +133,15 @@ static inline int check_run(const struct check_test *tests, int n, int argc, cha
     return failed ? 1 : 0;
 }
 
-#define CHECK_MAIN(...)                                                                           \
-    int main(int argc, char **argv)                                                               \
+#define CHECK_MAIN(...)                                                                            \
+    int main(int argc, char **argv)                                                                \
     {                                                                                              \
-        static const struct check_test tests_[] = {__VA_ARGS__};                                  \
-        return check_run(tests_, (int)(sizeof tests_ / sizeof tests_[0]), argc, argv, NULL);      \
+        static const struct check_test tests_[] = {__VA_ARGS__};                                   \
+        return check_run(tests_, (int)(sizeof tests_ / sizeof tests_[0]), argc, argv, NULL);       \
     }
-#define TEST(fn) {#fn, fn}
+#define TEST(fn)                                                                                   \
+    {                                                                                              \
+#fn, fn                                                                                    \
+    }
 
 #endif

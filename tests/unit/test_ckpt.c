@@ -20,7 +20,10 @@ static const uint64_t numel[NUNITS] = {1000, 37};
  * them (make_state), read-only after that */
 static float *state[NUNITS][CKPT_NKINDS];
 
-static uint64_t padded(uint64_t n, int w) { return (n + (uint64_t)w - 1) / (uint64_t)w * (uint64_t)w; }
+static uint64_t padded(uint64_t n, int w)
+{
+    return (n + (uint64_t)w - 1) / (uint64_t)w * (uint64_t)w;
+}
 
 static void fill_units(struct ckpt_manifest *m, int world)
 {
@@ -114,8 +117,8 @@ static void make_state(void)
         for (int k = 0; k < CKPT_NKINDS; k++) {
             state[u][k] = calloc(padded(numel[u], 64), sizeof(float));
             for (uint64_t i = 0; i < numel[u]; i++) /* smooth values: compressible */
-                state[u][k][i] = (float)k + 0.001f * (float)(i % 97) +
-                                 1e-6f * fsdp_rng_uniform(&rng);
+                state[u][k][i] =
+                    (float)k + 0.001f * (float)(i % 97) + 1e-6f * fsdp_rng_uniform(&rng);
         }
 }
 
@@ -169,8 +172,8 @@ static int read_back_with(struct storage *st, uint64_t step, int world, int thre
                     uint64_t x = rank * per[u] + i;
                     float want = x < numel[u] ? state[u][k][x] : 0.0f;
                     if (memcmp(&buf[u][k * per[u] + i], &want, 4) != 0) {
-                        fsdp_err(err, "unit %d kind %d element %llu differs", u,
-                                 k, (unsigned long long)x);
+                        fsdp_err(err, "unit %d kind %d element %llu differs", u, k,
+                                 (unsigned long long)x);
                         ok = 0;
                         break;
                     }
@@ -213,8 +216,7 @@ static void round_trip_every_codec_chunk_size_and_world_body(const char *root)
     free(steps);
     /* XXH3-128 chunk digests: the same round trip, and a manifest saying so */
     for (int ci = 0; ci < 3; ci++, step++) {
-        REQUIRE(write_step_hashed(st, step, codecs[ci], 1000, CKPT_HASH_XXH3, err) == 0, "%s",
-                err);
+        REQUIRE(write_step_hashed(st, step, codecs[ci], 1000, CKPT_HASH_XXH3, err) == 0, "%s", err);
         for (int world = 1; world <= 4; world += 3)
             for (int threads = 0; threads <= 3; threads += threads ? 2 : 1)
                 CHECK(read_back_with(st, step, world, threads, err),
@@ -245,8 +247,7 @@ static void flipped_byte_is_named(const char *root, int hash)
     char err[FSDP_ERR_LEN], path[600];
     struct storage *st;
     REQUIRE(storage_open(root, &st, err) == 0, "%s", err);
-    REQUIRE(write_step_hashed(st, 100, CKPT_CODEC_ZSTD_SHUFFLE4, 1000, hash, err) == 0, "%s",
-            err);
+    REQUIRE(write_step_hashed(st, 100, CKPT_CODEC_ZSTD_SHUFFLE4, 1000, hash, err) == 0, "%s", err);
     snprintf(path, sizeof path, "%s/step-00000100/shard-00001-of-00003", root);
     FILE *f = fopen(path, "r+b");
     REQUIRE(f != NULL, "open %s", path);
@@ -278,8 +279,8 @@ static void flipped_byte_is_named(const char *root, int hash)
         for (int s = 0; s < m.nshards; s++)
             problems += ckpt_verify_shard(&r, s, count_bad, &reported) > 0;
         CHECK(problems == 1 && reported == 1,
-              "%d threads: %d shards reported bad with %d problems, expected exactly one",
-              threads, problems, reported);
+              "%d threads: %d shards reported bad with %d problems, expected exactly one", threads,
+              problems, reported);
     }
     ckpt_reader_free(&r);
     ckpt_manifest_free(&m);
@@ -309,27 +310,39 @@ static void inconsistent_manifests_are_refused_body(const char *root)
     struct {
         const char *what, *needle;
     } cases[] = {
-        {"chunk count", "chunk count"}, {"index offset", "index"},    {"padding", "padded"},
-        {"tensor outside", "outside"}, {"shard name", "named"},      {"world", "one entry per rank"},
+        {"chunk count", "chunk count"}, {"index offset", "index"}, {"padding", "padded"},
+        {"tensor outside", "outside"},  {"shard name", "named"},   {"world", "one entry per rank"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct ckpt_manifest m;
         REQUIRE(ckpt_load_manifest(st, 200, &m, err) == 0, "%s", err);
         switch (i) {
-        case 0: m.shards[1].nchunks += 1; break;
-        case 1: m.shards[2].index_off += 4; break;
-        case 2: m.units[1].padded += 3; break;
-        case 3: m.units[0].tensors[1].shape[0] += 1; break;
-        case 4: snprintf(m.shards[0].file, sizeof m.shards[0].file, "../../etc/passwd"); break;
-        case 5: m.world = 2; break;
+        case 0:
+            m.shards[1].nchunks += 1;
+            break;
+        case 1:
+            m.shards[2].index_off += 4;
+            break;
+        case 2:
+            m.units[1].padded += 3;
+            break;
+        case 3:
+            m.units[0].tensors[1].shape[0] += 1;
+            break;
+        case 4:
+            snprintf(m.shards[0].file, sizeof m.shards[0].file, "../../etc/passwd");
+            break;
+        case 5:
+            m.world = 2;
+            break;
         }
         char *doc = ckpt_manifest_dump(&m);
         ckpt_manifest_free(&m);
         REQUIRE(doc != NULL, "dump");
         struct ckpt_manifest back;
         int rc = ckpt_manifest_parse(doc, strlen(doc), &back, err);
-        CHECK(rc != 0 && strstr(err, cases[i].needle), "%s: rc %d, error '%s'", cases[i].what,
-              rc, err);
+        CHECK(rc != 0 && strstr(err, cases[i].needle), "%s: rc %d, error '%s'", cases[i].what, rc,
+              err);
         if (rc == 0)
             ckpt_manifest_free(&back);
         free(doc);
@@ -429,16 +442,16 @@ static void malformed_chunk_indexes_are_refused(void)
     memset(c, 0, sizeof c);
     for (int i = 0; i < N; i++)
         c[i] = (struct ckpt_chunk){.raw_len = i < 2 ? 64 : 40, .stored_len = 30, .codec = 1};
-    struct ckpt_shard s = {.file = "shard-00000-of-00001", .raw_size = 168, .nchunks = N,
-                           .index_off = 90};
+    struct ckpt_shard s = {
+        .file = "shard-00000-of-00001", .raw_size = 168, .nchunks = N, .index_off = 90};
     size_t len;
     struct {
         const char *what;
-        int at;                 /* byte to change (-1: none) */
+        int at; /* byte to change (-1: none) */
         unsigned char to;
-        size_t len;             /* 0: the whole index */
-        uint64_t index_off;     /* 0: 90 */
-        const char *needle;     /* NULL: accepted */
+        size_t len;         /* 0: the whole index */
+        uint64_t index_off; /* 0: 90 */
+        const char *needle; /* NULL: accepted */
     } cases[] = {
         {"intact", -1, 0, 0, 0, NULL},
         {"magic", 0, 'X', 0, 0, "FSDPCIX1"},
@@ -463,8 +476,8 @@ static void malformed_chunk_indexes_are_refused(void)
             CHECK(rc == 0 && t && t[2].raw_off == 128 && t[2].stored_off == 60, "%s: %s",
                   cases[i].what, err);
         else
-            CHECK(rc != 0 && !t && strstr(err, cases[i].needle), "%s: rc %d, '%s'",
-                  cases[i].what, rc, err);
+            CHECK(rc != 0 && !t && strstr(err, cases[i].needle), "%s: rc %d, '%s'", cases[i].what,
+                  rc, err);
         free(t);
         free(b);
     }
@@ -523,8 +536,8 @@ static void small_reads_fetch_each_chunk_once_body(const char *root)
         /* 4000 bytes of unit 0's parameters over 3 shards: 10 chunks and
          * the shared ones at the shards' section edges */
         CHECK(same, "%d threads: a piece read back differs", threads);
-        CHECK(r.chunks_fetched <= 16, "%d threads: %llu chunk fetches for 100 small reads",
-              threads, (unsigned long long)r.chunks_fetched);
+        CHECK(r.chunks_fetched <= 16, "%d threads: %llu chunk fetches for 100 small reads", threads,
+              (unsigned long long)r.chunks_fetched);
         ckpt_reader_free(&r);
     }
     ckpt_manifest_free(&m);
@@ -539,7 +552,6 @@ static void small_reads_fetch_each_chunk_once(void)
 
 CHECK_MAIN(TEST(round_trip_every_codec_chunk_size_and_world),
            TEST(a_flipped_byte_is_named_by_shard_and_chunk),
-           TEST(inconsistent_manifests_are_refused),
-           TEST(mutated_manifests_never_crash_the_parser), TEST(a_damaged_chunk_index_is_named),
-           TEST(malformed_chunk_indexes_are_refused), TEST(too_many_chunks_are_refused_up_front),
-           TEST(small_reads_fetch_each_chunk_once))
+           TEST(inconsistent_manifests_are_refused), TEST(mutated_manifests_never_crash_the_parser),
+           TEST(a_damaged_chunk_index_is_named), TEST(malformed_chunk_indexes_are_refused),
+           TEST(too_many_chunks_are_refused_up_front), TEST(small_reads_fetch_each_chunk_once))

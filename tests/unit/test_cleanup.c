@@ -578,8 +578,9 @@ static void a_late_commit_is_dead_until_the_current_generation_removes_it_body(s
     struct ckpt_manifest m;
     REQUIRE(prepare_step(st, 7, 1, "g2-00000000000000bb", &m, err) == 0, "%s", err);
     m.step = 6;
-    REQUIRE(storage_put(st, "step-00000006/shard-00000-of-00001.g2-00000000000000bb", "x", 1,
-                        err) == 0, "%s", err);
+    REQUIRE(
+        storage_put(st, "step-00000006/shard-00000-of-00001.g2-00000000000000bb", "x", 1, err) == 0,
+        "%s", err);
     struct ckpt_commit_result res;
     CHECK(ckpt_commit_step(st, &m, "g2-00000000000000bb", &res, err) == 0 &&
               res.outcome == CKPT_COMMITTED,
@@ -661,8 +662,7 @@ static void a_commit_under_a_newer_claim_is_not_reported_committed_body(struct f
     claim_generations(st, 1);
     struct ckpt_manifest m;
     REQUIRE(prepare_step(st, 3, 1, "g1-00000000000000aa", &m, err) == 0, "%s", err);
-    REQUIRE(storage_put(st, "generations/00000000000000000002", "2 x\n", 4, err) == 0, "%s",
-            err);
+    REQUIRE(storage_put(st, "generations/00000000000000000002", "2 x\n", 4, err) == 0, "%s", err);
     struct ckpt_commit_result res;
     CHECK(ckpt_commit_step(st, &m, "g1-00000000000000aa", &res, err) != 0 &&
               res.outcome == CKPT_UNKNOWN && strstr(err, "fenced"),

@@ -192,8 +192,7 @@ static void stream_is_a_seeded_permutation_per_epoch(void)
     check_in_tmpdir("data", stream_is_a_seeded_permutation_per_epoch_body);
 }
 
-CHECK_MAIN(TEST(token_file_round_trips),
-           TEST(bad_token_files_are_refused_naming_the_problem),
+CHECK_MAIN(TEST(token_file_round_trips), TEST(bad_token_files_are_refused_naming_the_problem),
            TEST(special_files_are_refused_as_token_files_without_blocking),
            TEST(outputs_that_are_not_regular_files_are_never_replaced),
            TEST(stream_is_a_seeded_permutation_per_epoch))

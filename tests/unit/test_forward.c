@@ -9,19 +9,19 @@
 #include "check.h"
 
 #include "comm.h"
+#include "cpu/gemm.h"
 #include "fsdp.h"
 #include "kernels.h"
 #include "model.h"
 #include "util.h"
-#include "cpu/gemm.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 enum { B = 2, T = 7 };
-static const struct model_config cfg = {.layers = 2, .dim = 12, .heads = 3, .seq = T,
-                                        .vocab = 20, .vocab_pad = 24};
+static const struct model_config cfg = {
+    .layers = 2, .dim = 12, .heads = 3, .seq = T, .vocab = 20, .vocab_pad = 24};
 
 struct ref {
     const struct model_layout *m;
@@ -85,8 +85,8 @@ static void ref_forward(const struct ref *r, const int32_t *tok, double *logits)
 #define W(s) (snprintf(name, sizeof name, "h.%d.%s", l, s), P(r, name))
             for (int t = 0; t < T; t++) {
                 ref_layernorm(ln, x + t * C, W("ln_1.weight"), W("ln_1.bias"), C);
-                ref_linear(qkv + t * 3 * C, ln, W("attn.c_attn.weight"), W("attn.c_attn.bias"),
-                           C, 3 * C);
+                ref_linear(qkv + t * 3 * C, ln, W("attn.c_attn.weight"), W("attn.c_attn.bias"), C,
+                           3 * C);
             }
             for (int hd = 0; hd < NH; hd++) {
                 for (int t = 0; t < T; t++) {
@@ -224,14 +224,13 @@ static void bf16_rounds_to_nearest_even(void)
     in[N + 1] = f32_bits(0x7f800001u); /* signalling NaN: must not become inf */
     k->to_bf16(out, in, N + 2);
     for (int i = 0; i < N; i++)
-        CHECK(out[i] == cases[i].out, "%08x -> %04x, want %04x", cases[i].in, out[i],
-              cases[i].out);
+        CHECK(out[i] == cases[i].out, "%08x -> %04x, want %04x", cases[i].in, out[i], cases[i].out);
     /* the scalar helper (the MPI bf16 sum's rounding) is the kernel's, bit for bit */
     for (int i = 0; i < N + 2; i++) {
         uint32_t u;
         memcpy(&u, &in[i], sizeof u);
-        CHECK(fsdp_bf16_round(in[i]) == out[i], "fsdp_bf16_round(%08x) = %04x, the kernel %04x",
-              u, fsdp_bf16_round(in[i]), out[i]);
+        CHECK(fsdp_bf16_round(in[i]) == out[i], "fsdp_bf16_round(%08x) = %04x, the kernel %04x", u,
+              fsdp_bf16_round(in[i]), out[i]);
         uint32_t w = (uint32_t)out[i] << 16;
         CHECK(memcmp(&w, &(float){fsdp_bf16_widen(out[i])}, 4) == 0, "widening %04x", out[i]);
     }

@@ -23,8 +23,8 @@
 #include <string.h>
 
 enum { B = 2, T = 8 };
-static const struct model_config cfg = {.layers = 2, .dim = 16, .heads = 2, .seq = T,
-                                        .vocab = 30, .vocab_pad = 32};
+static const struct model_config cfg = {
+    .layers = 2, .dim = 16, .heads = 2, .seq = T, .vocab = 30, .vocab_pad = 32};
 #define TOL 5e-3
 #define EPS 5e-3f
 
@@ -47,8 +47,9 @@ static int rig_init_opts(struct rig *r, const struct fsdp_kernels *k, enum fsdp_
     if (model_layout_init(&r->m, &cfg, err) != 0)
         return -1;
     fsdp_comm_local_init(&r->comm);
-    const struct fsdp_opts o = {shard, B, ro->recompute_every, ro->bf16, ro->reduce_bf16,
-                                1 /* prefetch */, ro->unit_blocks, 0};
+    const struct fsdp_opts o = {
+        shard,           B, ro->recompute_every, ro->bf16, ro->reduce_bf16, 1 /* prefetch */,
+        ro->unit_blocks, 0};
     if (fsdp_init(&r->e, &r->m, k, &r->comm, &o, err) != 0)
         return -1;
     struct fsdp_rng rng = {42};
@@ -140,8 +141,8 @@ static void check_all_tensors(enum fsdp_shard shard)
     for (int ti = 0; ti < m.ntensors; ti++) {
         if (verbose)
             printf("  %-24s %.3g\n", m.tensors[ti].name, rel[ti]);
-        CHECK(rel[ti] < TOL, "%s: relative error %.3g (tolerance %g)", m.tensors[ti].name,
-              rel[ti], TOL);
+        CHECK(rel[ti] < TOL, "%s: relative error %.3g (tolerance %g)", m.tensors[ti].name, rel[ti],
+              TOL);
     }
     free(rel);
     model_layout_free(&m);
@@ -185,8 +186,8 @@ static float *grads_of(enum fsdp_shard shard, const struct rig_opts *ro, int mic
     return g;
 }
 
-static float *grads_with(int recompute_every, enum fsdp_shard shard, int bf16, int micro,
-                         size_t *n, size_t *act)
+static float *grads_with(int recompute_every, enum fsdp_shard shard, int bf16, int micro, size_t *n,
+                         size_t *act)
 {
     const struct rig_opts ro = {.recompute_every = recompute_every, .bf16 = bf16};
     return grads_of(shard, &ro, micro, n, act);
@@ -205,7 +206,8 @@ static void recomputing_blocks_gives_the_same_gradient_bits(void)
             REQUIRE(g, "recompute every %d failed", every);
             CHECK(n == n0 && memcmp(g, ref, n * sizeof *g) == 0,
                   "%s shard, %s, recompute every %d: the gradients differ from keeping "
-                  "everything", fsdp_shard_name(shard), bf16 ? "bf16" : "fp32", every);
+                  "everything",
+                  fsdp_shard_name(shard), bf16 ? "bf16" : "fp32", every);
             /* two blocks: only "blocks" shares a slot between them */
             CHECK(every == 1 ? act < act0 : act == act0,
                   "recompute every %d keeps %zu activation bytes against %zu", every, act, act0);
@@ -221,18 +223,20 @@ static void the_recompute_option_parses_and_names_itself(void)
         const char *in;
         int every;
         const char *name;
-    } ok[] = {{"none", 0, "none"}, {"blocks", 1, "blocks"}, {"every-1", 1, "blocks"},
-              {"every-2", 2, "every-2"}, {"every-256", 256, "every-256"}};
+    } ok[] = {{"none", 0, "none"},
+              {"blocks", 1, "blocks"},
+              {"every-1", 1, "blocks"},
+              {"every-2", 2, "every-2"},
+              {"every-256", 256, "every-256"}};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         int every = -1;
         char buf[32];
-        CHECK(fsdp_recompute_parse(ok[i].in, &every) == 0 && every == ok[i].every, "%s",
-              ok[i].in);
+        CHECK(fsdp_recompute_parse(ok[i].in, &every) == 0 && every == ok[i].every, "%s", ok[i].in);
         CHECK(strcmp(fsdp_recompute_name(every, buf, sizeof buf), ok[i].name) == 0, "%s -> %s",
               ok[i].in, buf);
     }
-    static const char *bad[] = {"", "block", "every-", "every-0", "every-257", "every-2x",
-                                "every--1", "Blocks"};
+    static const char *bad[] = {"",          "block",    "every-",   "every-0",
+                                "every-257", "every-2x", "every--1", "Blocks"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int every = -1;
         CHECK(fsdp_recompute_parse(bad[i], &every) != 0, "'%s' was accepted", bad[i]);
@@ -242,8 +246,8 @@ static void the_recompute_option_parses_and_names_itself(void)
 /* bf16 on one rank: every strategy reads the same rounded parameters, so
  * one micro-batch's gradients agree to the bit (with two, NONE adds the
  * second into the shard in another order, in fp32 too); and they are not
- * fp32's, only near them (the rounding really happens). Runs the engine's bf16 path on any CPU: without bf16
- * hardware the products are widened to fp32 for OpenBLAS, same values. */
+ * fp32's, only near them (the rounding really happens). Runs the engine's bf16 path on any CPU:
+ * without bf16 hardware the products are widened to fp32 for OpenBLAS, same values. */
 static void bf16_gives_the_same_gradients_for_every_strategy(void)
 {
     size_t n0, n, act;
@@ -356,16 +360,16 @@ static void bf16_reduction_rounds_the_gradient_and_nothing_else(void)
         REQUIRE(g32 && g16 && n == n2, "a step failed");
         size_t differ = 0, changed = 0;
         for (size_t i = 0; i < n; i++) {
-            float want = shard == FSDP_SHARD_NONE ? g32[i]
-                                                  : fsdp_bf16_widen(fsdp_bf16_round(g32[i]));
+            float want =
+                shard == FSDP_SHARD_NONE ? g32[i] : fsdp_bf16_widen(fsdp_bf16_round(g32[i]));
             differ += memcmp(&want, &g16[i], sizeof want) != 0;
             changed += g32[i] != g16[i];
         }
         CHECK(differ == 0, "%s: %zu of %zu gradient elements are not the rounded fp32 ones",
               fsdp_shard_name(shard), differ, n);
         CHECK(shard == FSDP_SHARD_NONE || changed > n / 2,
-              "%s: only %zu of %zu elements changed: was anything rounded?",
-              fsdp_shard_name(shard), changed, n);
+              "%s: only %zu of %zu elements changed: was anything rounded?", fsdp_shard_name(shard),
+              changed, n);
         free(g32);
         free(g16);
     }
@@ -380,8 +384,10 @@ static void unit_groups_give_the_same_gradient_bits(void)
         for (int variant = 0; variant < 2; variant++) {
             enum fsdp_shard shard = s == 0 ? FSDP_SHARD_FULL : FSDP_SHARD_GRAD_OP;
             size_t n, n2, act;
-            struct rig_opts ro = {.recompute_every = variant, .bf16 = variant,
-                                  .reduce_bf16 = variant, .unit_blocks = 1};
+            struct rig_opts ro = {.recompute_every = variant,
+                                  .bf16 = variant,
+                                  .reduce_bf16 = variant,
+                                  .unit_blocks = 1};
             float *one = grads_of(shard, &ro, 1, &n, &act);
             ro.unit_blocks = 2;
             float *two = grads_of(shard, &ro, 1, &n2, &act);

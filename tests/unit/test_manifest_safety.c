@@ -89,10 +89,19 @@ static json_t *good_v1(void)
     struct ckpt_unit u = {"u", 8, 8, 1, &t};
     struct ckpt_chunk ch[2] = {{0, 48, 0, 48, CKPT_CODEC_RAW, {0}},
                                {48, 48, 48, 20, CKPT_CODEC_ZSTD, {0}}};
-    struct ckpt_shard s = {.file = "shard-00000-of-00001", .raw_size = 96, .stored_size = 68,
-                           .nchunks = 2, .chunks = ch};
-    struct ckpt_manifest m = {.version = 1, .step = 5, .world = 1, .chunk_bytes = 48,
-                              .sharding = "full", .nunits = 1, .units = &u, .nshards = 1,
+    struct ckpt_shard s = {.file = "shard-00000-of-00001",
+                           .raw_size = 96,
+                           .stored_size = 68,
+                           .nchunks = 2,
+                           .chunks = ch};
+    struct ckpt_manifest m = {.version = 1,
+                              .step = 5,
+                              .world = 1,
+                              .chunk_bytes = 48,
+                              .sharding = "full",
+                              .nunits = 1,
+                              .units = &u,
+                              .nshards = 1,
                               .shards = &s};
     m.model = json_object();
     m.trainer = json_object();
@@ -124,8 +133,7 @@ static char *sealed(json_t *j)
 
 /* Sets member key of element i of shards[0].arr to value; the re-sealed
  * manifest must be refused with needle in the message. */
-static int v1_refused(const char *arr, size_t i, const char *key, json_t *value,
-                      const char *needle)
+static int v1_refused(const char *arr, size_t i, const char *key, json_t *value, const char *needle)
 {
     json_t *j = good_v1();
     if (!j)
@@ -171,10 +179,8 @@ static void a_good_format1_manifest_parses(void)
 
 static void bad_format1_sections_and_chunks_are_refused(void)
 {
-    CHECK(v1_refused("sections", 0, "kind", json_string("bogus"), "unknown kind"),
-          "first section");
-    CHECK(v1_refused("sections", 2, "kind", json_string("bogus"), "unknown kind"),
-          "last section");
+    CHECK(v1_refused("sections", 0, "kind", json_string("bogus"), "unknown kind"), "first section");
+    CHECK(v1_refused("sections", 2, "kind", json_string("bogus"), "unknown kind"), "last section");
     CHECK(v1_refused("sections", 2, "kind", json_integer(1), "unknown kind"), "a number as kind");
     CHECK(v1_refused("sections", 2, "n", json_integer(-1), "'n'"), "a negative count");
     CHECK(v1_refused("sections", 1, "raw_offset", json_integer(36), "does not match the layout"),
@@ -188,5 +194,4 @@ static void bad_format1_sections_and_chunks_are_refused(void)
 }
 
 CHECK_MAIN(TEST(a_good_shard_entry_parses), TEST(bad_format2_entries_are_refused),
-           TEST(a_good_format1_manifest_parses),
-           TEST(bad_format1_sections_and_chunks_are_refused))
+           TEST(a_good_format1_manifest_parses), TEST(bad_format1_sections_and_chunks_are_refused))

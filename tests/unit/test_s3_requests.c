@@ -40,9 +40,9 @@ static struct {
     pthread_mutex_t mu;
     int requests;
     int signed_fully; /* the last request had every header we sign */
-    char line[4096]; /* request line of the last request */
-    char md5[64];    /* its Content-MD5 header */
-    char *body;      /* its body */
+    char line[4096];  /* request line of the last request */
+    char md5[64];     /* its Content-MD5 header */
+    char *body;       /* its body */
     size_t body_len;
 } srv = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -524,8 +524,9 @@ static void openssl_allocation_failures_never_give_a_wrong_signature_body(void)
     char want[sizeof sig_out.authorization];
     snprintf(want, sizeof want, "%s", sig_out.authorization);
     /* the S3 API reference's GET Object example */
-    CHECK(strstr(want, "Signature=f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41"),
-          "%s", want);
+    CHECK(
+        strstr(want, "Signature=f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41"),
+        "%s", want);
     int failures = 0;
     for (int sticky = 0; sticky < 2; sticky++)
         for (long n = 0; n < 10000; n++) {
@@ -579,7 +580,8 @@ static void curl_allocation_failures_are_errors_never_half_signed_requests_body(
             errors += run.rc != 0;
             CHECK(run.rc != 0 || (run.status == 200 && sent && full),
                   "allocation %ld failing (sticky %d): success, status %ld, sent %d, every "
-                  "header %d", n, sticky, run.status, sent, full);
+                  "header %d",
+                  n, sticky, run.status, sent, full);
             CHECK(!sent || full,
                   "allocation %ld failing (sticky %d): a request went out half signed", n, sticky);
             CHECK(run.rc == 0 || run.err[0],
@@ -606,8 +608,7 @@ static void *get_many(void *arg)
     struct burst *b = arg;
     char err[FSDP_ERR_LEN];
     for (int i = 0; i < 25; i++) {
-        struct s3_request r = {.method = "GET", .bucket = "bucket", .key = "step-1/x",
-                               .query = ""};
+        struct s3_request r = {.method = "GET", .bucket = "bucket", .key = "step-1/x", .query = ""};
         b->ok += s3_perform(b->c, &r, "GetObject", err) == 0 && r.status == 200;
         s3_buf_free(&r.resp);
     }

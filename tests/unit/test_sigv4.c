@@ -131,8 +131,7 @@ static void aws_suite_cases_valid_for_s3_match(void)
         char *want_s = slurp(dir, "header-string-to-sign.txt");
         char *want_sig = slurp(dir, "header-signature.txt");
         json_t *j = json_loads(ctx, 0, NULL);
-        const char *ak = NULL, *sk = NULL, *tok = NULL, *region = NULL, *service = NULL,
-                   *ts = NULL;
+        const char *ak = NULL, *sk = NULL, *tok = NULL, *region = NULL, *service = NULL, *ts = NULL;
         int sign_body = 0, omit_token = 0;
         json_unpack(j, "{s:{s:s, s:s, s?s}, s:s, s:s, s:s, s:b, s?b}", "credentials",
                     "access_key_id", &ak, "secret_access_key", &sk, "token", &tok, "region",
@@ -148,15 +147,14 @@ static void aws_suite_cases_valid_for_s3_match(void)
                      ts + 14, ts + 17);
         char body_sha[65];
         sha_hex(p.body, body_sha);
-        struct sigv4_input in = {p.method, p.path, p.query, p.h, p.nh, body_sha, date, region,
-                                 service, ak, sk, tok, sign_body};
+        struct sigv4_input in = {p.method, p.path,  p.query, p.h, p.nh, body_sha, date,
+                                 region,   service, ak,      sk,  tok,  sign_body};
         static struct sigv4_output out;
         CHECK(sigv4_sign(&in, &out) == 0, "%s: sign failed", de->d_name);
         CHECK(want_c && strcmp(out.canonical_request, want_c) == 0,
-              "%s: canonical request\n--- got\n%s\n--- want\n%s", de->d_name,
-              out.canonical_request, want_c ? want_c : "?");
-        CHECK(want_s && strcmp(out.string_to_sign, want_s) == 0, "%s: string to sign",
-              de->d_name);
+              "%s: canonical request\n--- got\n%s\n--- want\n%s", de->d_name, out.canonical_request,
+              want_c ? want_c : "?");
+        CHECK(want_s && strcmp(out.string_to_sign, want_s) == 0, "%s: string to sign", de->d_name);
         CHECK(want_sig && strcmp(out.signature, want_sig) == 0, "%s: signature %s, want %s",
               de->d_name, out.signature, want_sig ? want_sig : "?");
         cases++;
@@ -171,11 +169,19 @@ static void aws_suite_cases_valid_for_s3_match(void)
 static void s3_reference_get_object_example_matches(void)
 {
     struct sigv4_kv h[] = {{"Host", "examplebucket.s3.amazonaws.com"}, {"Range", "bytes=0-9"}};
-    struct sigv4_input in = {
-        "GET", "/test.txt", "", h, 2,
-        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", "20130524T000000Z",
-        "us-east-1", "s3", "AKIAIOSFODNN7EXAMPLE", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
-        NULL, 1};
+    struct sigv4_input in = {"GET",
+                             "/test.txt",
+                             "",
+                             h,
+                             2,
+                             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+                             "20130524T000000Z",
+                             "us-east-1",
+                             "s3",
+                             "AKIAIOSFODNN7EXAMPLE",
+                             "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+                             NULL,
+                             1};
     static struct sigv4_output out;
     REQUIRE(sigv4_sign(&in, &out) == 0, "sign failed");
     char dir[1024];
@@ -184,8 +190,8 @@ static void s3_reference_get_object_example_matches(void)
     REQUIRE(ref != NULL, "no %s/get-object-range.txt", dir);
     char *sig = strstr(ref, "signature: "), *signed_h = strstr(ref, "signed_headers: ");
     REQUIRE(sig && signed_h, "reference file lacks signature lines");
-    CHECK(strncmp(out.signature, sig + 11, 64) == 0, "signature %s, reference %.64s",
-          out.signature, sig + 11);
+    CHECK(strncmp(out.signature, sig + 11, 64) == 0, "signature %s, reference %.64s", out.signature,
+          sig + 11);
     CHECK(strncmp(out.signed_headers, signed_h + 16, strlen(out.signed_headers)) == 0,
           "signed headers %s", out.signed_headers);
     /* a wrong secret gives another signature, and the secret is nowhere in the output */

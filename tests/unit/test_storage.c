@@ -105,8 +105,7 @@ static void put_if_absent_never_replaces_body(struct fixture *fx)
     REQUIRE(storage_put_if_absent(st, "m/MANIFEST", "first", 5, err) == 0, "%s", err);
     CHECK(storage_put_if_absent(st, "m/MANIFEST", "second", 6, err) == STORAGE_EXISTS,
           "second writer was not refused");
-    CHECK(storage_get_range(st, "m/MANIFEST", 0, 5, buf, err) == 0 &&
-              memcmp(buf, "first", 5) == 0,
+    CHECK(storage_get_range(st, "m/MANIFEST", 0, 5, buf, err) == 0 && memcmp(buf, "first", 5) == 0,
           "content replaced");
     CHECK(count_files(root) >= 0 && count_files(root) == 1, "temporaries left: %d files",
           count_files(root));
@@ -157,8 +156,8 @@ static void keys_cannot_escape_the_root_body(struct fixture *fx)
 {
     struct storage *st = fx->st;
     char err[FSDP_ERR_LEN];
-    const char *bad[] = {"../x", "a/../../x", "/etc/passwd", "a//b", "", "a/..",
-                         "./x", "a/./b", "a/.", "a/", "a\nb"};
+    const char *bad[] = {"../x", "a/../../x", "/etc/passwd", "a//b", "",    "a/..",
+                         "./x",  "a/./b",     "a/.",         "a/",   "a\nb"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         uint64_t size;
         CHECK(storage_stat(st, bad[i], &size, err) == FSDP_ERROR && strstr(err, "invalid key"),
@@ -178,7 +177,8 @@ static void snapshot(const char *dir, char *out, size_t n)
     char cmd[700];
     snprintf(cmd, sizeof cmd,
              "cd '%s' && find . -printf '%%p %%y %%s\\n' | sort && find . -type f | sort | "
-             "xargs -r md5sum", dir);
+             "xargs -r md5sum",
+             dir);
     FILE *p = popen(cmd, "r");
     size_t got = p ? fread(out, 1, n - 1, p) : 0;
     out[got] = 0;
@@ -221,8 +221,8 @@ static void every_operation_refuses(struct storage *st, const char *key, const c
     CHECK(refused_naming(storage_stat(st, key, &size, err), err, path, what), "stat %s", key);
     storage_prefetch(st, key, 0, 4); /* a hint: returns at once, opens nothing it refuses */
     CHECK(refused_naming(storage_delete(st, key, err), err, path, what), "delete %s", key);
-    CHECK(refused_naming(storage_list(st, key, count_keys, &n, err), err, path, what),
-          "list %s", key);
+    CHECK(refused_naming(storage_list(st, key, count_keys, &n, err), err, path, what), "list %s",
+          key);
 }
 
 /* Step 7 of another store in outside: what the links point at. */
@@ -261,9 +261,10 @@ static void a_symlinked_step_directory_is_refused_and_its_target_untouched_body(
     every_operation_refuses(st, "step-00000007/new/deeper", link, "a symbolic link");
     int n = 0;
     CHECK(refused_naming(storage_list(st, "step-", count_keys, &n, err), err, link,
-                         "a symbolic link"), "listing step-");
-    CHECK(refused_naming(storage_list(st, "", count_keys, &n, err), err, link,
-                         "a symbolic link"), "listing the whole store");
+                         "a symbolic link"),
+          "listing step-");
+    CHECK(refused_naming(storage_list(st, "", count_keys, &n, err), err, link, "a symbolic link"),
+          "listing the whole store");
     CHECK(storage_list(st, "a/", count_keys, &n, err) == 0, "a listing elsewhere: %s", err);
 
     snapshot(outside, after, sizeof after);
@@ -385,10 +386,8 @@ static void a_root_created_by_the_first_write_body(struct fixture *fx)
     int n = 0;
     snprintf(path, sizeof path, "%s/new/root", outside);
     REQUIRE(storage_open(path, &s, err) == 0, "%s", err);
-    CHECK(storage_stat(s, "x/y", &size, err) == STORAGE_NOT_FOUND, "stat without a root: %s",
-          err);
-    CHECK(storage_list(s, "", count_keys, &n, err) == 0 && n == 0, "list without a root: %s",
-          err);
+    CHECK(storage_stat(s, "x/y", &size, err) == STORAGE_NOT_FOUND, "stat without a root: %s", err);
+    CHECK(storage_list(s, "", count_keys, &n, err) == 0 && n == 0, "list without a root: %s", err);
     CHECK(access(path, F_OK) != 0, "a read created the root");
     CHECK(storage_put(s, "x/y", "z", 1, err) == 0, "first write: %s", err);
     CHECK(storage_stat(s, "x/y", &size, err) == 0 && size == 1, "stat: %s", err);
@@ -410,8 +409,8 @@ static void fault_wrapper_injects_errors_body(struct fixture *fx)
     struct storage_writer *w;
     REQUIRE(storage_put_begin(f, "f/obj", &w, err) == 0, "%s", err);
     CHECK(storage_write(w, "a", 1, err) == 0, "first write failed");
-    CHECK(storage_write(w, "b", 1, err) == FSDP_ERROR &&
-              strstr(err, "No space left on device") && strstr(err, "f/obj"),
+    CHECK(storage_write(w, "b", 1, err) == FSDP_ERROR && strstr(err, "No space left on device") &&
+              strstr(err, "f/obj"),
           "second write: %s", err);
     storage_writer_abort(w);
     CHECK(storage_put_if_absent(f, "f/m", "x", 1, err) == FSDP_ERROR &&
@@ -460,8 +459,8 @@ static void round_trip(struct storage *s, const char *key, size_t n)
 static void objects_of_any_size_round_trip_with_and_without_direct_io_body(struct fixture *fx)
 {
     const char *root = fx->root;
-    const size_t sizes[] = {0, 1, 4095, 4096, 4097, (8u << 20) - 1, 8u << 20,
-                            (8u << 20) + 1, (21u << 20) + 12345};
+    const size_t sizes[] = {
+        0, 1, 4095, 4096, 4097, (8u << 20) - 1, 8u << 20, (8u << 20) + 1, (21u << 20) + 12345};
     for (int direct = 1; direct >= 0; direct--) {
         char err[FSDP_ERR_LEN], key[64];
         struct storage *s;

@@ -17,11 +17,11 @@
 #include "super.h"
 
 #include <signal.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The script agent: `sh -c SCRIPT HOST true`, its files in dir (a test's
@@ -85,10 +85,9 @@ static void the_first_alternative_found_is_the_agent(void)
 {
     struct agent a;
     char err[256];
-    REQUIRE(agent_init(&a, "/nonexistent/agent -v : sh -e", NULL, err, sizeof err) == 0, "%s",
-            err);
-    CHECK(a.nwords == 2 && strcmp(a.word[0], "sh") == 0 && strcmp(a.word[1], "-e") == 0,
-          "took %s", a.word[0]);
+    REQUIRE(agent_init(&a, "/nonexistent/agent -v : sh -e", NULL, err, sizeof err) == 0, "%s", err);
+    CHECK(a.nwords == 2 && strcmp(a.word[0], "sh") == 0 && strcmp(a.word[1], "-e") == 0, "took %s",
+          a.word[0]);
     REQUIRE(agent_init(&a, " /nonexistent/a : /nonexistent/b", NULL, err, sizeof err) == 0, "%s",
             err);
     CHECK(a.nwords == 1 && strcmp(a.word[0], "/nonexistent/a") == 0,
@@ -98,8 +97,7 @@ static void the_first_alternative_found_is_the_agent(void)
     char many[400] = "ssh";
     for (int i = 0; i < AGENT_MAX_WORDS; i++)
         strcat(many, " -v");
-    CHECK(agent_init(&a, many, NULL, err, sizeof err) == -1 && strstr(err, "too long"), "%s",
-          err);
+    CHECK(agent_init(&a, many, NULL, err, sizeof err) == -1 && strstr(err, "too long"), "%s", err);
 }
 
 /* ---- probes ------------------------------------------------------------------------- */
@@ -119,8 +117,8 @@ static void probes_run_at_once_and_say_why_a_host_does_not_answer_body(const cha
           "%s", p[1].why);
     CHECK(!p[3].ok && strcmp(p[3].why, "no answer through sh within 1 s") == 0, "%s", p[3].why);
     CHECK(!p[4].ok && strstr(p[4].why, "no answer"), "%s", p[4].why);
-    CHECK(p[0].took < 1.5 && p[1].took < 1.5, "a quick answer is not held up: %.2f %.2f",
-          p[0].took, p[1].took);
+    CHECK(p[0].took < 1.5 && p[1].took < 1.5, "a quick answer is not held up: %.2f %.2f", p[0].took,
+          p[1].took);
     /* in parallel and bounded: the two that hang are killed a second after
      * the bound, together */
     CHECK(took >= 1.9 && took < 3.5, "the round took %.2f s", took);
@@ -258,8 +256,7 @@ static void hosts_that_do_not_answer_are_left_out_until_they_do_body(const char 
     struct host h2[3] = {{"198.51.100.1", 2}, {"198.51.100.2", 3}, {"localhost", 1}};
     nh = 3;
     slots = hosts_reachable(&sp, &a, 1, h2, &nh, left, &nleft);
-    CHECK(slots == 6 && nh == 3 && nleft == 0 && sp.n == 0, "%d slots, %d suspects", slots,
-          sp.n);
+    CHECK(slots == 6 && nh == 3 && nleft == 0 && sp.n == 0, "%d slots, %d suspects", slots, sp.n);
     /* --probe-timeout 0: nobody is probed */
     unlink(flag);
     snprintf(flag, sizeof flag, "%s/198.51.100.1.pid", dir);

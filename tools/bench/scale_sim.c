@@ -362,7 +362,8 @@ static void load_phase(const struct model_layout *ml, int world, int version, ui
             fail("plan", err);
         double t2 = fsdp_now(), t3 = t2, t4 = t2;
         if (version >= 2) {
-            make_shards(&m, &p, index, index_len, dir); /* not timed: the objects exist before a load */
+            make_shards(&m, &p, index, index_len,
+                        dir); /* not timed: the objects exist before a load */
             t3 = fsdp_now();
             if (ckpt_plan_indexes(&r, &p, err))
                 fail("indexes", err);
