@@ -419,27 +419,27 @@ static int parse_units(json_t *ju, struct ckpt_manifest *m, char *err)
         U->ntensors = (int)nt;
         for (size_t i = 0; i < nt; i++) {
             json_t *t = json_array_get(ts, i), *shape = json_object_get(t, "shape");
-            struct ckpt_tensor *T = &U->tensors[i];
+            struct ckpt_tensor *ct = &U->tensors[i];
             const char *dtype = json_string_value(json_object_get(t, "dtype"));
-            if (get_str(t, "name", T->name, sizeof T->name, err) ||
-                get_u64(t, "offset", LIMIT_NUMEL, &T->offset, err))
+            if (get_str(t, "name", ct->name, sizeof ct->name, err) ||
+                get_u64(t, "offset", LIMIT_NUMEL, &ct->offset, err))
                 return -1;
             if (!dtype || strcmp(dtype, "float32") != 0)
                 return bad(err, "a tensor's dtype is not float32");
             size_t nd = json_array_size(shape);
             if (!json_is_array(shape) || nd < 1 || nd > 4)
                 return bad(err, "a tensor's shape is not 1 to 4 dimensions");
-            T->ndim = (int)nd;
-            T->numel = 1;
+            ct->ndim = (int)nd;
+            ct->numel = 1;
             for (size_t d = 0; d < nd; d++) {
                 json_t *dim = json_array_get(shape, d);
                 if (!json_is_integer(dim) || json_integer_value(dim) < 1 ||
                     (uint64_t)json_integer_value(dim) > LIMIT_NUMEL)
                     return bad(err, "a tensor dimension is out of range");
-                T->shape[d] = (uint64_t)json_integer_value(dim);
-                if (T->numel > LIMIT_NUMEL / T->shape[d])
+                ct->shape[d] = (uint64_t)json_integer_value(dim);
+                if (ct->numel > LIMIT_NUMEL / ct->shape[d])
                     return bad(err, "a tensor is too large");
-                T->numel *= T->shape[d];
+                ct->numel *= ct->shape[d];
             }
         }
     }

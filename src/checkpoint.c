@@ -483,11 +483,11 @@ static int compare_unit(struct tckpt *c, int u, int k, const float *unit,
 {
     const struct model_unit *mu = &c->m->units[u];
     for (int t = 0; t < mu->ntensors; t++) {
-        const struct model_tensor *T = &c->m->tensors[mu->first_tensor + t];
+        const struct model_tensor *mt = &c->m->tensors[mu->first_tensor + t];
         char hex[65], line[200];
-        if (ckpt_tensor_digest(T->numel, in_memory, (void *)(unit + T->offset), hex, err))
+        if (ckpt_tensor_digest(mt->numel, in_memory, (void *)(unit + mt->offset), hex, err))
             return -1;
-        snprintf(line, sizeof line, "%s %s %s", T->name, ckpt_kind_name(k), hex);
+        snprintf(line, sizeof line, "%s %s %s", mt->name, ckpt_kind_name(k), hex);
         int found = 0; /* the checkpoint's digest lists tensor-major order */
         for (int i = 0; i < want->n && !found; i++)
             found = strcmp(line, want->v[i]) == 0;

@@ -270,13 +270,13 @@ static int cmd_inspect(const char *arg, int as_json)
             printf("%-6d %-28s %-8s %-16s %12s %12" PRIu64 "  (padded %" PRIu64 ")\n", u, U->name,
                    "", "", "", U->numel, U->padded);
             for (int t = 0; t < U->ntensors; t++) {
-                const struct ckpt_tensor *T = &U->tensors[t];
+                const struct ckpt_tensor *ct = &U->tensors[t];
                 char shape[64] = "";
-                for (int d = 0; d < T->ndim; d++)
+                for (int d = 0; d < ct->ndim; d++)
                     snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%" PRIu64,
-                             d ? "x" : "", T->shape[d]);
-                printf("%-6s %-28s %-8s %-16s %12" PRIu64 " %12" PRIu64 "\n", "", T->name,
-                       "float32", shape, T->offset, T->numel);
+                             d ? "x" : "", ct->shape[d]);
+                printf("%-6s %-28s %-8s %-16s %12" PRIu64 " %12" PRIu64 "\n", "", ct->name,
+                       "float32", shape, ct->offset, ct->numel);
             }
         }
         printf("\n%-22s %12s %12s %7s  %s\n", "SHARD", "RAW", "STORED", "CHUNKS", "SHA256");
