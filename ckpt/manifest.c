@@ -470,13 +470,13 @@ int ckpt_manifest_check(const struct ckpt_manifest *m, char *err)
         raw += U->padded / (uint64_t)m->world * 4 * CKPT_NKINDS;
         uint64_t end = 0;
         for (int i = 0; i < U->ntensors; i++) {
-            const struct ckpt_tensor *T = &U->tensors[i];
-            if (T->offset < end || T->offset + T->numel > U->numel) {
-                snprintf(msg, sizeof msg, "tensor %s overlaps or lies outside unit %s", T->name,
+            const struct ckpt_tensor *ct = &U->tensors[i];
+            if (ct->offset < end || ct->offset + ct->numel > U->numel) {
+                snprintf(msg, sizeof msg, "tensor %s overlaps or lies outside unit %s", ct->name,
                          U->name);
                 return bad(err, msg);
             }
-            end = T->offset + T->numel;
+            end = ct->offset + ct->numel;
         }
     }
     for (int r = 0; r < m->nshards; r++) {

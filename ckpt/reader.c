@@ -471,13 +471,13 @@ int ckpt_digest(struct ckpt_reader *r,
     for (int u = 0; !rc && u < r->m->nunits; u++) {
         const struct ckpt_unit *U = &r->m->units[u];
         for (int t = 0; !rc && t < U->ntensors; t++) {
-            const struct ckpt_tensor *T = &U->tensors[t];
+            const struct ckpt_tensor *ct = &U->tensors[t];
             for (int k = 0; !rc && k < CKPT_NKINDS; k++) {
-                struct tensor_source src = {r, u, k, T->offset, buf};
+                struct tensor_source src = {r, u, k, ct->offset, buf};
                 char hex[65];
-                rc = ckpt_tensor_digest(T->numel, read_piece, &src, hex, err);
+                rc = ckpt_tensor_digest(ct->numel, read_piece, &src, hex, err);
                 if (!rc)
-                    rc = fn(arg, T->name, ckpt_kind_name(k), hex);
+                    rc = fn(arg, ct->name, ckpt_kind_name(k), hex);
             }
         }
     }
