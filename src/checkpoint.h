@@ -3,9 +3,9 @@
  * shards with the commit protocol, and resuming (with fallback) from the
  * newest committed step that loads and verifies.
  *
- * checkpoint.c holds the commit protocol, resume and --verify-load;
- * checkpoint_async.c the background writer of --ckpt-async; what the two
- * share is checkpoint_internal.h, private to them. The format, commit,
+ * checkpoint.c holds the commit protocol and resume; checkpoint_async.c
+ * the background writer of --ckpt-async; checkpoint_verify.c the check of
+ * --verify-load; what they share is checkpoint_internal.h, private to them. The format, commit,
  * retention and digests themselves are ckpt/ (ckpt.h).
  *
  * Unless said otherwise a function here is collective: all ranks call it,

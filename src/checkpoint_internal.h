@@ -1,7 +1,7 @@
 /*
- * checkpoint_internal.h - what checkpoint.c (the commit protocol, resume)
- * and checkpoint_async.c (the background writer) share. Private to those
- * two files: the trainer uses checkpoint.h.
+ * checkpoint_internal.h - what checkpoint.c (the commit protocol, resume),
+ * checkpoint_async.c (the background writer) and checkpoint_verify.c
+ * (--verify-load) share. Private to those files: the trainer uses checkpoint.h.
  */
 #ifndef FSDP_CHECKPOINT_INTERNAL_H
 #define FSDP_CHECKPOINT_INTERNAL_H

@@ -2,14 +2,14 @@
 # Fails when a C or CUDA source differs from what clang-format makes of it
 # with the project's .clang-format (one line per difference, then a count).
 # The suite 'style' runs it; to fix a tree: clang-format -i FILE...
-#   tools/check-format.sh [FILE...]    default: every tracked source
+#   tools/check-format.sh [FILE...]    default: every source git tracks or would (not ignored)
 set -u
 cd "$(dirname "$0")/.."
 command -v clang-format >/dev/null 2>&1 ||
     { echo "check-format: clang-format not found (tools/setup.sh installs it)" >&2; exit 1; }
 if [ $# -eq 0 ]; then
     if [ -d .git ] || [ -f .git ]; then
-        set -- $(git ls-files '*.c' '*.h' '*.cu')
+        set -- $(git ls-files --cached --others --exclude-standard '*.c' '*.h' '*.cu')
     else
         set -- $(find src ckpt storage recovery tools tests -name '*.[ch]' -o -name '*.cu')
     fi
