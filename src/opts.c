@@ -22,6 +22,8 @@ const struct opt *opts_find(const struct opt *t, size_t n, const char *flag)
 /* "is not a or b", "is not one of a, b, c" */
 static int bad_word(const struct opt *o, const char *v, char *err)
 {
+    if (o->expect)
+        return fsdp_err(err, "%s '%s' is not %s", o->flag, v, o->expect);
     size_t n = 0;
     while (n < OPTS_LEN(o->words) && o->words[n])
         n++;

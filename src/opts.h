@@ -44,10 +44,10 @@ struct opt {
     /* OPT_PARSE: 0, or non-zero with a message in err, or with err left
      * empty for "FLAG 'ARG' is not EXPECT" */
     int (*parse)(void *field, const char *arg, char *err);
-    const char *expect;
-    const char *arg;  /* usage: what the argument is ("N", "FILE") */
-    const char *help; /* usage: what the flag does, lines split by '\n';
-                         NULL: the flag is not listed */
+    const char *expect; /* OPT_PARSE, OPT_WORD (else the words are listed) */
+    const char *arg;    /* usage: what the argument is ("N", "FILE") */
+    const char *help;   /* usage: what the flag does, lines split by '\n';
+                           NULL: the flag is not listed */
 };
 
 #define OPTS_LEN(table) (sizeof(table) / sizeof((table)[0]))

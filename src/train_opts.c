@@ -153,7 +153,8 @@ static const struct opt train_flags[] = {
      .help = "checkpoint every N steps, and always after the last"},
     {"--keep", OPT_LLONG, AT(o.ckpt.keep), .min = 1, .max = 1 << 20, .arg = "K",
      .help = "committed checkpoints to keep (default 3)"},
-    {"--resume", OPT_WORD, AT(o.ckpt.resume), .words = {"none", "auto"}, .arg = "auto|none",
+    {"--resume", OPT_WORD, AT(o.ckpt.resume), .words = {"none", "auto"}, .expect = "auto or none",
+     .arg = "auto|none",
      .help = "auto: continue from the newest committed checkpoint\n"
              "that verifies (default); none: start fresh"},
     {"--compress", OPT_PARSE, AT(o.ckpt.write), .parse = parse_compress, .arg = "C",
