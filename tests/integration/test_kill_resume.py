@@ -1,14 +1,15 @@
 """Resume is bit-exact (with synchronous and with --ckpt-async checkpoints):
 a run killed with SIGKILL (every process of the job)
 at a dozen moments - mid-shard, after the shards are durable but before the
-manifest, right after the manifest, and at random times - and resumed with
+manifest, right after the manifest, and while it computes a random step -
+and resumed with
 --resume auto each time ends with the same digest as an uninterrupted run
 with the same seed, on 1 and on 2 ranks. After every kill, every step that
 fsdp-ckpt ls calls committed verifies."""
 
+import json
 import os
 import random
-import subprocess
 import time
 
 from harness import (CKPT, committed_steps, digest, kill_job, launch, main, mpirun,
@@ -22,37 +23,57 @@ def assert_committed_verify(ck):
         assert p.returncode == 0, f"step {step} is listed committed but fails verify:\n{p.stdout}"
 
 
+def wait_logged_or_exit(p, log, step, limit=120):
+    """Waits until rank 0's step log has a line for `step` (it writes one as
+    each step ends) or the job ended. Returns True if the step was logged."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            return False
+        try:
+            with open(log) as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            lines = []
+        for line in lines:
+            try:
+                if json.loads(line)["step"] >= step:
+                    return True
+            except (ValueError, KeyError):
+                pass  # a line being written
+        time.sleep(0.02)
+    raise AssertionError(f"the job neither logged step {step} nor finished")
+
+
 def kill_and_resume(tmp, np, seed, extra=()):
     train, _ = prepare_corpus(tmp)
     ref = f"{tmp}/ref-{np}"
-    t0 = time.monotonic()
     mpirun(np, train_args(train, ref))  # the reference is always synchronous
-    wall = time.monotonic() - t0
     want = digest(ref)
 
     ck = f"{tmp}/ck-{np}"
     rng = random.Random(seed)
     # Kill points: the test hook stops a rank at a precise place of a given
     # save (mid-shard, shards durable but no manifest, just after the
-    # manifest), or a random moment. Every kill is SIGKILL of every process.
+    # manifest), or while it computes the step after a random one. Every
+    # kill is SIGKILL of every process. Faults land on events (a stop, a
+    # logged step), never after wall-clock seconds.
     plan = []
     for point in ("shard-chunk", "before-commit", "after-commit"):
         for _ in range(2):
             plan.append((point, rng.randint(1, 2)))
-    # Random moments: each run lives 8-14% of an uninterrupted run's wall
-    # time, so all of them together cannot finish the run early.
-    plan += [("time", rng.uniform(0.08, 0.14) * wall) for _ in range(6)]
+    # Random steps: 1-4 past the step the launch resumes from, so that all
+    # the kills together cannot finish the run (STEPS) early.
+    plan += [("step", rng.randint(1, 4)) for _ in range(6)]
     rng.shuffle(plan)
     kills = 0
-    for kind, arg in plan + [("none", 0)]:
-        env = {"FSDP_TEST_STOP_AT": f"{kind}:{arg}"} if kind not in ("time", "none") else {}
-        p = launch(np, train_args(train, ck, extra=extra), env)
-        if kind == "time":
-            try:
-                p.wait(timeout=arg)
-                stopped = False
-            except subprocess.TimeoutExpired:
-                stopped = True
+    for i, (kind, arg) in enumerate(plan + [("none", 0)]):
+        env = {"FSDP_TEST_STOP_AT": f"{kind}:{arg}"} if kind not in ("step", "none") else {}
+        log = f"{tmp}/log-{np}-{i}.jsonl"
+        resumes_from = (committed_steps(ck) or [0])[-1] if os.path.exists(ck) else 0
+        p = launch(np, train_args(train, ck, extra=list(extra) + ["--log", log]), env)
+        if kind == "step":
+            stopped = wait_logged_or_exit(p, log, resumes_from + arg)
         elif kind == "none":
             stopped = False
         else:
