@@ -98,8 +98,11 @@
  * (events.c). mpirun's output is sorted by mpiout.c: Open MPI's own lines
  * go to the event log (when there is none, the last few are printed after
  * a failed launch).
+ *
+ * report.c renders the --metrics page and the run's summary; the state
+ * the files share is in super_internal.h.
  */
-#include "super.h"
+#include "super_internal.h"
 
 #include "chaos.h"
 #include "ckpt.h"
@@ -128,83 +131,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#define WORKDIR_LEN 512
+volatile sig_atomic_t super_got_signal;
+static void on_signal(int sig) { super_got_signal = sig; }
 
-static volatile sig_atomic_t got_signal;
-static void on_signal(int sig) { got_signal = sig; }
-
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void say(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("fsdp-super: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
-
-/* ---- state ------------------------------------------------------------------ */
-
-enum cause { C_EXIT, C_DIED, C_HUNG, C_PREEMPT, C_CHAOS, C_STARTUP, C_HOSTS, C_NOTICE, C_NCAUSE };
-static const char *cause_names[] = {"exit",         "rank-died",     "heartbeat-lost",
-                                    "preemption",   "chaos-restart", "startup-timeout",
-                                    "host-removed", "host-notice"};
-
-struct super {
-    struct super_opts o;
-    struct link link; /* the datagrams: socket, secret, answers (link.c) */
-    int ev_on;
-    char workdir[WORKDIR_LEN];
-    uint64_t generation;
-    struct job job;
-    struct chaos chaos;
-    /* accounting */
-    double start, downtime, fail_at;
-    int launches, restarts_in_a_row, prev_np;
-    int by_cause[C_NCAUSE];
-    uint64_t steps_lost, last_committed, max_step_seen, final_step;
-    double step_time_sum;
-    uint64_t step_count;
-    int notice_seen;
-    char notice_time[128];
-    char hosts_err[FSDP_ERR_LEN]; /* the host file's last complaint, said once */
-    /* --metrics: what the ranks' events tell, and the server */
-    struct metrics *metrics;
-    double next_metrics, loss, tokens_per_s, commit_at;
-    int have_loss, running;
-    struct histogram save_s, load_s;
-    uint64_t bytes_written;
-    /* other hosts: the launch agent, the hosts that did not answer it, those
-     * left out of the coming launch, mpirun's arguments for them */
-    struct agent agent;
-    struct suspects suspects;
-    struct host left[SUPER_MAX_HOSTS];
-    int nleft;
-    struct mpiargs mpiargs;
-    /* the hosts of the running launch, and when the host file is read next */
-    struct host launched[SUPER_MAX_HOSTS];
-    int nlaunched;
-    char job_id[33]; /* FSDP_SUPER_JOB of every rank (agent.c: the probe clears them) */
-    double next_hosts_check;
-    /* per-host spot notices (--preempt-url with {host}): the hosts whose
-     * notice stands, left out of launches until it is gone */
-    struct {
-        char name[128], time[64];
-    } noticed[SUPER_MAX_HOSTS];
-    int nnoticed;
-};
-
-static void render_metrics(struct super *s, int now_or_later);
-
-/* How one launch ended. */
-struct outcome {
-    int cause; /* enum cause, -1 for none */
-    int done;  /* mpirun exited 0 */
-    int preempting;
-    int planned; /* why the emergency checkpoint was asked for: C_PREEMPT, C_HOSTS, C_NOTICE */
-    char why[512];
-};
+const char *const super_cause_names[C_NCAUSE] = {"exit",         "rank-died",     "heartbeat-lost",
+                                                 "preemption",   "chaos-restart", "startup-timeout",
+                                                 "host-removed", "host-notice"};
 
 /* ---- capacity --------------------------------------------------------------------- */
 
@@ -231,19 +163,6 @@ static int capacity(struct super *s, struct host *h, int *nh)
     }
     *nh = 0;
     return -1;
-}
-
-/* Waits sec seconds, the metrics kept fresh meanwhile (an outage is when
- * they matter most). */
-static void nap_rendering(struct super *s, double sec)
-{
-    double end = fsdp_now() + sec;
-    for (double left = sec; left > 0; left = end - fsdp_now()) {
-        render_metrics(s, 0);
-        struct pollfd p = {.fd = -1};
-        poll(&p, 0, (int)((left < 0.25 ? left : 0.25) * 1000) + 1);
-    }
-    render_metrics(s, 0);
 }
 
 static json_t *host_names(const struct host *h, int n)
@@ -392,7 +311,7 @@ static int wait_capacity(struct super *s, struct host *h, int *nh)
             said_cap = cap;
             said_offered = offered;
         }
-        if (got_signal)
+        if (super_got_signal)
             return -1;
         if (fsdp_now() >= until) {
             say("no capacity: %s offered %d of the %d slots needed for %.0f s "
@@ -402,7 +321,8 @@ static int wait_capacity(struct super *s, struct host *h, int *nh)
                     "waited_s", s->o.capacity_timeout);
             return -2;
         }
-        nap_rendering(s, s->nleft ? 1.0 : 0.2); /* a round of probes is not repeated at once */
+        /* a round of probes is not repeated at once */
+        super_nap_rendering(s, s->nleft ? 1.0 : 0.2);
     }
 }
 
@@ -793,9 +713,9 @@ static int check_job(struct super *s, char *why, size_t n, int *done)
  * 0 for none. */
 static int preemption_due(struct super *s, double now, double *next_poll)
 {
-    if (got_signal) {
+    if (super_got_signal) {
         say("%s: preemption: asking the ranks for an emergency checkpoint",
-            got_signal == SIGINT ? "SIGINT" : "SIGTERM");
+            super_got_signal == SIGINT ? "SIGINT" : "SIGTERM");
         ev_emit("preemption_notice", "{s:s}", "source", "signal");
         return C_PREEMPT;
     }
@@ -873,8 +793,8 @@ static void watch(struct super *s, struct outcome *out, int *preempt_from_signal
         reap_children(&s->job);
         double now = fsdp_now();
         account_progress(s, now);
-        render_metrics(s, 1);
-        int from_signal = got_signal != 0;
+        super_render_metrics(s, 1);
+        int from_signal = super_got_signal != 0;
         int action = CHAOS_NONE;
         int due = out->preempting ? 0 : preemption_due(s, now, &next_poll);
         if (due) {
@@ -919,126 +839,6 @@ static void account_failure(struct super *s)
     if (reached > s->last_committed)
         s->steps_lost += reached - s->last_committed;
     s->fail_at = fsdp_now();
-}
-
-/* ---- metrics (--metrics) ---------------------------------------------------------- */
-
-static void counter(char *b, size_t n, size_t *len, const char *name, const char *type,
-                    const char *help, double v)
-{
-    metrics_put(b, n, len, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name,
-                v);
-}
-
-/* The exposition text of what the supervisor knows now; published at most
- * four times a second (a scrape gets the latest). */
-static void render_metrics(struct super *s, int now_or_later)
-{
-    double now = fsdp_now();
-    if (!s->metrics || (now_or_later && now < s->next_metrics))
-        return;
-    s->next_metrics = now + 0.25;
-    static char b[32768];
-    size_t n = sizeof b, len = 0;
-    int up = 0;
-    for (int r = 0; s->running && r < s->job.np; r++)
-        up += s->job.ranks[r].seen;
-    double wall = now - s->start, step_s = s->step_count ? s->step_time_sum / s->step_count : 0;
-    double productive =
-        step_s * (double)(s->max_step_seen > s->steps_lost ? s->max_step_seen - s->steps_lost : 0);
-    counter(b, n, &len, "fsdp_step", "gauge", "The newest training step a rank reported.",
-            (double)s->max_step_seen);
-    if (s->have_loss) {
-        counter(b, n, &len, "fsdp_loss", "gauge", "Rank 0's training loss at its last report.",
-                s->loss);
-        counter(b, n, &len, "fsdp_tokens_per_second", "gauge",
-                "Training throughput at rank 0's last report.", s->tokens_per_s);
-    }
-    counter(b, n, &len, "fsdp_ranks_up", "gauge", "Ranks of the running launch that reported.", up);
-    counter(b, n, &len, "fsdp_ranks_wanted", "gauge", "Ranks of the running launch.",
-            s->running ? s->job.np : 0);
-    counter(b, n, &len, "fsdp_launches_total", "counter", "Launches of the job.", s->launches);
-    counter(b, n, &len, "fsdp_generation", "gauge", "The running launch's generation.",
-            (double)s->generation);
-    metrics_put(b, n, &len,
-                "# HELP fsdp_restarts_total Launches that ended in a failure or "
-                "a planned restart, by cause.\n"
-                "# TYPE fsdp_restarts_total counter\n");
-    for (int c = 0; c < C_NCAUSE; c++)
-        metrics_put(b, n, &len, "fsdp_restarts_total{cause=\"%s\"} %d\n", cause_names[c],
-                    s->by_cause[c]);
-    counter(b, n, &len, "fsdp_downtime_seconds_total", "counter",
-            "Failure detected to training again, summed.", s->downtime);
-    counter(b, n, &len, "fsdp_steps_lost_total", "counter", "Steps computed again after restarts.",
-            (double)s->steps_lost);
-    counter(b, n, &len, "fsdp_goodput_ratio", "gauge",
-            "Productive step time over wall time since the start.",
-            wall > 0 ? productive / wall : 0);
-    counter(b, n, &len, "fsdp_last_checkpoint_step", "gauge",
-            "The newest committed checkpoint's step.", (double)s->last_committed);
-    if (s->commit_at > 0)
-        counter(b, n, &len, "fsdp_last_checkpoint_age_seconds", "gauge",
-                "Seconds since the newest checkpoint was committed.", now - s->commit_at);
-    counter(b, n, &len, "fsdp_checkpoint_bytes_written_total", "counter",
-            "Bytes of the committed checkpoints' shards.", (double)s->bytes_written);
-    metrics_put(b, n, &len,
-                "# HELP fsdp_checkpoint_save_seconds Save start to commit.\n"
-                "# TYPE fsdp_checkpoint_save_seconds histogram\n");
-    histogram_render(&s->save_s, "fsdp_checkpoint_save_seconds", b, n, &len);
-    metrics_put(b, n, &len,
-                "# HELP fsdp_checkpoint_load_seconds A resume's load.\n"
-                "# TYPE fsdp_checkpoint_load_seconds histogram\n");
-    histogram_render(&s->load_s, "fsdp_checkpoint_load_seconds", b, n, &len);
-    metrics_publish(s->metrics, b, len < n ? len : n - 1);
-}
-
-static void summary(struct super *s, const char *end)
-{
-    render_metrics(s, 0);
-    double wall = fsdp_now() - s->start;
-    double step_s = s->step_count ? s->step_time_sum / (double)s->step_count : 0;
-    double productive = step_s * (double)s->final_step;
-    int restarts = 0;
-    for (int c = 0; c < C_NCAUSE; c++)
-        restarts += s->by_cause[c];
-    chaos_report(&s->chaos);
-    fprintf(stderr, "\nfsdp-super summary (%s)\n", end);
-    fprintf(stderr, "  launches        %d\n", s->launches);
-    fprintf(stderr, "  restarts        %d", restarts);
-    const char *sep = " (";
-    for (int c = 0; c < C_NCAUSE; c++)
-        if (s->by_cause[c]) {
-            fprintf(stderr, "%s%s %d", sep, cause_names[c], s->by_cause[c]);
-            sep = ", ";
-        }
-    fprintf(stderr, "%s\n", restarts ? ")" : "");
-    fprintf(stderr, "  steps lost      %llu (computed again after a restart)\n",
-            (unsigned long long)s->steps_lost);
-    fprintf(stderr, "  downtime        %.1f s (failure detected to training again)\n", s->downtime);
-    fprintf(stderr, "  final step      %llu, newest committed checkpoint step %llu\n",
-            (unsigned long long)s->final_step, (unsigned long long)s->last_committed);
-    fprintf(stderr, "  wall time       %.1f s\n", wall);
-    fprintf(stderr, "  goodput         %.0f%% (productive step time %.1f s / wall time)\n",
-            wall > 0 ? 100.0 * productive / wall : 0, productive);
-    if (s->link.unauthenticated || s->link.dropped || s->link.replayed || s->link.conflicts)
-        fprintf(stderr,
-                "  datagrams       dropped: %llu without the launch's token, %llu malformed or "
-                "stray, %llu replayed, %llu from another process for a rank\n",
-                (unsigned long long)s->link.unauthenticated, (unsigned long long)s->link.dropped,
-                (unsigned long long)s->link.replayed, (unsigned long long)s->link.conflicts);
-    json_t *e = json_pack(
-        "{s:s, s:i, s:i, s:I, s:f, s:f, s:f, s:I, s:I}", "end", end, "launches", s->launches,
-        "restarts", restarts, "steps_lost", (json_int_t)s->steps_lost, "downtime_s", s->downtime,
-        "wall_s", wall, "goodput", wall > 0 ? productive / wall : 0, "final_step",
-        (json_int_t)s->final_step, "dropped_datagrams", (json_int_t)s->link.dropped);
-    json_t *d = json_pack(
-        "{s:I, s:I, s:I, s:I}", "unauthenticated_datagrams", (json_int_t)s->link.unauthenticated,
-        "stale_datagrams", (json_int_t)s->link.stale, "replayed_datagrams",
-        (json_int_t)s->link.replayed, "conflicting_datagrams", (json_int_t)s->link.conflicts);
-    if (e && d)
-        json_object_update(e, d);
-    json_decref(d);
-    ev_emit("summary", "o", e);
 }
 
 static uint64_t reached_step(const struct job *j)
@@ -1120,7 +920,7 @@ static int ranks_ended(struct super *s, struct outcome *out, uint64_t reached)
             "--stop-at-step), after checkpoint step %llu; the same command continues",
             (unsigned long long)reached, (unsigned long long)s->last_committed);
         ev_emit("stopped", "{s:I}", "step", (json_int_t)reached);
-        summary(s, "stopped");
+        super_summary(s, "stopped");
         return 1;
     }
     if (all_done || s->job.np == 0) {
@@ -1128,7 +928,7 @@ static int ranks_ended(struct super *s, struct outcome *out, uint64_t reached)
         chaos_launch_ended(&s->chaos, "finished", &s->job);
         say("training finished at step %llu", (unsigned long long)reached);
         ev_emit("finished", "{s:I}", "step", (json_int_t)reached);
-        summary(s, "finished");
+        super_summary(s, "finished");
         return 1;
     }
     snprintf(out->why, sizeof out->why, "the ranks stopped early (preempted by someone else?)");
@@ -1146,14 +946,14 @@ static int end_preempted(struct super *s, const struct outcome *out, uint64_t re
     if (preempt_from_signal) {
         say("stopped after the emergency checkpoint (step %llu); resumable",
             (unsigned long long)s->last_committed);
-        summary(s, "preempted");
+        super_summary(s, "preempted");
         return STOP_OK;
     }
     int why = out->planned ? out->planned : C_PREEMPT;
     s->by_cause[why]++;
-    ev_emit("restart", "{s:s, s:I}", "cause", cause_names[why], "step",
+    ev_emit("restart", "{s:s, s:I}", "cause", super_cause_names[why], "step",
             (json_int_t)s->last_committed);
-    chaos_launch_ended(&s->chaos, cause_names[why], &s->job);
+    chaos_launch_ended(&s->chaos, super_cause_names[why], &s->job);
     s->fail_at = fsdp_now();
     return NEXT_LAUNCH;
 }
@@ -1174,25 +974,25 @@ static int end_failed(struct super *s, const struct outcome *out, uint64_t reach
         ev_emit("fenced", "{s:I, s:I}", "generation", (json_int_t)s->generation, "by",
                 (json_int_t)owner);
         s->final_step = reached;
-        summary(s, "fenced");
+        super_summary(s, "fenced");
         return STOP_FAILED;
     }
     account_failure(s);
     s->by_cause[out->cause]++;
     if (++s->restarts_in_a_row > s->o.max_restarts) {
-        chaos_launch_ended(&s->chaos, cause_names[out->cause], &s->job);
+        chaos_launch_ended(&s->chaos, super_cause_names[out->cause], &s->job);
         say("giving up after %d restarts in a row", s->o.max_restarts);
         ev_emit("give_up", "{s:i}", "restarts", s->o.max_restarts);
         s->final_step = reached;
-        summary(s, "gave up");
+        super_summary(s, "gave up");
         return STOP_FAILED;
     }
     double wait = s->o.backoff * pow(2, s->restarts_in_a_row - 1);
     wait = wait > 30 ? 30 : wait;
-    ev_emit("restart", "{s:s, s:o, s:f}", "cause", cause_names[out->cause], "why",
+    ev_emit("restart", "{s:s, s:o, s:f}", "cause", super_cause_names[out->cause], "why",
             ev_text(out->why), "backoff_s", wait);
-    chaos_launch_ended(&s->chaos, cause_names[out->cause], &s->job);
-    nap_rendering(s, wait);
+    chaos_launch_ended(&s->chaos, super_cause_names[out->cause], &s->job);
+    super_nap_rendering(s, wait);
     return NEXT_LAUNCH;
 }
 
@@ -1344,14 +1144,14 @@ int main(int argc, char **argv)
     struct host hosts[SUPER_MAX_HOSTS];
     int nh;
     for (;;) {
-        if (got_signal) { /* a preemption or a failure raced with the signal */
-            summary(&s, "stopped by a signal");
+        if (super_got_signal) { /* a preemption or a failure raced with the signal */
+            super_summary(&s, "stopped by a signal");
             break;
         }
         int np = wait_capacity(&s, hosts, &nh);
         if (np < 0) {
             if (np == -1)
-                summary(&s, "stopped by a signal while waiting for capacity");
+                super_summary(&s, "stopped by a signal while waiting for capacity");
             rc = np == -1 ? 0 : 1;
             break;
         }
