@@ -4,6 +4,8 @@
  * ends for, how one launch ended (struct outcome), and the functions one
  * piece calls in another. The pieces:
  *
+ *   capacity.c  the host file, the probe of the hosts and the per-host spot
+ *               notices: super_wait_capacity, the world size of the next launch
  *   report.c    the --metrics page and the run's summary
  *   super.c     main and everything else
  *
@@ -97,6 +99,17 @@ struct outcome {
 };
 
 /* ---- across the pieces -------------------------------------------------------- */
+
+/* capacity.c: waits until the hosts that answer offer --min-np slots; the
+ * world size to launch with, those hosts in h, the others in s->left; -1
+ * after a signal, -2 after --capacity-timeout. */
+int super_wait_capacity(struct super *s, struct host *h, int *nh);
+/* The names of n hosts, a JSON array for an event. */
+json_t *super_host_names(const struct host *h, int n);
+/* Per-host spot notices: whether --preempt-url has {host}; a poll of the
+ * notices of the hosts of h, the new ones said, counted in the return value. */
+int super_per_host_notices(const struct super *s);
+int super_poll_host_notices(struct super *s, const struct host *h, int nh);
 
 /* report.c: the --metrics page, rendered when it is due (now_or_later: at
  * most four times a second) or at once; a wait that keeps it fresh; the
