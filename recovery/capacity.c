@@ -16,8 +16,8 @@
  *
  * Per-host spot notices: a --preempt-url with {host} in it is polled for
  * every host of the host file before a launch (and for those of the launch
- * during it); a host whose notice stands is left out of launches until the
- * notice is gone.
+ * during it: watch.c); a host whose notice stands is left out of launches
+ * until the notice is gone.
  */
 #include "super_internal.h"
 

@@ -6,8 +6,10 @@
  *
  *   capacity.c  the host file, the probe of the hosts and the per-host spot
  *               notices: super_wait_capacity, the world size of the next launch
+ *   watch.c     one launch until it ends: heartbeats and the ranks' events,
+ *               failure checks, preemption, a host leaving: super_watch
  *   report.c    the --metrics page and the run's summary
- *   super.c     main and everything else
+ *   super.c     main, set-up, launch, the restart policy and teardown
  *
  * super.h stays the folder's header of the library the unit tests call;
  * this one is only for the fsdp-super program's files.
@@ -110,6 +112,10 @@ json_t *super_host_names(const struct host *h, int n);
  * notices of the hosts of h, the new ones said, counted in the return value. */
 int super_per_host_notices(const struct super *s);
 int super_poll_host_notices(struct super *s, const struct host *h, int nh);
+
+/* watch.c: watches the launch until it ends, how in out; sets
+ * *preempt_from_signal when a signal to fsdp-super started a preemption. */
+void super_watch(struct super *s, struct outcome *out, int *preempt_from_signal);
 
 /* report.c: the --metrics page, rendered when it is due (now_or_later: at
  * most four times a second) or at once; a wait that keeps it fresh; the
