@@ -2,7 +2,7 @@
  * chaos.h - fault injection for fsdp-super (--chaos SPEC), placed on
  * training steps; the SPEC and the life of a fault are in chaos.c.
  *
- * super.c drives it at four points of a launch: chaos_launching (before:
+ * fsdp-super drives it at four points of a launch: chaos_launching (before:
  * the launch's test environment and store), chaos_tick (every pass of the
  * watch loop: maybe a fault now), chaos_launch_ended (after: how the launch
  * ended, which is the effect of the fault in flight) and chaos_report (at

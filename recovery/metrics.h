@@ -2,8 +2,8 @@
  * metrics.h - fsdp-super's Prometheus endpoint (--metrics HOST:PORT): GET
  * /metrics answers the text exposition format (version 0.0.4), served by
  * libmicrohttpd on a thread of its own. The supervisor's loop renders the
- * text (super.c: render_metrics) and publishes it here; the server thread
- * only copies the latest text out, under a mutex. Anything but GET
+ * text (report.c: super_render_metrics) and publishes it here; the server
+ * thread only copies the latest text out, under a mutex. Anything but GET
  * /metrics is 404 (405 for another method on /metrics).
  */
 #ifndef FSDP_METRICS_H

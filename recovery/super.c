@@ -62,44 +62,30 @@
  *   - Teardown still reaches only this host's processes (the job's session;
  *     mpirun's own teardown reaches its remote daemons while it lives).
  *
- * The host file is read once a second during a launch too: a host of the
- * launch that has left it gets a planned restart (host_removed event; an
- * emergency checkpoint, then a relaunch without it; restart cause
- * host-removed), as a spot notice for that one host would.
- *
  * Other hosts (agent.c, mpiargs.c):
- *   - Before each launch every host of the host file that is not this one
- *     is probed through the launch agent Open MPI will use (`AGENT HOST
- *     true`, all at once, bounded by --probe-timeout). A host that does
- *     not answer is suspect: a host_suspect event says why, the launch
- *     goes ahead on the rest when they offer --min-np slots (else this
- *     waits for capacity), and the host is probed again before the next
- *     launch. So an unreachable host costs no restart and no generation:
- *     mpirun is never started onto it.
+ *   - Before each launch the hosts are probed (capacity.c); mpirun is
+ *     never started onto one that does not answer.
  *   - Each launch sets Open MPI's OOB TCP keepalive from
  *     --heartbeat-timeout, so that mpirun and the daemons of a partitioned
  *     host give up on each other within about that time (not Open MPI's 8
  *     minutes), and carries with -x the environment that must be equal on
  *     every host (OpenBLAS, OpenMP: the bits a rank computes depend on it).
  *
- * Preemption: SIGTERM or SIGINT to fsdp-super, or a notice at
- * --preempt-url in AWS's spot/instance-action form
- * ({"action":"terminate","time":"...Z"}; 404 means none), polled every few
- * seconds. The ranks are ordered to preempt (as SIGUSR1 does), agree on the
- * next step boundary, write an emergency checkpoint and exit; fsdp-super
- * then exits 0 (signal) or relaunches on the capacity the host file still
- * offers (notice).
+ * The pieces of main: super_wait_capacity (capacity.c: the host file, the
+ * probe of the hosts, per-host spot notices), launch (here), super_watch
+ * (watch.c: one launch until it ends: heartbeats, preemption, a host
+ * leaving the host file, chaos, failure checks), and end_launch (here: the
+ * restart policy: finished, relaunch or give up; teardown). report.c
+ * renders the --metrics page and the run's summary; the state the files
+ * share, and what one calls in another, is in super_internal.h.
  *
- * The pieces of main: wait_capacity (the host file), launch, watch (one
- * launch until it ends: heartbeats, preemption, chaos, failure checks),
- * and end_launch (the restart policy: finished, relaunch or give up).
  * Datagrams are opened, admitted and answered by link.c (src/hbmsg.c's
  * grammar, ranks.c's identity); events are JSON built by jansson
  * (events.c). mpirun's output is sorted by mpiout.c: Open MPI's own lines
  * go to the event log (when there is none, the last few are printed after
  * a failed launch).
  */
-#include "super.h"
+#include "super_internal.h"
 
 #include "chaos.h"
 #include "ckpt.h"
@@ -116,7 +102,6 @@
 #include <openssl/evp.h>
 #include <poll.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,287 +109,15 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-#define WORKDIR_LEN 512
+volatile sig_atomic_t super_got_signal;
+static void on_signal(int sig) { super_got_signal = sig; }
 
-static volatile sig_atomic_t got_signal;
-static void on_signal(int sig) { got_signal = sig; }
-
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void say(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("fsdp-super: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
-
-/* ---- state ------------------------------------------------------------------ */
-
-enum cause { C_EXIT, C_DIED, C_HUNG, C_PREEMPT, C_CHAOS, C_STARTUP, C_HOSTS, C_NOTICE, C_NCAUSE };
-static const char *cause_names[] = {"exit",         "rank-died",     "heartbeat-lost",
-                                    "preemption",   "chaos-restart", "startup-timeout",
-                                    "host-removed", "host-notice"};
-
-struct super {
-    struct super_opts o;
-    struct link link; /* the datagrams: socket, secret, answers (link.c) */
-    int ev_on;
-    char workdir[WORKDIR_LEN];
-    uint64_t generation;
-    struct job job;
-    struct chaos chaos;
-    /* accounting */
-    double start, downtime, fail_at;
-    int launches, restarts_in_a_row, prev_np;
-    int by_cause[C_NCAUSE];
-    uint64_t steps_lost, last_committed, max_step_seen, final_step;
-    double step_time_sum;
-    uint64_t step_count;
-    int notice_seen;
-    char notice_time[128];
-    char hosts_err[FSDP_ERR_LEN]; /* the host file's last complaint, said once */
-    /* --metrics: what the ranks' events tell, and the server */
-    struct metrics *metrics;
-    double next_metrics, loss, tokens_per_s, commit_at;
-    int have_loss, running;
-    struct histogram save_s, load_s;
-    uint64_t bytes_written;
-    /* other hosts: the launch agent, the hosts that did not answer it, those
-     * left out of the coming launch, mpirun's arguments for them */
-    struct agent agent;
-    struct suspects suspects;
-    struct host left[SUPER_MAX_HOSTS];
-    int nleft;
-    struct mpiargs mpiargs;
-    /* the hosts of the running launch, and when the host file is read next */
-    struct host launched[SUPER_MAX_HOSTS];
-    int nlaunched;
-    char job_id[33]; /* FSDP_SUPER_JOB of every rank (agent.c: the probe clears them) */
-    double next_hosts_check;
-    /* per-host spot notices (--preempt-url with {host}): the hosts whose
-     * notice stands, left out of launches until it is gone */
-    struct {
-        char name[128], time[64];
-    } noticed[SUPER_MAX_HOSTS];
-    int nnoticed;
-};
-
-static void render_metrics(struct super *s, int now_or_later);
-
-/* How one launch ended. */
-struct outcome {
-    int cause; /* enum cause, -1 for none */
-    int done;  /* mpirun exited 0 */
-    int preempting;
-    int planned; /* why the emergency checkpoint was asked for: C_PREEMPT, C_HOSTS, C_NOTICE */
-    char why[512];
-};
-
-/* ---- capacity --------------------------------------------------------------------- */
-
-/* The slots on offer; -1 (said once per distinct complaint) when the host
- * file cannot be read or parsed. */
-static int capacity(struct super *s, struct host *h, int *nh)
-{
-    if (!s->o.hosts) {
-        snprintf(h[0].name, sizeof h[0].name, "localhost");
-        h[0].slots = s->o.np;
-        *nh = 1;
-        return s->o.np;
-    }
-    char err[FSDP_ERR_LEN];
-    int total;
-    if (super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, nh, &total, err, sizeof err) == 0) {
-        s->hosts_err[0] = 0;
-        return total;
-    }
-    if (strcmp(err, s->hosts_err) != 0) {
-        say("%s; counting no capacity until it is fixed", err);
-        ev_emit("hosts_error", "{s:o}", "error", ev_text(err));
-        snprintf(s->hosts_err, sizeof s->hosts_err, "%s", err);
-    }
-    *nh = 0;
-    return -1;
-}
-
-/* Waits sec seconds, the metrics kept fresh meanwhile (an outage is when
- * they matter most). */
-static void nap_rendering(struct super *s, double sec)
-{
-    double end = fsdp_now() + sec;
-    for (double left = sec; left > 0; left = end - fsdp_now()) {
-        render_metrics(s, 0);
-        struct pollfd p = {.fd = -1};
-        poll(&p, 0, (int)((left < 0.25 ? left : 0.25) * 1000) + 1);
-    }
-    render_metrics(s, 0);
-}
-
-static json_t *host_names(const struct host *h, int n)
-{
-    json_t *names = json_array();
-    for (int i = 0; i < n && names; i++)
-        json_array_append_new(names, ev_text(h[i].name));
-    return names;
-}
-
-/* ---- per-host spot notices ----------------------------------------------------------- */
-
-static int per_host_notices(const struct super *s)
-{
-    return s->o.preempt_url && strstr(s->o.preempt_url, "{host}");
-}
-
-static int noticed_index(const struct super *s, const char *name)
-{
-    for (int i = 0; i < s->nnoticed; i++)
-        if (strcmp(s->noticed[i].name, name) == 0)
-            return i;
-    return -1;
-}
-
-/* Forgets the notices of hosts that have left the host file (a noticed
- * instance usually goes away and never answers a poll again). */
-static void forget_gone_notices(struct super *s)
-{
-    struct host h[SUPER_MAX_HOSTS];
-    int nh, total;
-    char err[FSDP_ERR_LEN];
-    if (!s->o.hosts ||
-        super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, &nh, &total, err, sizeof err))
-        return;
-    for (int i = 0; i < s->nnoticed;) {
-        int listed = 0;
-        for (int k = 0; k < nh && !listed; k++)
-            listed = strcmp(h[k].name, s->noticed[i].name) == 0;
-        if (listed)
-            i++;
-        else
-            s->noticed[i] = s->noticed[--s->nnoticed];
-    }
-}
-
-/* Polls the notice of every host of h at once and updates the standing
- * ones: a notice that appears (or changes its time) is said once and
- * counted in the return value, one that is gone is said too. */
-static int poll_host_notices(struct super *s, const struct host *h, int nh)
-{
-    static char urls[SUPER_MAX_HOSTS][2048];
-    const char *u[SUPER_MAX_HOSTS] = {0};
-    int idx[SUPER_MAX_HOSTS], n = 0, found[SUPER_MAX_HOSTS], fresh = 0;
-    char when[SUPER_MAX_HOSTS][64];
-    for (int i = 0; i < nh && n < SUPER_MAX_HOSTS; i++) {
-        if (super_notice_url(s->o.preempt_url, h[i].name, urls[n], sizeof urls[n]))
-            continue; /* too long to poll: no notice */
-        u[n] = urls[n];
-        idx[n++] = i;
-    }
-    super_poll_notices(u, n, found, when);
-    for (int k = 0; k < n; k++) {
-        const char *name = h[idx[k]].name;
-        int i = noticed_index(s, name);
-        if (found[k] < 0)
-            continue; /* cannot be told: a standing notice stands */
-        if (!found[k]) {
-            if (i >= 0) {
-                say("host %s: its spot notice is gone; it may be used again", name);
-                ev_emit("host_notice_gone", "{s:o}", "host", ev_text(name));
-                s->noticed[i] = s->noticed[--s->nnoticed];
-            }
-            continue;
-        }
-        if (i >= 0 && strcmp(s->noticed[i].time, when[k]) == 0)
-            continue; /* the one already acted on */
-        if (i < 0 && s->nnoticed == SUPER_MAX_HOSTS)
-            forget_gone_notices(s);
-        if (i < 0 && s->nnoticed == SUPER_MAX_HOSTS)
-            continue; /* cannot happen: at most SUPER_MAX_HOSTS hosts in the file */
-        if (i < 0)
-            i = s->nnoticed++;
-        snprintf(s->noticed[i].name, sizeof s->noticed[i].name, "%s", name);
-        snprintf(s->noticed[i].time, sizeof s->noticed[i].time, "%s", when[k]);
-        say("preemption notice for host %s (time %s): it is left out of launches while the "
-            "notice stands",
-            name, when[k][0] ? when[k] : "not given");
-        ev_emit("preemption_notice", "{s:s, s:o, s:o}", "source", "url", "host", ev_text(name),
-                "time", ev_text(when[k]));
-        fresh++;
-    }
-    return fresh;
-}
-
-/* Moves the hosts of h whose notice stands to left; returns the slots kept. */
-static int leave_out_noticed(struct super *s, struct host *h, int *nh, struct host *left,
-                             int *nleft)
-{
-    forget_gone_notices(s);
-    poll_host_notices(s, h, *nh);
-    int m = 0, slots = 0;
-    for (int i = 0; i < *nh; i++) {
-        if (noticed_index(s, h[i].name) >= 0 && *nleft < SUPER_MAX_HOSTS) {
-            left[(*nleft)++] = h[i];
-            continue;
-        }
-        h[m++] = h[i];
-        slots += h[i].slots;
-    }
-    *nh = m;
-    return slots;
-}
-
-/* Waits until the hosts of the host file that answer a probe (all of them
- * when there is none: this host) offer at least --min-np slots; returns the
- * world size to launch with those hosts in h, the others in s->left; -1 if
- * a signal arrived meanwhile, -2 after --capacity-timeout. */
-static int wait_capacity(struct super *s, struct host *h, int *nh)
-{
-    int said_cap = -1, said_offered = -1;
-    double until = fsdp_now() + s->o.capacity_timeout;
-    for (;;) {
-        int offered = capacity(s, h, nh), cap = offered;
-        s->nleft = 0;
-        if (s->o.hosts && offered >= s->o.min_np)
-            cap = hosts_reachable(&s->suspects, &s->agent, s->o.probe_timeout, h, nh, s->left,
-                                  &s->nleft);
-        if (s->o.hosts && cap >= s->o.min_np && per_host_notices(s))
-            cap = leave_out_noticed(s, h, nh, s->left, &s->nleft);
-        int np = s->o.np && s->o.np < cap ? s->o.np : cap;
-        if (np >= s->o.min_np)
-            return np;
-        cap = cap < 0 ? 0 : cap;
-        offered = offered < 0 ? 0 : offered;
-        if (cap != said_cap || offered != said_offered) {
-            if (cap < offered)
-                say("waiting for capacity: %s offers %d slot%s, %d of them on hosts that answer, "
-                    "at least %d needed",
-                    s->o.hosts, offered, offered == 1 ? "" : "s", cap, s->o.min_np);
-            else
-                say("waiting for capacity: %s offers %d slot%s, at least %d needed", s->o.hosts,
-                    cap, cap == 1 ? "" : "s", s->o.min_np);
-            ev_emit("waiting_for_capacity", "{s:i, s:i, s:i, s:o}", "slots", cap, "offered",
-                    offered, "min_np", s->o.min_np, "suspect", host_names(s->left, s->nleft));
-            said_cap = cap;
-            said_offered = offered;
-        }
-        if (got_signal)
-            return -1;
-        if (fsdp_now() >= until) {
-            say("no capacity: %s offered %d of the %d slots needed for %.0f s "
-                "(--capacity-timeout); giving up",
-                s->o.hosts, cap, s->o.min_np, s->o.capacity_timeout);
-            ev_emit("capacity_timeout", "{s:i, s:i, s:f}", "slots", cap, "min_np", s->o.min_np,
-                    "waited_s", s->o.capacity_timeout);
-            return -2;
-        }
-        nap_rendering(s, s->nleft ? 1.0 : 0.2); /* a round of probes is not repeated at once */
-    }
-}
+const char *const super_cause_names[C_NCAUSE] = {"exit",         "rank-died",     "heartbeat-lost",
+                                                 "preemption",   "chaos-restart", "startup-timeout",
+                                                 "host-removed", "host-notice"};
 
 /* ---- launch ------------------------------------------------------------------------- */
 
@@ -584,328 +297,12 @@ static int launch(struct super *s, int np, const struct host *hosts, int nh)
                             : json_null();
     ev_emit("launch", "{s:i, s:I, s:i, s:i, s:o, s:o, s:o, s:o}", "launch", s->launches,
             "generation", (json_int_t)s->generation, "np", np, "pid", (int)pid, "hosts",
-            host_names(hosts, nh), "addr", ev_text(s->link.addr), "left_out",
-            host_names(s->left, s->nleft), "oob_keepalive", keepalive);
+            super_host_names(hosts, nh), "addr", ev_text(s->link.addr), "left_out",
+            super_host_names(s->left, s->nleft), "oob_keepalive", keepalive);
     if (resized)
         ev_emit("resize", "{s:i, s:i}", "from", s->prev_np, "to", np);
     s->prev_np = np;
     return 0;
-}
-
-/* ---- heartbeats ------------------------------------------------------------------- */
-
-static int ev_int(const struct hbmsg *m, const char *key, int *out)
-{
-    uint64_t v;
-    if (hbmsg_event_u64(m, key, &v) || v > (1 << 20))
-        return -1;
-    *out = (int)v;
-    return 0;
-}
-
-/* A number an event carries (loss=3.7, seconds=0.25); 0 if it is none. */
-static int ev_num(const struct hbmsg *m, const char *key, double *out)
-{
-    const char *v = hbmsg_event_str(m, key);
-    return v && fsdp_parse_f64(v, out) == 0 ? 0 : -1;
-}
-
-static void on_event(struct super *s, const struct hbmsg *m)
-{
-    uint64_t step, bytes;
-    int from, to;
-    double x, y;
-    const char *digest = hbmsg_event_str(m, "digest");
-    if (hbmsg_event_u64(m, "step", &step))
-        return;
-    if (strcmp(m->name, "progress") == 0 && m->rank == 0 && ev_num(m, "loss", &x) == 0 &&
-        ev_num(m, "tokens_per_s", &y) == 0) {
-        s->loss = x;
-        s->tokens_per_s = y;
-        s->have_loss = 1;
-    } else if (strcmp(m->name, "loaded") == 0 && ev_num(m, "seconds", &x) == 0 && x >= 0) {
-        histogram_observe(&s->load_s, x);
-    } else if (strcmp(m->name, "checkpoint_committed") == 0) {
-        if (ev_num(m, "seconds", &x) == 0 && x >= 0)
-            histogram_observe(&s->save_s, x);
-        if (hbmsg_event_u64(m, "bytes", &bytes) == 0)
-            s->bytes_written += bytes;
-        s->commit_at = fsdp_now();
-        s->last_committed = step;
-        ev_emit("checkpoint_committed", "{s:I, s:I}", "step", (json_int_t)step, "generation",
-                (json_int_t)s->job.generation);
-    } else if (strcmp(m->name, "resumed") == 0 && ev_int(m, "world", &to) == 0) {
-        s->job.resumed_from = step;
-        s->job.resumed_known = 1;
-        ev_emit("resumed", "{s:I, s:i}", "step", (json_int_t)step, "np", to);
-    } else if (strcmp(m->name, "reshard") == 0 && ev_int(m, "from", &from) == 0 &&
-               ev_int(m, "to", &to) == 0) {
-        ev_emit("reshard", "{s:I, s:i, s:i}", "step", (json_int_t)step, "from", from, "to", to);
-    } else if (strcmp(m->name, "load_verified") == 0 && ev_int(m, "from", &from) == 0 &&
-               ev_int(m, "to", &to) == 0 && digest) {
-        ev_emit("load_verified", "{s:I, s:i, s:i, s:s}", "step", (json_int_t)step, "from", from,
-                "to", to, "digest", digest);
-    } else if (strcmp(m->name, "emergency_checkpoint") == 0) {
-        ev_emit("emergency_checkpoint", "{s:I}", "step", (json_int_t)step);
-    }
-}
-
-static void on_beat(struct super *s, const struct hbmsg *m)
-{
-    struct rank_state *r = &s->job.ranks[m->rank];
-    double now = fsdp_now();
-    if (!r->seen || r->progress != m->progress || r->step != m->step) {
-        if (m->rank == 0 && r->seen && m->step > r->step && m->phase == HB_TRAIN && r->step > 0) {
-            s->step_time_sum += now - r->last_change;
-            s->step_count += m->step - r->step;
-        }
-        r->last_change = now;
-    }
-    if (m->phase == HB_TRAIN && s->job.first_train == 0)
-        s->job.first_train = now;
-    if (!r->seen)
-        ev_emit("rank_up", "{s:i, s:s, s:i, s:b, s:I}", "rank", m->rank, "host", r->host, "pid",
-                (int)r->pid, "local", r->local, "generation", (json_int_t)m->generation);
-    r->seen = 1;
-    r->step = m->step;
-    r->progress = m->progress;
-    r->phase = m->phase;
-    r->last_seen = now;
-    if (m->step > s->max_step_seen)
-        s->max_step_seen = m->step;
-}
-
-/* A datagram admitted by link.c: an event or a heartbeat of a rank. */
-static void on_msg(void *ctx, const struct hbmsg *m)
-{
-    if (m->kind == HBMSG_EVENT)
-        on_event(ctx, m);
-    else
-        on_beat(ctx, m);
-}
-
-/* ---- failure detection ------------------------------------------------------------ */
-
-static const char *signame(int sig)
-{
-    static char buf[16];
-    const char *n = sigabbrev_np(sig);
-    snprintf(buf, sizeof buf, "SIG%s", n ? n : "?");
-    return buf;
-}
-
-static int mpirun_ended(struct super *s, char *why, size_t n, int *done)
-{
-    struct job *j = &s->job;
-    if (!j->exited) {
-        int st;
-        if (waitpid(j->mpirun, &st, WNOHANG) == j->mpirun) {
-            j->exited = 1;
-            j->status = st;
-        }
-    }
-    if (!j->exited)
-        return -1;
-    int code = WIFEXITED(j->status) ? WEXITSTATUS(j->status) : -1;
-    if (code == 0) {
-        *done = 1;
-        return -1;
-    }
-    if (WIFSIGNALED(j->status))
-        snprintf(why, n, "mpirun died by %s", signame(WTERMSIG(j->status)));
-    else
-        snprintf(why, n, "mpirun exited with code %d", code);
-    ev_emit("exit", "{s:i, s:i}", "code", code, "signal",
-            WIFSIGNALED(j->status) ? WTERMSIG(j->status) : 0);
-    return C_EXIT;
-}
-
-/* One pass over the ranks: 0 a dead rank, 1 a silent one, 2 a stalled one. */
-static int rank_failed(struct super *s, int pass, int r, double now, char *why, size_t n)
-{
-    struct rank_state *rs = &s->job.ranks[r];
-    char st;
-    int v = rank_verdict(rs, &s->job.env, pass, now, s->o.hb_timeout, &st);
-    const char *where = rs->local ? "" : " on another host";
-    if (v == RV_DIED) {
-        snprintf(why, n, "rank %d (pid %d on %s) ended at step %llu (exited or was killed)", r,
-                 (int)rs->pid, rs->host, (unsigned long long)rs->step);
-        ev_emit("rank_died", "{s:i, s:s, s:i, s:I, s:s}", "rank", r, "host", rs->host, "pid",
-                (int)rs->pid, "step", (json_int_t)rs->step, "source", "proc");
-        return C_DIED;
-    }
-    if (v == RV_SILENT) {
-        char state[2] = {st, 0};
-        snprintf(why, n, "rank %d (pid %d on %s%s): no heartbeat for %.1f s%s", r, (int)rs->pid,
-                 rs->host, where, now - rs->last_seen,
-                 st == 'T'   ? " (process stopped)"
-                 : rs->local ? ""
-                             : " (stopped, dead, or its host lost or cut off)");
-        ev_emit("heartbeat_lost", "{s:i, s:s, s:i, s:b, s:f, s:s}", "rank", r, "host", rs->host,
-                "pid", (int)rs->pid, "local", rs->local, "silent_s", now - rs->last_seen, "state",
-                state);
-        return C_HUNG;
-    }
-    if (v == RV_STALLED) {
-        const char *phase = hbmsg_phase_name(rs->phase);
-        snprintf(why, n, "rank %d (pid %d on %s): no progress for %.1f s in phase %s (hung)", r,
-                 (int)rs->pid, rs->host, now - rs->last_change, phase);
-        ev_emit("heartbeat_lost", "{s:i, s:s, s:i, s:b, s:f, s:s}", "rank", r, "host", rs->host,
-                "pid", (int)rs->pid, "local", rs->local, "stalled_s", now - rs->last_change,
-                "phase", phase);
-        return C_HUNG;
-    }
-    return -1;
-}
-
-/* Returns a cause, or -1 while the job is healthy; sets *done when the job
- * ended cleanly. */
-static int check_job(struct super *s, char *why, size_t n, int *done)
-{
-    struct job *j = &s->job;
-    double now = fsdp_now();
-    *done = 0;
-    int cause = mpirun_ended(s, why, n, done);
-    if (cause >= 0 || *done)
-        return cause;
-    /* three passes, so the culprit is named: a dead rank, then a silent one
-     * (stopped, frozen), then one whose progress stalled (stuck waiting in a
-     * collective, usually for the silent or dead one) */
-    for (int pass = 0; pass < 3; pass++)
-        for (int r = 0; r < j->np; r++)
-            if ((cause = rank_failed(s, pass, r, now, why, n)) >= 0)
-                return cause;
-    for (int r = 0; r < j->np; r++) {
-        if (!j->ranks[r].seen && now - j->launched > s->o.startup_timeout) {
-            snprintf(why, n, "rank %d sent no heartbeat in %.0f s since launch", r,
-                     now - j->launched);
-            ev_emit("heartbeat_lost", "{s:i, s:b}", "rank", r, "startup", 1);
-            return C_STARTUP;
-        }
-    }
-    return -1;
-}
-
-/* ---- watching one launch ------------------------------------------------------------ */
-
-/* Why a preemption starts now: C_PREEMPT (a signal to fsdp-super or a new
- * notice for the job), C_NOTICE (a new notice for a host of the launch),
- * 0 for none. */
-static int preemption_due(struct super *s, double now, double *next_poll)
-{
-    if (got_signal) {
-        say("%s: preemption: asking the ranks for an emergency checkpoint",
-            got_signal == SIGINT ? "SIGINT" : "SIGTERM");
-        ev_emit("preemption_notice", "{s:s}", "source", "signal");
-        return C_PREEMPT;
-    }
-    if (!s->o.preempt_url || now < *next_poll)
-        return 0;
-    char when[128];
-    *next_poll = now + s->o.preempt_poll;
-    if (per_host_notices(s)) {
-        if (!poll_host_notices(s, s->launched, s->nlaunched))
-            return 0;
-        say("emergency checkpoint, then a relaunch without the noticed host");
-        return C_NOTICE;
-    }
-    if (!super_poll_notice(s->o.preempt_url, when, sizeof when) ||
-        (s->notice_seen && strcmp(when, s->notice_time) == 0))
-        return 0; /* none, or the one already acted on */
-    s->notice_seen = 1;
-    snprintf(s->notice_time, sizeof s->notice_time, "%s", when);
-    say("preemption notice from %s (time %s): emergency checkpoint", s->o.preempt_url,
-        when[0] ? when : "not given");
-    ev_emit("preemption_notice", "{s:s, s:o}", "source", "url", "time", ev_text(when));
-    return C_PREEMPT;
-}
-
-/* 1 when a host of the running launch has left the host file (read once a
- * second): a planned restart without it, like a spot notice for one host.
- * A file that does not parse right now, or names no host at all (both
- * what an editor writing it in place shows for a moment), decides
- * nothing; fewer slots on a host that stays is for the next launch. */
-static int host_removed(struct super *s, double now)
-{
-    if (!s->o.hosts || now < s->next_hosts_check)
-        return 0;
-    s->next_hosts_check = now + 1;
-    struct host h[SUPER_MAX_HOSTS];
-    int nh, total;
-    char err[FSDP_ERR_LEN];
-    if (super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, &nh, &total, err, sizeof err) || nh == 0)
-        return 0;
-    for (int i = 0; i < s->nlaunched; i++) {
-        int still = 0;
-        for (int k = 0; k < nh && !still; k++)
-            still = strcmp(h[k].name, s->launched[i].name) == 0;
-        if (still)
-            continue;
-        say("host %s left %s: emergency checkpoint, then a relaunch without it",
-            s->launched[i].name, s->o.hosts);
-        ev_emit("host_removed", "{s:o}", "host", ev_text(s->launched[i].name));
-        return 1;
-    }
-    return 0;
-}
-
-static void account_progress(struct super *s, double now)
-{
-    if (s->fail_at && s->job.first_train) { /* back to training after a failure */
-        s->downtime += s->job.first_train - s->fail_at;
-        s->fail_at = 0;
-    }
-    if (s->job.first_train && now - s->job.first_train > s->o.healthy_after)
-        s->restarts_in_a_row = 0;
-}
-
-/* Watches the launch until it ends. */
-static void watch(struct super *s, struct outcome *out, int *preempt_from_signal)
-{
-    double next_poll = 0, deadline = 0;
-    *out = (struct outcome){.cause = -1};
-    while (out->cause < 0 && !out->done) {
-        struct pollfd p[2] = {{.fd = s->link.net.sock, .events = POLLIN},
-                              {.fd = s->job.err_fd, .events = POLLIN}};
-        poll(p, s->job.err_fd >= 0 ? 2 : 1, 50);
-        link_drain(&s->link, &s->job, on_msg, s);
-        job_drain_stderr(&s->job);
-        reap_children(&s->job);
-        double now = fsdp_now();
-        account_progress(s, now);
-        render_metrics(s, 1);
-        int from_signal = got_signal != 0;
-        int action = CHAOS_NONE;
-        int due = out->preempting ? 0 : preemption_due(s, now, &next_poll);
-        if (due) {
-            action = CHAOS_PREEMPT;
-            out->planned = due;
-            *preempt_from_signal |= from_signal && due == C_PREEMPT;
-        } else if (!out->preempting && host_removed(s, now)) {
-            action = CHAOS_PREEMPT;
-            out->planned = C_HOSTS;
-        } else if (!out->preempting) {
-            action = chaos_tick(&s->chaos, &s->job);
-        }
-        link_send_orders(&s->link, &s->job); /* a chaos fault's order to one rank */
-        if (action == CHAOS_PREEMPT) {
-            if (!out->planned)
-                out->planned = C_PREEMPT; /* chaos */
-            link_order_all(&s->link, &s->job, HBCTL_PREEMPT);
-            out->preempting = 1;
-            deadline = now + s->o.preempt_deadline;
-        } else if (action == CHAOS_KILL_NOW) {
-            snprintf(out->why, sizeof out->why,
-                     "chaos: the job is killed during a checkpoint commit");
-            out->cause = C_CHAOS;
-            break;
-        }
-        out->cause = check_job(s, out->why, sizeof out->why, &out->done);
-        if (out->preempting && now > deadline && out->cause < 0 && !out->done) {
-            snprintf(out->why, sizeof out->why, "no emergency checkpoint before the deadline");
-            out->cause = C_PREEMPT;
-        }
-    }
 }
 
 /* ---- the restart policy ------------------------------------------------------------- */
@@ -919,126 +316,6 @@ static void account_failure(struct super *s)
     if (reached > s->last_committed)
         s->steps_lost += reached - s->last_committed;
     s->fail_at = fsdp_now();
-}
-
-/* ---- metrics (--metrics) ---------------------------------------------------------- */
-
-static void counter(char *b, size_t n, size_t *len, const char *name, const char *type,
-                    const char *help, double v)
-{
-    metrics_put(b, n, len, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name,
-                v);
-}
-
-/* The exposition text of what the supervisor knows now; published at most
- * four times a second (a scrape gets the latest). */
-static void render_metrics(struct super *s, int now_or_later)
-{
-    double now = fsdp_now();
-    if (!s->metrics || (now_or_later && now < s->next_metrics))
-        return;
-    s->next_metrics = now + 0.25;
-    static char b[32768];
-    size_t n = sizeof b, len = 0;
-    int up = 0;
-    for (int r = 0; s->running && r < s->job.np; r++)
-        up += s->job.ranks[r].seen;
-    double wall = now - s->start, step_s = s->step_count ? s->step_time_sum / s->step_count : 0;
-    double productive =
-        step_s * (double)(s->max_step_seen > s->steps_lost ? s->max_step_seen - s->steps_lost : 0);
-    counter(b, n, &len, "fsdp_step", "gauge", "The newest training step a rank reported.",
-            (double)s->max_step_seen);
-    if (s->have_loss) {
-        counter(b, n, &len, "fsdp_loss", "gauge", "Rank 0's training loss at its last report.",
-                s->loss);
-        counter(b, n, &len, "fsdp_tokens_per_second", "gauge",
-                "Training throughput at rank 0's last report.", s->tokens_per_s);
-    }
-    counter(b, n, &len, "fsdp_ranks_up", "gauge", "Ranks of the running launch that reported.", up);
-    counter(b, n, &len, "fsdp_ranks_wanted", "gauge", "Ranks of the running launch.",
-            s->running ? s->job.np : 0);
-    counter(b, n, &len, "fsdp_launches_total", "counter", "Launches of the job.", s->launches);
-    counter(b, n, &len, "fsdp_generation", "gauge", "The running launch's generation.",
-            (double)s->generation);
-    metrics_put(b, n, &len,
-                "# HELP fsdp_restarts_total Launches that ended in a failure or "
-                "a planned restart, by cause.\n"
-                "# TYPE fsdp_restarts_total counter\n");
-    for (int c = 0; c < C_NCAUSE; c++)
-        metrics_put(b, n, &len, "fsdp_restarts_total{cause=\"%s\"} %d\n", cause_names[c],
-                    s->by_cause[c]);
-    counter(b, n, &len, "fsdp_downtime_seconds_total", "counter",
-            "Failure detected to training again, summed.", s->downtime);
-    counter(b, n, &len, "fsdp_steps_lost_total", "counter", "Steps computed again after restarts.",
-            (double)s->steps_lost);
-    counter(b, n, &len, "fsdp_goodput_ratio", "gauge",
-            "Productive step time over wall time since the start.",
-            wall > 0 ? productive / wall : 0);
-    counter(b, n, &len, "fsdp_last_checkpoint_step", "gauge",
-            "The newest committed checkpoint's step.", (double)s->last_committed);
-    if (s->commit_at > 0)
-        counter(b, n, &len, "fsdp_last_checkpoint_age_seconds", "gauge",
-                "Seconds since the newest checkpoint was committed.", now - s->commit_at);
-    counter(b, n, &len, "fsdp_checkpoint_bytes_written_total", "counter",
-            "Bytes of the committed checkpoints' shards.", (double)s->bytes_written);
-    metrics_put(b, n, &len,
-                "# HELP fsdp_checkpoint_save_seconds Save start to commit.\n"
-                "# TYPE fsdp_checkpoint_save_seconds histogram\n");
-    histogram_render(&s->save_s, "fsdp_checkpoint_save_seconds", b, n, &len);
-    metrics_put(b, n, &len,
-                "# HELP fsdp_checkpoint_load_seconds A resume's load.\n"
-                "# TYPE fsdp_checkpoint_load_seconds histogram\n");
-    histogram_render(&s->load_s, "fsdp_checkpoint_load_seconds", b, n, &len);
-    metrics_publish(s->metrics, b, len < n ? len : n - 1);
-}
-
-static void summary(struct super *s, const char *end)
-{
-    render_metrics(s, 0);
-    double wall = fsdp_now() - s->start;
-    double step_s = s->step_count ? s->step_time_sum / (double)s->step_count : 0;
-    double productive = step_s * (double)s->final_step;
-    int restarts = 0;
-    for (int c = 0; c < C_NCAUSE; c++)
-        restarts += s->by_cause[c];
-    chaos_report(&s->chaos);
-    fprintf(stderr, "\nfsdp-super summary (%s)\n", end);
-    fprintf(stderr, "  launches        %d\n", s->launches);
-    fprintf(stderr, "  restarts        %d", restarts);
-    const char *sep = " (";
-    for (int c = 0; c < C_NCAUSE; c++)
-        if (s->by_cause[c]) {
-            fprintf(stderr, "%s%s %d", sep, cause_names[c], s->by_cause[c]);
-            sep = ", ";
-        }
-    fprintf(stderr, "%s\n", restarts ? ")" : "");
-    fprintf(stderr, "  steps lost      %llu (computed again after a restart)\n",
-            (unsigned long long)s->steps_lost);
-    fprintf(stderr, "  downtime        %.1f s (failure detected to training again)\n", s->downtime);
-    fprintf(stderr, "  final step      %llu, newest committed checkpoint step %llu\n",
-            (unsigned long long)s->final_step, (unsigned long long)s->last_committed);
-    fprintf(stderr, "  wall time       %.1f s\n", wall);
-    fprintf(stderr, "  goodput         %.0f%% (productive step time %.1f s / wall time)\n",
-            wall > 0 ? 100.0 * productive / wall : 0, productive);
-    if (s->link.unauthenticated || s->link.dropped || s->link.replayed || s->link.conflicts)
-        fprintf(stderr,
-                "  datagrams       dropped: %llu without the launch's token, %llu malformed or "
-                "stray, %llu replayed, %llu from another process for a rank\n",
-                (unsigned long long)s->link.unauthenticated, (unsigned long long)s->link.dropped,
-                (unsigned long long)s->link.replayed, (unsigned long long)s->link.conflicts);
-    json_t *e = json_pack(
-        "{s:s, s:i, s:i, s:I, s:f, s:f, s:f, s:I, s:I}", "end", end, "launches", s->launches,
-        "restarts", restarts, "steps_lost", (json_int_t)s->steps_lost, "downtime_s", s->downtime,
-        "wall_s", wall, "goodput", wall > 0 ? productive / wall : 0, "final_step",
-        (json_int_t)s->final_step, "dropped_datagrams", (json_int_t)s->link.dropped);
-    json_t *d = json_pack(
-        "{s:I, s:I, s:I, s:I}", "unauthenticated_datagrams", (json_int_t)s->link.unauthenticated,
-        "stale_datagrams", (json_int_t)s->link.stale, "replayed_datagrams",
-        (json_int_t)s->link.replayed, "conflicting_datagrams", (json_int_t)s->link.conflicts);
-    if (e && d)
-        json_object_update(e, d);
-    json_decref(d);
-    ev_emit("summary", "o", e);
 }
 
 static uint64_t reached_step(const struct job *j)
@@ -1120,7 +397,7 @@ static int ranks_ended(struct super *s, struct outcome *out, uint64_t reached)
             "--stop-at-step), after checkpoint step %llu; the same command continues",
             (unsigned long long)reached, (unsigned long long)s->last_committed);
         ev_emit("stopped", "{s:I}", "step", (json_int_t)reached);
-        summary(s, "stopped");
+        super_summary(s, "stopped");
         return 1;
     }
     if (all_done || s->job.np == 0) {
@@ -1128,7 +405,7 @@ static int ranks_ended(struct super *s, struct outcome *out, uint64_t reached)
         chaos_launch_ended(&s->chaos, "finished", &s->job);
         say("training finished at step %llu", (unsigned long long)reached);
         ev_emit("finished", "{s:I}", "step", (json_int_t)reached);
-        summary(s, "finished");
+        super_summary(s, "finished");
         return 1;
     }
     snprintf(out->why, sizeof out->why, "the ranks stopped early (preempted by someone else?)");
@@ -1146,14 +423,14 @@ static int end_preempted(struct super *s, const struct outcome *out, uint64_t re
     if (preempt_from_signal) {
         say("stopped after the emergency checkpoint (step %llu); resumable",
             (unsigned long long)s->last_committed);
-        summary(s, "preempted");
+        super_summary(s, "preempted");
         return STOP_OK;
     }
     int why = out->planned ? out->planned : C_PREEMPT;
     s->by_cause[why]++;
-    ev_emit("restart", "{s:s, s:I}", "cause", cause_names[why], "step",
+    ev_emit("restart", "{s:s, s:I}", "cause", super_cause_names[why], "step",
             (json_int_t)s->last_committed);
-    chaos_launch_ended(&s->chaos, cause_names[why], &s->job);
+    chaos_launch_ended(&s->chaos, super_cause_names[why], &s->job);
     s->fail_at = fsdp_now();
     return NEXT_LAUNCH;
 }
@@ -1174,25 +451,25 @@ static int end_failed(struct super *s, const struct outcome *out, uint64_t reach
         ev_emit("fenced", "{s:I, s:I}", "generation", (json_int_t)s->generation, "by",
                 (json_int_t)owner);
         s->final_step = reached;
-        summary(s, "fenced");
+        super_summary(s, "fenced");
         return STOP_FAILED;
     }
     account_failure(s);
     s->by_cause[out->cause]++;
     if (++s->restarts_in_a_row > s->o.max_restarts) {
-        chaos_launch_ended(&s->chaos, cause_names[out->cause], &s->job);
+        chaos_launch_ended(&s->chaos, super_cause_names[out->cause], &s->job);
         say("giving up after %d restarts in a row", s->o.max_restarts);
         ev_emit("give_up", "{s:i}", "restarts", s->o.max_restarts);
         s->final_step = reached;
-        summary(s, "gave up");
+        super_summary(s, "gave up");
         return STOP_FAILED;
     }
     double wait = s->o.backoff * pow(2, s->restarts_in_a_row - 1);
     wait = wait > 30 ? 30 : wait;
-    ev_emit("restart", "{s:s, s:o, s:f}", "cause", cause_names[out->cause], "why",
+    ev_emit("restart", "{s:s, s:o, s:f}", "cause", super_cause_names[out->cause], "why",
             ev_text(out->why), "backoff_s", wait);
-    chaos_launch_ended(&s->chaos, cause_names[out->cause], &s->job);
-    nap_rendering(s, wait);
+    chaos_launch_ended(&s->chaos, super_cause_names[out->cause], &s->job);
+    super_nap_rendering(s, wait);
     return NEXT_LAUNCH;
 }
 
@@ -1344,14 +621,14 @@ int main(int argc, char **argv)
     struct host hosts[SUPER_MAX_HOSTS];
     int nh;
     for (;;) {
-        if (got_signal) { /* a preemption or a failure raced with the signal */
-            summary(&s, "stopped by a signal");
+        if (super_got_signal) { /* a preemption or a failure raced with the signal */
+            super_summary(&s, "stopped by a signal");
             break;
         }
-        int np = wait_capacity(&s, hosts, &nh);
+        int np = super_wait_capacity(&s, hosts, &nh);
         if (np < 0) {
             if (np == -1)
-                summary(&s, "stopped by a signal while waiting for capacity");
+                super_summary(&s, "stopped by a signal while waiting for capacity");
             rc = np == -1 ? 0 : 1;
             break;
         }
@@ -1360,7 +637,7 @@ int main(int argc, char **argv)
             break;
         }
         struct outcome o;
-        watch(&s, &o, &preempt_from_signal);
+        super_watch(&s, &o, &preempt_from_signal);
         int next = end_launch(&s, &o, preempt_from_signal);
         if (next != NEXT_LAUNCH) {
             rc = next == STOP_FAILED;

@@ -1,0 +1,214 @@
+/*
+ * capacity.c - the capacity of fsdp-super's next launch: the hosts of the
+ * host file (--hosts, read again before every launch), less those that do
+ * not answer a probe and those with a standing spot notice; fewer than
+ * --min-np slots on what is left waits (a waiting_for_capacity event on
+ * each change), for at most --capacity-timeout.
+ *
+ * Before each launch every host of the host file that is not this one is
+ * probed through the launch agent Open MPI will use (agent.c: `AGENT HOST
+ * true`, all at once, bounded by --probe-timeout). A host that does not
+ * answer is suspect: a host_suspect event says why, the launch goes ahead
+ * on the rest when they offer --min-np slots (else this waits for
+ * capacity), and the host is probed again before the next launch. So an
+ * unreachable host costs no restart and no generation: mpirun is never
+ * started onto it.
+ *
+ * Per-host spot notices: a --preempt-url with {host} in it is polled for
+ * every host of the host file before a launch (and for those of the launch
+ * during it: watch.c); a host whose notice stands is left out of launches
+ * until the notice is gone.
+ */
+#include "super_internal.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- capacity --------------------------------------------------------------------- */
+
+/* The slots on offer; -1 (said once per distinct complaint) when the host
+ * file cannot be read or parsed. */
+static int capacity(struct super *s, struct host *h, int *nh)
+{
+    if (!s->o.hosts) {
+        snprintf(h[0].name, sizeof h[0].name, "localhost");
+        h[0].slots = s->o.np;
+        *nh = 1;
+        return s->o.np;
+    }
+    char err[FSDP_ERR_LEN];
+    int total;
+    if (super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, nh, &total, err, sizeof err) == 0) {
+        s->hosts_err[0] = 0;
+        return total;
+    }
+    if (strcmp(err, s->hosts_err) != 0) {
+        say("%s; counting no capacity until it is fixed", err);
+        ev_emit("hosts_error", "{s:o}", "error", ev_text(err));
+        snprintf(s->hosts_err, sizeof s->hosts_err, "%s", err);
+    }
+    *nh = 0;
+    return -1;
+}
+
+json_t *super_host_names(const struct host *h, int n)
+{
+    json_t *names = json_array();
+    for (int i = 0; i < n && names; i++)
+        json_array_append_new(names, ev_text(h[i].name));
+    return names;
+}
+
+/* ---- per-host spot notices ----------------------------------------------------------- */
+
+int super_per_host_notices(const struct super *s)
+{
+    return s->o.preempt_url && strstr(s->o.preempt_url, "{host}");
+}
+
+static int noticed_index(const struct super *s, const char *name)
+{
+    for (int i = 0; i < s->nnoticed; i++)
+        if (strcmp(s->noticed[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* Forgets the notices of hosts that have left the host file (a noticed
+ * instance usually goes away and never answers a poll again). */
+static void forget_gone_notices(struct super *s)
+{
+    struct host h[SUPER_MAX_HOSTS];
+    int nh, total;
+    char err[FSDP_ERR_LEN];
+    if (!s->o.hosts ||
+        super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, &nh, &total, err, sizeof err))
+        return;
+    for (int i = 0; i < s->nnoticed;) {
+        int listed = 0;
+        for (int k = 0; k < nh && !listed; k++)
+            listed = strcmp(h[k].name, s->noticed[i].name) == 0;
+        if (listed)
+            i++;
+        else
+            s->noticed[i] = s->noticed[--s->nnoticed];
+    }
+}
+
+/* Polls the notice of every host of h at once and updates the standing
+ * ones: a notice that appears (or changes its time) is said once and
+ * counted in the return value, one that is gone is said too. */
+int super_poll_host_notices(struct super *s, const struct host *h, int nh)
+{
+    static char urls[SUPER_MAX_HOSTS][2048];
+    const char *u[SUPER_MAX_HOSTS] = {0};
+    int idx[SUPER_MAX_HOSTS], n = 0, found[SUPER_MAX_HOSTS], fresh = 0;
+    char when[SUPER_MAX_HOSTS][64];
+    for (int i = 0; i < nh && n < SUPER_MAX_HOSTS; i++) {
+        if (super_notice_url(s->o.preempt_url, h[i].name, urls[n], sizeof urls[n]))
+            continue; /* too long to poll: no notice */
+        u[n] = urls[n];
+        idx[n++] = i;
+    }
+    super_poll_notices(u, n, found, when);
+    for (int k = 0; k < n; k++) {
+        const char *name = h[idx[k]].name;
+        int i = noticed_index(s, name);
+        if (found[k] < 0)
+            continue; /* cannot be told: a standing notice stands */
+        if (!found[k]) {
+            if (i >= 0) {
+                say("host %s: its spot notice is gone; it may be used again", name);
+                ev_emit("host_notice_gone", "{s:o}", "host", ev_text(name));
+                s->noticed[i] = s->noticed[--s->nnoticed];
+            }
+            continue;
+        }
+        if (i >= 0 && strcmp(s->noticed[i].time, when[k]) == 0)
+            continue; /* the one already acted on */
+        if (i < 0 && s->nnoticed == SUPER_MAX_HOSTS)
+            forget_gone_notices(s);
+        if (i < 0 && s->nnoticed == SUPER_MAX_HOSTS)
+            continue; /* cannot happen: at most SUPER_MAX_HOSTS hosts in the file */
+        if (i < 0)
+            i = s->nnoticed++;
+        snprintf(s->noticed[i].name, sizeof s->noticed[i].name, "%s", name);
+        snprintf(s->noticed[i].time, sizeof s->noticed[i].time, "%s", when[k]);
+        say("preemption notice for host %s (time %s): it is left out of launches while the "
+            "notice stands",
+            name, when[k][0] ? when[k] : "not given");
+        ev_emit("preemption_notice", "{s:s, s:o, s:o}", "source", "url", "host", ev_text(name),
+                "time", ev_text(when[k]));
+        fresh++;
+    }
+    return fresh;
+}
+
+/* Moves the hosts of h whose notice stands to left; returns the slots kept. */
+static int leave_out_noticed(struct super *s, struct host *h, int *nh, struct host *left,
+                             int *nleft)
+{
+    forget_gone_notices(s);
+    super_poll_host_notices(s, h, *nh);
+    int m = 0, slots = 0;
+    for (int i = 0; i < *nh; i++) {
+        if (noticed_index(s, h[i].name) >= 0 && *nleft < SUPER_MAX_HOSTS) {
+            left[(*nleft)++] = h[i];
+            continue;
+        }
+        h[m++] = h[i];
+        slots += h[i].slots;
+    }
+    *nh = m;
+    return slots;
+}
+
+/* Waits until the hosts of the host file that answer a probe (all of them
+ * when there is none: this host) offer at least --min-np slots; returns the
+ * world size to launch with those hosts in h, the others in s->left; -1 if
+ * a signal arrived meanwhile, -2 after --capacity-timeout. */
+int super_wait_capacity(struct super *s, struct host *h, int *nh)
+{
+    int said_cap = -1, said_offered = -1;
+    double until = fsdp_now() + s->o.capacity_timeout;
+    for (;;) {
+        int offered = capacity(s, h, nh), cap = offered;
+        s->nleft = 0;
+        if (s->o.hosts && offered >= s->o.min_np)
+            cap = hosts_reachable(&s->suspects, &s->agent, s->o.probe_timeout, h, nh, s->left,
+                                  &s->nleft);
+        if (s->o.hosts && cap >= s->o.min_np && super_per_host_notices(s))
+            cap = leave_out_noticed(s, h, nh, s->left, &s->nleft);
+        int np = s->o.np && s->o.np < cap ? s->o.np : cap;
+        if (np >= s->o.min_np)
+            return np;
+        cap = cap < 0 ? 0 : cap;
+        offered = offered < 0 ? 0 : offered;
+        if (cap != said_cap || offered != said_offered) {
+            if (cap < offered)
+                say("waiting for capacity: %s offers %d slot%s, %d of them on hosts that answer, "
+                    "at least %d needed",
+                    s->o.hosts, offered, offered == 1 ? "" : "s", cap, s->o.min_np);
+            else
+                say("waiting for capacity: %s offers %d slot%s, at least %d needed", s->o.hosts,
+                    cap, cap == 1 ? "" : "s", s->o.min_np);
+            ev_emit("waiting_for_capacity", "{s:i, s:i, s:i, s:o}", "slots", cap, "offered",
+                    offered, "min_np", s->o.min_np, "suspect", super_host_names(s->left, s->nleft));
+            said_cap = cap;
+            said_offered = offered;
+        }
+        if (super_got_signal)
+            return -1;
+        if (fsdp_now() >= until) {
+            say("no capacity: %s offered %d of the %d slots needed for %.0f s "
+                "(--capacity-timeout); giving up",
+                s->o.hosts, cap, s->o.min_np, s->o.capacity_timeout);
+            ev_emit("capacity_timeout", "{s:i, s:i, s:f}", "slots", cap, "min_np", s->o.min_np,
+                    "waited_s", s->o.capacity_timeout);
+            return -2;
+        }
+        /* a round of probes is not repeated at once */
+        super_nap_rendering(s, s->nleft ? 1.0 : 0.2);
+    }
+}
