@@ -487,8 +487,6 @@ static int end_launch(struct super *s, struct outcome *out, int preempt_from_sig
 
 /* ---- set-up ------------------------------------------------------------------------- */
 
-/* Everything that can be refused before the first launch, with one line:
- * 2 for a SPEC that cannot be used (like any bad option), 1 otherwise. */
 /* The store's address, the same whatever the working directory and
  * whether the store exists yet: a path's directory made absolute and
  * resolved (when it exists) and its last name; an S3 address with its
@@ -551,6 +549,8 @@ static int job_id(struct super *s)
     return 0;
 }
 
+/* Everything that can be refused before the first launch, with one line:
+ * 2 for a SPEC that cannot be used (like any bad option), 1 otherwise. */
 static int set_up(struct super *s)
 {
     char err[FSDP_ERR_LEN];

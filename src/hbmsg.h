@@ -1,6 +1,6 @@
 /*
  * hbmsg.h - the trainer <-> supervisor datagrams, defined once: the ranks
- * format them (heartbeat.c), fsdp-super parses them (recovery/super.c),
+ * format them (heartbeat.c), fsdp-super parses them (recovery/link.c),
  * and the other way round for the supervisor's answers.
  *
  * Three bodies, plain ASCII, single spaces:
