@@ -24,27 +24,26 @@
 
 /* ---- options --------------------------------------------------------------- */
 
-/* What the flags give: super_opts, with its three counts as numbers (they
- * have always been read as numbers and truncated) */
+/* What the flags give: super_opts (a struct of its own for AT, which the
+ * table's rows share with the other programs' tables) */
 struct super_given {
     struct super_opts o;
-    double np, min_np, max_restarts;
 };
 
 #define AT(field) offsetof(struct super_given, field)
 
 /* Every option; the usage text is this table in this order. */
 static const struct opt super_flags[] = {
-    {"--np", OPT_NUM, AT(np), .lo = 1, .hi = SUPER_MAX_RANKS, .arg = "N",
+    {"--np", OPT_INT, AT(o.np), .min = 1, .max = SUPER_MAX_RANKS, .arg = "N",
      .help = "ranks to run (default: the host file's capacity)"},
-    {"--min-np", OPT_NUM, AT(min_np), .lo = 1, .hi = SUPER_MAX_RANKS, .arg = "M",
+    {"--min-np", OPT_INT, AT(o.min_np), .min = 1, .max = SUPER_MAX_RANKS, .arg = "M",
      .help = "fewest ranks worth running (default 1)"},
     {"--hosts", OPT_STR, AT(o.hosts), .arg = "FILE",
      .help = "'host slots' lines, re-read before every launch"},
     {"--capacity-timeout", OPT_NUM, AT(o.capacity_timeout), .lo = 0, .hi = 1e7, .arg = "S",
      .help = "give up when the host file offers fewer than --min-np\n"
              "slots for this long (default 300)"},
-    {"--max-restarts", OPT_NUM, AT(max_restarts), .lo = 0, .hi = 1e6, .arg = "K",
+    {"--max-restarts", OPT_INT, AT(o.max_restarts), .min = 0, .max = 1000000, .arg = "K",
      .help = "give up after K restarts in a row (default 10)"},
     {"--heartbeat-timeout", OPT_NUM, AT(o.hb_timeout), .lo = 0.5, .hi = 86400, .arg = "S",
      .help = "a rank silent or without progress this long is hung (30)"},
@@ -121,9 +120,9 @@ static int parse_flags(struct super_opts *out, int argc, char **argv, int *sep)
               .preempt_poll = 2,
               .preempt_deadline = 110,
               .capacity_timeout = 300,
-              .probe_timeout = 5},
-        .min_np = 1,
-        .max_restarts = 10,
+              .probe_timeout = 5,
+              .min_np = 1,
+              .max_restarts = 10},
     };
     char err[FSDP_ERR_LEN];
     *sep = 1;
@@ -141,9 +140,6 @@ static int parse_flags(struct super_opts *out, int argc, char **argv, int *sep)
         return -1;
     }
     *out = g.o;
-    out->np = (int)g.np;
-    out->min_np = (int)g.min_np;
-    out->max_restarts = (int)g.max_restarts;
     return 0;
 }
 

@@ -4,7 +4,9 @@ on stderr that names it and points at --help, and a non-zero exit."""
 import os
 import re
 
-from harness import CKPT, DATA, TRAIN, digest, main, prepare_corpus, run, mpirun
+from harness import BUILD, CKPT, DATA, TRAIN, digest, main, prepare_corpus, run, mpirun
+
+SUPER = os.path.join(BUILD, "recovery", "fsdp-super")
 
 
 def help_exits_zero(tmp):
@@ -107,6 +109,11 @@ def bad_flags_give_one_line_and_the_usage_hint(tmp):
          "give one"),
         ([TRAIN, "--data", train, "--activation-checkpointing", "every-0"],
          "--activation-checkpointing 'every-0'"),
+        # a count is a whole number (fsdp-super took 2.5 as 2 and 1e1 as 10)
+        ([SUPER, "--np", "2.5", "--", TRAIN], "--np '2.5'"),
+        ([SUPER, "--min-np", "1e1", "--np", "2", "--", TRAIN], "--min-np '1e1'"),
+        ([SUPER, "--max-restarts", "0.5", "--np", "2", "--", TRAIN], "--max-restarts '0.5'"),
+        ([SUPER, "--np", "0", "--", TRAIN], "--np '0'"),
     ]
     for args, needle in cases:
         p = run(args, check=False)
