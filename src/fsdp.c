@@ -113,7 +113,9 @@ static int alloc_acts(struct fsdp_engine *e, char *err)
     /* L counts slots here; only the block outputs need one row per block */
     const size_t L = (size_t)e->a.nslots, C = (size_t)c->dim, NH = (size_t)c->heads;
     const size_t LB = (size_t)c->layers;
-    const size_t BT = (size_t)e->B * e->T, TT = (size_t)e->T * e->T;
+    const size_t BT = (size_t)e->B * e->T;
+    /* attention's state per (sequence, head): the softmax, or flash's lse */
+    const size_t TT = e->flash ? (size_t)e->T : (size_t)e->T * e->T;
     /* bf16: the matmul inputs' slots hold bf16 copies (struct fsdp_acts) */
     const size_t Lx = e->bf16 ? 1 : L, L16 = e->bf16 ? L : 0, lnf16 = e->bf16 ? BT * C : 0;
     struct fsdp_acts *a = &e->a;
@@ -239,6 +241,8 @@ static void set_options(struct fsdp_engine *e, const struct model_layout *m,
     e->T = m->cfg.seq;
     e->recompute_every = o->recompute_every;
     e->bf16 = o->bf16;
+    e->flash = e->bf16 && k->attention_forward_bf16 &&
+               m->cfg.dim / m->cfg.heads <= k->attention_bf16_max_hs;
     e->reduce_bf16 = o->reduce_bf16;
     e->prefetch =
         o->prefetch && shard != FSDP_SHARD_NONE && comm->start; /* else nothing overlaps */
@@ -907,7 +911,8 @@ static void layer_acts(const struct fsdp_engine *e, int l, struct layer_acts *la
 {
     const struct fsdp_acts *a = &e->a;
     const size_t C = (size_t)e->m->cfg.dim, NH = (size_t)e->m->cfg.heads;
-    const size_t S = (size_t)e->B * e->T, TT = (size_t)e->T * e->T; /* S: per-layer stride */
+    const size_t S = (size_t)e->B * e->T;                            /* S: per-layer stride */
+    const size_t TT = e->flash ? (size_t)e->T : (size_t)e->T * e->T; /* as in alloc_acts */
     const size_t s = (size_t)a->slot[l];
     const size_t x = e->bf16 ? 0 : s; /* bf16 keeps the products' inputs in x16 */
     la->res = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * S * C;
@@ -943,7 +948,10 @@ static void block_forward(struct fsdp_engine *e, int u, const struct block_param
     k->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->res, p->t[BT_LN1_W],
                          p->t[BT_LN1_B], BT, C);
     mm_forward(e, u, la->qkv, la->ln1, la->ln1_16, p->t[BT_QKV_W], p->t[BT_QKV_B], BT, C, 3 * C);
-    k->attention_forward(la->atty, la->att, la->qkv, B, T, C, NH);
+    if (e->flash)
+        k->attention_forward_bf16(la->atty, la->att, la->qkv, B, T, C, NH);
+    else
+        k->attention_forward(la->atty, la->att, la->qkv, B, T, C, NH);
     poke(e);
     mm_forward(e, u, scratch, la->atty, la->atty16, p->t[BT_ATTPROJ_W], p->t[BT_ATTPROJ_B], BT, C,
                C);
@@ -982,7 +990,11 @@ static void block_backward(struct fsdp_engine *e, int u, const struct block_para
     /* residual2 = residual + attproj(attention(qkv(ln1(residual)))) */
     mm_backward(e, u, a->dbtc, g->t[BT_ATTPROJ_W], g->t[BT_ATTPROJ_B], a->dres, la->atty,
                 la->atty16, p->t[BT_ATTPROJ_W], BT, C, C);
-    k->attention_backward(a->d4c, a->datt, a->dbtc, la->qkv, la->att, B, T, C, NH);
+    if (e->flash)
+        k->attention_backward_bf16(a->d4c, a->datt, a->dbtc, la->atty16, la->qkv, la->att, B, T, C,
+                                   NH);
+    else
+        k->attention_backward(a->d4c, a->datt, a->dbtc, la->qkv, la->att, B, T, C, NH);
     poke(e);
     mm_backward(e, u, a->dbtc, g->t[BT_QKV_W], g->t[BT_QKV_B], a->d4c, la->ln1, la->ln1_16,
                 p->t[BT_QKV_W], BT, C, 3 * C);

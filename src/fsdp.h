@@ -136,6 +136,7 @@ struct fsdp_engine {
     int B, T;
     int recompute_every; /* fsdp_opts */
     int bf16;            /* fsdp_opts */
+    int flash;           /* bf16 with the backend's attention_*_bf16: att holds lse */
     int reduce_bf16;     /* fsdp_opts */
 
     struct fsdp_unit *units;

@@ -80,6 +80,21 @@ struct fsdp_kernels {
     /* datt is scratch of (B,NH,T,T) */
     void (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *qkv,
                                const float *att, int B, int T, int C, int NH);
+    /* bf16 runs (optional: NULL where the backend has none): causal
+     * attention flash-style on bf16 operands, fp32 accumulation and softmax,
+     * for heads up to attention_bf16_max_hs wide. Instead of the softmax the
+     * forward keeps lse (B,NH,T), each row's log-sum-exp of the scaled
+     * scores, and the backward recomputes the probabilities from it; out16
+     * is the forward's out rounded to bf16 (the engine's copy for the next
+     * product), d is scratch of (B,NH,T). dqkv is overwritten. Memory is
+     * O(T) per row instead of O(T^2); the results match the fp32 kernels to
+     * bf16's precision (tests/unit/flash_ref.c is the reference). */
+    void (*attention_forward_bf16)(float *out, float *lse, const float *qkv, int B, int T, int C,
+                                   int NH);
+    void (*attention_backward_bf16)(float *dqkv, float *d, const float *dout, const uint16_t *out16,
+                                    const float *qkv, const float *lse, int B, int T, int C,
+                                    int NH);
+    int attention_bf16_max_hs;
     void (*gelu_forward)(float *out, const float *inp, size_t n);
     void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
     /* out = a + b */

@@ -110,7 +110,9 @@ static void print_banner(const struct trainer *t)
             t->o.reduce_bf16 ? ", gradients reduced in bf16" : "", t->eng.prefetch ? "on" : "off",
             t->eng.unit_blocks, t->eng.unit_blocks > 1 ? "s" : "", buckets, t->threads,
             t->threads > 1 ? "s" : "", t->eng.k->name,
-            t->o.cuda ? "cuBLAS matmuls, NCCL collectives" : fsdp_kernels_cpu_blas());
+            t->o.cuda ? (t->eng.flash ? "cuBLAS matmuls, flash attention, NCCL collectives"
+                                      : "cuBLAS matmuls, NCCL collectives")
+                      : fsdp_kernels_cpu_blas());
     fprintf(stderr,
             "fsdp-train: per rank: params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB "
             "(unsharded %.2f / %.2f / %.2f MiB); gathered params %.2f MiB, full grads %.2f MiB, "

@@ -21,6 +21,7 @@
  * Built into libfsdp-cuda.so, which fsdp-train loads for --device cuda
  * (module.h, cuda_load.c).
  */
+#include "flash.h"
 #include "module.h"
 
 #include <cublasLt.h>
@@ -38,6 +39,7 @@
 
 static struct {
     int dev, major, minor, tf32;
+    size_t smem_optin; /* shared memory a block may opt in to (flash.cu) */
     cudaStream_t stream;
     cublasHandle_t blas;
     cublasLtHandle_t lt;
@@ -892,6 +894,29 @@ static void cu_attention_backward(float *dqkv, float *datt, const float *dout, c
     }
 }
 
+/* bf16 runs: flash.cu's kernels, the T x T matrices never stored */
+static void flash_failed(const char *what, int line)
+{
+    die(what, cudaGetErrorString(cudaGetLastError()), __FILE__, line);
+}
+
+static void cu_attention_forward_bf16(float *out, float *lse, const float *qkv, int B, int T, int C,
+                                      int NH)
+{
+    PROF("attention_forward_bf16");
+    if (flash_forward(g.stream, out, lse, qkv, B, T, C, NH))
+        flash_failed("flash_forward", __LINE__);
+}
+
+static void cu_attention_backward_bf16(float *dqkv, float *d, const float *dout,
+                                       const uint16_t *out16, const float *qkv, const float *lse,
+                                       int B, int T, int C, int NH)
+{
+    PROF("attention_backward_bf16");
+    if (flash_backward(g.stream, dqkv, d, dout, out16, qkv, lse, B, T, C, NH))
+        flash_failed("flash_backward", __LINE__);
+}
+
 /* ---- pointwise --------------------------------------------------------------------- */
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
@@ -1104,6 +1129,15 @@ static void fill_table(void)
     k->bf16_scratch = cu_bf16_scratch;
     k->attention_forward = cu_attention_forward;
     k->attention_backward = cu_attention_backward;
+    /* FSDP_CUDA_ATTENTION=gemm: bf16 runs too take the products above
+     * (TF32) and keep the softmax, as before flash.cu */
+    const char *att = getenv("FSDP_CUDA_ATTENTION");
+    int max_hs = flash_max_hs(g.smem_optin);
+    if ((!att || strcmp(att, "gemm") != 0) && max_hs > 0) {
+        k->attention_forward_bf16 = cu_attention_forward_bf16;
+        k->attention_backward_bf16 = cu_attention_backward_bf16;
+        k->attention_bf16_max_hs = max_hs;
+    }
     k->gelu_forward = cu_gelu_forward;
     k->gelu_backward = cu_gelu_backward;
     k->residual_forward = cu_residual_forward;
@@ -1147,6 +1181,7 @@ static int cu_init(int local_rank, char *err, size_t len)
     }
     g.major = p.major;
     g.minor = p.minor;
+    g.smem_optin = p.sharedMemPerBlockOptin;
     g.main_thread = pthread_self();
     snprintf(g.desc, sizeof g.desc, "cuda %s (sm_%d%d, %.0f GiB), device %d", p.name, p.major,
              p.minor, (double)p.totalGlobalMem / (1 << 30), g.dev);

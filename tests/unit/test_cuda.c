@@ -14,14 +14,20 @@
  *   1e-4  attention (two products and a softmax), the loss, bf16 matmuls
  *         (the same rounded operands; accumulation order differs)
  *   0     bf16 rounding and widening (the same bits by construction)
+ *   5e-3  flash attention against its CPU reference (flash_ref.c: the same
+ *         bf16 roundings; a last-bit difference can flip one), and 1e-2
+ *         against the fp32 attention (the roundings themselves)
  * and for the engine, per gradient tensor, ||gpu - cpu|| / ||cpu|| < 1e-4
  * in fp32 and 1e-2 in bf16 (a last-bit fp32 difference can flip a bf16
- * operand's rounding: 0.4% on that element; 1.8e-3 seen in CPU trials).
+ * operand's rounding: 0.4% on that element; 1.8e-3 seen in CPU trials),
+ * where the CPU's bf16 run takes flash_ref.c's attention as the GPU takes
+ * flash.cu's.
  */
 #include "check.h"
 
 #include "comm.h"
 #include "cuda/cuda.h"
+#include "flash_ref.h"
 #include "fsdp.h"
 #include "kernels.h"
 #include "model.h"
@@ -234,6 +240,76 @@ static void attention_matches_the_cpu(void)
         free(h[i]), gpu->free(d[i]);
 }
 
+/* flash.cu against its CPU reference (the same roundings: only fp32
+ * summation order and expf differ, which can flip a bf16 rounding of P or
+ * dS, 0.4% on that element) and against the fp32 attention (the bf16
+ * roundings themselves: test_flash.c measures 3e-3 for the reference). The
+ * shapes take every head width's kernels (8, 24, 64, 96 and 128 wide; the
+ * narrower pad to 16, 32, 64, 128), one tile, ragged tiles, a single row,
+ * and gpt2-124m's 1024. Two runs give the same bits. */
+static void flash_attention_matches_the_reference(void)
+{
+    if (!gpu->attention_forward_bf16) {
+        printf("  FSDP_CUDA_ATTENTION=gemm: no flash kernels to test\n");
+        return;
+    }
+    static const struct {
+        int B, T, C, NH;
+    } shapes[] = {{2, 64, 96, 4},   {1, 200, 128, 2}, {2, 1, 16, 2},    {1, 130, 256, 2},
+                  {1, 100, 192, 2}, {2, 77, 32, 4},   {1, 1024, 128, 2}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int B = shapes[si].B, T = shapes[si].T, C = shapes[si].C, NH = shapes[si].NH;
+        if (C / NH > gpu->attention_bf16_max_hs) { /* sm_86, sm_89: 64 */
+            printf("  B %d T %d C %d NH %d: heads too wide for this GPU's shared memory\n", B, T, C,
+                   NH);
+            continue;
+        }
+        const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+        const size_t nl = (size_t)B * NH * T, na = nl * T;
+        float *qkv = randv(nq, 60 + si, 1), *dout = randv(no, 70 + si, 1);
+        float *out = calloc(no, 4), *lse = calloc(nl, 4), *d = calloc(nl, 4);
+        float *dqkv = calloc(nq, 4), *out32 = calloc(no, 4), *dqkv32 = calloc(nq, 4);
+        float *att = calloc(na, 4), *datt = calloc(na, 4);
+        uint16_t *out16 = calloc(no, 2);
+        flash_ref_forward(out, lse, qkv, B, T, C, NH);
+        cpu->to_bf16(out16, out, no);
+        flash_ref_backward(dqkv, d, dout, out16, qkv, lse, B, T, C, NH);
+        cpu->attention_forward(out32, att, qkv, B, T, C, NH);
+        cpu->attention_backward(dqkv32, datt, dout, qkv, att, B, T, C, NH);
+        float *gqkv = dev(qkv, nq * 4), *gdout = dev(dout, no * 4), *gout = dev(NULL, no * 4);
+        float *glse = dev(NULL, nl * 4), *gd = dev(NULL, nl * 4), *gdqkv = dev(NULL, nq * 4);
+        uint16_t *gout16 = (uint16_t *)dev(out16, no * 2); /* the reference's: the same D */
+        gpu->attention_forward_bf16(gout, glse, gqkv, B, T, C, NH);
+        gpu->attention_backward_bf16(gdqkv, gd, gdout, gout16, gqkv, glse, B, T, C, NH);
+        float *o = back(gout, no), *l = back(glse, nl), *dq = back(gdqkv, nq);
+        double eo = rel_err(o, out, no), el = rel_err(l, lse, nl), eg = rel_err(dq, dqkv, nq);
+        double fo = rel_err(o, out32, no), fg = rel_err(dq, dqkv32, nq);
+        printf("  B %d T %d C %d NH %d: vs reference out %.2g lse %.2g dqkv %.2g; vs fp32 out "
+               "%.2g dqkv %.2g\n",
+               B, T, C, NH, eo, el, eg, fo, fg);
+        CHECK(eo < 5e-3, "out vs the reference: relative error %.3g (tolerance 5e-3)", eo);
+        CHECK(el < 1e-4, "lse vs the reference: relative error %.3g (tolerance 1e-4)", el);
+        CHECK(eg < 5e-3, "dqkv vs the reference: relative error %.3g (tolerance 5e-3)", eg);
+        CHECK(fo < 1e-2, "out vs fp32: relative error %.3g (tolerance 1e-2)", fo);
+        CHECK(fg < 1e-2, "dqkv vs fp32: relative error %.3g (tolerance 1e-2)", fg);
+        /* again: the same bits */
+        gpu->attention_forward_bf16(gout, glse, gqkv, B, T, C, NH);
+        gpu->attention_backward_bf16(gdqkv, gd, gdout, gout16, gqkv, glse, B, T, C, NH);
+        float *o2 = back(gout, no), *dq2 = back(gdqkv, nq);
+        CHECK(memcmp(o, o2, no * 4) == 0 && memcmp(dq, dq2, nq * 4) == 0,
+              "two runs differ (B %d T %d C %d NH %d)", B, T, C, NH);
+        free(o), free(l), free(dq), free(o2), free(dq2);
+        float *h[] = {qkv, dout, out, lse, d, dqkv, out32, dqkv32, att, datt};
+        for (size_t i = 0; i < sizeof h / sizeof h[0]; i++)
+            free(h[i]);
+        free(out16);
+        float *g[] = {gqkv, gdout, gout, glse, gd, gdqkv};
+        for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
+            gpu->free(g[i]);
+        gpu->free(gout16);
+    }
+}
+
 static void pointwise_kernels_match_the_cpu(void)
 {
     const size_t n = BT * 4 * C;
@@ -371,10 +447,25 @@ static float *step_grads(const struct fsdp_kernels *k, int bf16, double *loss)
     return g;
 }
 
+/* The CPU kernels, with flash_ref.c as the bf16 attention where the GPU
+ * runs flash.cu (unless FSDP_CUDA_ATTENTION=gemm): the engine then takes
+ * the same path on both. */
+static struct fsdp_kernels cpu_like_the_gpu(void)
+{
+    struct fsdp_kernels k = *cpu;
+    if (gpu->attention_forward_bf16) {
+        k.attention_forward_bf16 = flash_ref_forward;
+        k.attention_backward_bf16 = flash_ref_backward;
+        k.attention_bf16_max_hs = gpu->attention_bf16_max_hs;
+    }
+    return k;
+}
+
 static void engine_gradients_match_the_cpu(int bf16)
 {
     double lc = 0, lg = 0;
-    float *gc = step_grads(cpu, bf16, &lc), *gg = step_grads(gpu, bf16, &lg);
+    const struct fsdp_kernels ref = cpu_like_the_gpu();
+    float *gc = step_grads(&ref, bf16, &lc), *gg = step_grads(gpu, bf16, &lg);
     REQUIRE(gc && gg, "a step failed");
     CHECK(fabs(lc - lg) <= 1e-5 * fabs(lc), "loss: cpu %.9g gpu %.9g", lc, lg);
     struct model_layout m;
@@ -449,10 +540,10 @@ static void every_gradient_matches_finite_differences_on_the_gpu(void)
     rig_free(&r);
 }
 
-static void two_gpu_steps_give_the_same_bits(void)
+static void two_gpu_steps_give_the_same_bits(int bf16)
 {
     double l1, l2;
-    float *a = step_grads(gpu, 0, &l1), *b = step_grads(gpu, 0, &l2);
+    float *a = step_grads(gpu, bf16, &l1), *b = step_grads(gpu, bf16, &l2);
     REQUIRE(a && b, "a step failed");
     struct model_layout m;
     char err[FSDP_ERR_LEN];
@@ -470,6 +561,9 @@ static void two_gpu_steps_give_the_same_bits(void)
     CHECK(memcmp(a, b, n * sizeof *a) == 0, "gradients differ between two identical steps");
     free(a), free(b);
 }
+
+static void two_gpu_steps_give_the_same_bits_fp32(void) { two_gpu_steps_give_the_same_bits(0); }
+static void two_gpu_steps_give_the_same_bits_bf16(void) { two_gpu_steps_give_the_same_bits(1); }
 
 /* The backends, once before the first test (the GPU's start-up is the
  * process's); without a GPU the program is skipped (77). */
@@ -495,13 +589,15 @@ int main(int argc, char **argv)
         TEST(bf16_matmuls_match_the_cpu),
         TEST(bf16_rounding_is_the_cpus_bit_for_bit),
         TEST(attention_matches_the_cpu),
+        TEST(flash_attention_matches_the_reference),
         TEST(pointwise_kernels_match_the_cpu),
         TEST(loss_matches_the_cpu),
         TEST(adamw_matches_the_cpu),
         TEST(engine_gradients_match_the_cpu_fp32),
         TEST(engine_gradients_match_the_cpu_bf16),
         TEST(every_gradient_matches_finite_differences_on_the_gpu),
-        TEST(two_gpu_steps_give_the_same_bits),
+        TEST(two_gpu_steps_give_the_same_bits_fp32),
+        TEST(two_gpu_steps_give_the_same_bits_bf16),
     };
     return check_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv, find_the_gpu);
 }

@@ -1,0 +1,20 @@
+/*
+ * flash_ref.h - the arithmetic of src/cuda/flash.cu on the CPU, one row at
+ * a time: the reference the GPU kernels are checked against (test_cuda.c)
+ * and the record of what rounding they do, itself checked against the fp32
+ * attention (test_flash.c).
+ *
+ * The same signatures as kernels.h's attention_forward_bf16 and
+ * attention_backward_bf16, on host memory, so a copy of the CPU kernel
+ * table with these two plugged in runs the whole engine the way a GPU's
+ * bf16 run does.
+ */
+#ifndef FSDP_TEST_FLASH_REF_H
+#define FSDP_TEST_FLASH_REF_H
+#include <stdint.h>
+
+void flash_ref_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH);
+void flash_ref_backward(float *dqkv, float *d, const float *dout, const uint16_t *out16,
+                        const float *qkv, const float *lse, int B, int T, int C, int NH);
+
+#endif

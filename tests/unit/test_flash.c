@@ -1,0 +1,228 @@
+/*
+ * test_flash.c - the flash attention's arithmetic (flash_ref.c, the
+ * reference src/cuda/flash.cu is checked against on a GPU) against the fp32
+ * attention, kernel by kernel and through the whole engine, and the
+ * engine's bf16 path that keeps lse instead of the softmax.
+ *
+ * Errors are max |ref - fp32| / max |fp32| (as in test_cuda.c). The flash
+ * path rounds Q, K, V, dO, P and dS to bf16 (8 bits of mantissa, 2^-9 =
+ * 0.2% relative at worst per rounding); the tolerances allow a few such
+ * roundings compounding, and are about 3x what these inputs give (the
+ * figures in the comments, measured on this file's inputs).
+ */
+#include "check.h"
+
+#include "comm.h"
+#include "flash_ref.h"
+#include "fsdp.h"
+#include "kernels.h"
+#include "model.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float *randv(size_t n, uint64_t seed, float scale)
+{
+    float *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++)
+        v[i] = scale * fsdp_normal_at(seed, i);
+    return v;
+}
+
+static double rel_err(const float *got, const float *want, size_t n)
+{
+    double m = 0, d = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabs(want[i]) > m)
+            m = fabs(want[i]);
+        double e = fabs((double)got[i] - want[i]);
+        if (!(e <= d))
+            d = e; /* NaN sticks */
+    }
+    return d / (m > 0 ? m : 1.0);
+}
+
+/* fp32 attention (the CPU kernels) against the reference, forward and
+ * backward, on one shape; returns the two errors */
+static void compare(int B, int T, int C, int NH, uint64_t seed, double *eo, double *eg)
+{
+    const struct fsdp_kernels *k = fsdp_kernels_cpu();
+    const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+    const size_t na = (size_t)B * NH * T * T, nl = (size_t)B * NH * T;
+    float *qkv = randv(nq, seed, 1), *dout = randv(no, seed + 1, 1);
+    float *att = calloc(na, 4), *datt = calloc(na, 4), *out = calloc(no, 4), *dqkv = calloc(nq, 4);
+    float *rout = calloc(no, 4), *lse = calloc(nl, 4), *d = calloc(nl, 4);
+    float *rdqkv = calloc(nq, 4);
+    uint16_t *out16 = calloc(no, 2);
+    k->attention_forward(out, att, qkv, B, T, C, NH);
+    k->attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+    flash_ref_forward(rout, lse, qkv, B, T, C, NH);
+    k->to_bf16(out16, rout, no);
+    flash_ref_backward(rdqkv, d, dout, out16, qkv, lse, B, T, C, NH);
+    *eo = rel_err(rout, out, no);
+    *eg = rel_err(rdqkv, dqkv, nq);
+    free(qkv), free(dout), free(att), free(datt), free(out), free(dqkv);
+    free(rout), free(lse), free(d), free(rdqkv), free(out16);
+}
+
+/* One tile (T 64), several with a ragged last one (T 200), a single row,
+ * heads of 8, 24 and 64 (the GPU pads 8 and 24 to 16 and 32). */
+static void the_reference_matches_fp32_attention(void)
+{
+    static const struct {
+        int B, T, C, NH;
+    } shapes[] = {{2, 64, 96, 4}, {1, 200, 128, 2}, {2, 1, 16, 2}, {1, 130, 64, 8}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        double eo, eg;
+        compare(shapes[i].B, shapes[i].T, shapes[i].C, shapes[i].NH, 10 + 2 * i, &eo, &eg);
+        printf("  B %d T %d C %d NH %d: out %.2g, dqkv %.2g\n", shapes[i].B, shapes[i].T,
+               shapes[i].C, shapes[i].NH, eo, eg);
+        CHECK(eo < 1e-2, "out: relative error %.3g (tolerance 1e-2)", eo);
+        CHECK(eg < 1e-2, "dqkv: relative error %.3g (tolerance 1e-2)", eg);
+    }
+}
+
+/* The rows' log-sum-exp: p = exp(s * scale - lse) must be the fp32
+ * softmax on bf16-rounded Q and K (rounding them is all that differs). */
+static void lse_gives_back_the_softmax(void)
+{
+    enum { B = 1, T = 150, C = 64, NH = 2 };
+    const int hs = C / NH;
+    const struct fsdp_kernels *k = fsdp_kernels_cpu();
+    float *qkv = randv((size_t)B * T * 3 * C, 7, 2), *out = calloc((size_t)B * T * C, 4);
+    float *att = calloc((size_t)B * NH * T * T, 4), *lse = calloc((size_t)B * NH * T, 4);
+    float *q16 = malloc((size_t)B * T * 3 * C * 4);
+    uint16_t *tmp = malloc((size_t)B * T * 3 * C * 2);
+    k->to_bf16(tmp, qkv, (size_t)B * T * 3 * C);
+    k->from_bf16(q16, tmp, (size_t)B * T * 3 * C);
+    k->attention_forward(out, att, q16, B, T, C, NH);
+    flash_ref_forward(out, lse, qkv, B, T, C, NH);
+    double worst = 0;
+    for (int h = 0; h < NH; h++)
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j <= t; j++) {
+                const float *q = q16 + (size_t)t * 3 * C + h * hs;
+                const float *kk = q16 + (size_t)j * 3 * C + C + h * hs;
+                float s = 0;
+                for (int d = 0; d < hs; d++)
+                    s += q[d] * kk[d];
+                double p = exp(s / sqrt((double)hs) - lse[(size_t)h * T + t]);
+                double e = fabs(p - att[((size_t)h * T + t) * T + j]);
+                worst = e > worst ? e : worst;
+            }
+    printf("  worst |exp(s - lse) - softmax| %.2g\n", worst);
+    CHECK(worst < 1e-5, "exp(s - lse) is off the softmax by %.3g", worst);
+    free(qkv), free(out), free(att), free(lse), free(q16), free(tmp);
+}
+
+/* ---- the engine ---------------------------------------------------------------------- */
+
+enum { EB = 2, ET = 70 }; /* two tiles, the second ragged */
+static const struct model_config ecfg = {
+    .layers = 2, .dim = 32, .heads = 2, .seq = ET, .vocab = 30, .vocab_pad = 32};
+
+/* loss and gradient shard (caller frees) of one step with kernels k */
+static float *step_grads(const struct fsdp_kernels *k, int recompute, double *loss,
+                         size_t *act_bytes)
+{
+    char err[FSDP_ERR_LEN];
+    struct model_layout m;
+    struct fsdp_comm comm;
+    struct fsdp_engine e;
+    if (model_layout_init(&m, &ecfg, err) != 0)
+        return NULL;
+    fsdp_comm_local_init(&comm);
+    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, recompute, 1, 0, 0, 0, 0};
+    float *g = NULL;
+    if (fsdp_init(&e, &m, k, &comm, &o, err) != 0) {
+        fprintf(stderr, "  %s\n", err);
+        goto out;
+    }
+    fsdp_init_params(&e, 5);
+    int32_t in[EB * ET], tgt[EB * ET];
+    struct fsdp_rng rng = {42};
+    for (int i = 0; i < EB * ET; i++) {
+        in[i] = (int32_t)fsdp_rng_below(&rng, (uint64_t)ecfg.vocab);
+        tgt[i] = (int32_t)fsdp_rng_below(&rng, (uint64_t)ecfg.vocab);
+    }
+    fsdp_set_batch(&e, in, tgt);
+    fsdp_zero_grad(&e);
+    *act_bytes = e.mem.act_bytes;
+    if (fsdp_forward(&e, EB, ET, loss, err) == 0 && fsdp_backward(&e, 1.0f / (EB * ET), err) == 0) {
+        g = malloc(e.shard_total * sizeof *g);
+        memcpy(g, e.grads, e.shard_total * sizeof *g);
+    } else {
+        fprintf(stderr, "  %s\n", err);
+    }
+    fsdp_free(&e);
+out:
+    comm.finalize(&comm);
+    model_layout_free(&m);
+    return g;
+}
+
+/* The CPU kernels with the reference plugged in as the bf16 attention: a
+ * bf16 run then takes the engine's flash path, as on a GPU. */
+static struct fsdp_kernels with_flash(void)
+{
+    struct fsdp_kernels k = *fsdp_kernels_cpu();
+    k.attention_forward_bf16 = flash_ref_forward;
+    k.attention_backward_bf16 = flash_ref_backward;
+    k.attention_bf16_max_hs = 128;
+    return k;
+}
+
+/* The engine's flash path (lse kept per row, the backward fed the bf16
+ * copy of the attention's output) against its softmax path in the same
+ * bf16 run: the loss and every gradient tensor, with and without the
+ * activations recomputed; and the activations shrink by the T x T
+ * matrices. */
+static void the_engines_flash_path_matches_its_softmax_path(void)
+{
+    const struct fsdp_kernels *plain = fsdp_kernels_cpu();
+    const struct fsdp_kernels flash = with_flash();
+    for (int recompute = 0; recompute <= 1; recompute++) {
+        double lp = 0, lf = 0;
+        size_t bp = 0, bf = 0;
+        float *gp = step_grads(plain, recompute, &lp, &bp);
+        float *gf = step_grads(&flash, recompute, &lf, &bf);
+        REQUIRE(gp && gf, "a step failed");
+        printf("  recompute %d: loss %.7g (softmax) %.7g (flash); activations %zu -> %zu bytes\n",
+               recompute, lp, lf, bp, bf);
+        CHECK(fabs(lp - lf) <= 1e-3 * fabs(lp), "loss: softmax %.9g flash %.9g", lp, lf);
+        CHECK(bf < bp, "flash keeps %zu bytes of activations, the softmax %zu", bf, bp);
+        struct model_layout m;
+        char err[FSDP_ERR_LEN];
+        model_layout_init(&m, &ecfg, err);
+        struct fsdp_comm comm;
+        fsdp_comm_local_init(&comm);
+        struct fsdp_engine e;
+        const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, 0, 0, 0, 0, 0, 0};
+        fsdp_init(&e, &m, plain, &comm, &o, err);
+        double worst = 0;
+        for (int ti = 0; ti < m.ntensors; ti++) {
+            const struct model_tensor *t = &m.tensors[ti];
+            size_t off = e.units[t->unit].shard_off + t->offset;
+            double d2 = 0, c2 = 0;
+            for (size_t i = 0; i < t->numel; i++) {
+                double d = (double)gf[off + i] - gp[off + i];
+                d2 += d * d;
+                c2 += (double)gp[off + i] * gp[off + i];
+            }
+            double rel = sqrt(d2) / (sqrt(c2) + 1e-30);
+            worst = rel > worst ? rel : worst;
+            CHECK(rel < 1.5e-2, "%s gradient: relative error %.3g (tolerance 1.5e-2)", t->name,
+                  rel);
+        }
+        printf("  recompute %d: worst gradient tensor %.2g\n", recompute, worst);
+        fsdp_free(&e);
+        comm.finalize(&comm);
+        model_layout_free(&m);
+        free(gp), free(gf);
+    }
+}
+
+CHECK_MAIN(TEST(the_reference_matches_fp32_attention), TEST(lse_gives_back_the_softmax),
+           TEST(the_engines_flash_path_matches_its_softmax_path))
