@@ -59,7 +59,8 @@ if [ $# -eq 0 ]; then
         knobs
     # ThreadSanitizer: our threads (async checkpoint writers, the O_DIRECT
     # I/O thread, the parallel chunk readers and verifiers, S3 requests from
-    # several threads, the heartbeat thread) with Open MPI's own reports
+    # several threads, the heartbeat thread; flash.cu's kernels on emulated
+    # CUDA threads, where a missing barrier is a race) with Open MPI's own reports
     # suppressed (tests/sanitizers/tsan.supp) and one OpenMP thread per rank
     # (GCC's libgomp is not instrumented, so its barriers look like races).
     configure build-tsan -Db_sanitize=thread -Dbuildtype=debugoptimized -Dcuda=disabled ||
@@ -67,7 +68,7 @@ if [ $# -eq 0 ]; then
     OMP_NUM_THREADS=1 \
     TSAN_OPTIONS="halt_on_error=1:exitcode=66:suppressions=$PWD/tests/sanitizers/tsan.supp" \
         meson test -C build-tsan --print-errorlogs --logbase tsan \
-        storage ckpt s3-requests super-parsers tsan-async-checkpoint tsan-heartbeat
+        storage ckpt s3-requests super-parsers tsan-async-checkpoint tsan-heartbeat tsan-flash-emu
     # libFuzzer: every target over its seeds (the regression inputs among
     # them), then 20000 executions each (tests/fuzz/README.md)
     (export CC=clang && configure build-fuzz -Dfuzz=true -Db_sanitize=address,undefined \
