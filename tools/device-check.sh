@@ -1,12 +1,16 @@
 #!/bin/sh
 # The GPU checks in one run, sized for a few minutes on one GPU (GPU time
 # is scarce: everything that can be tested on the CPU is tested there):
-#   1. the CUDA kernels against the CPU's, the engine's gradients, a
-#      finite-difference check and repeatability (tests/unit/test_cuda.c)
+#   1. the CUDA kernels against the CPU's (flash.cu's attention against
+#      its CPU reference), the engine's gradients, a finite-difference check
+#      and repeatability (tests/unit/test_cuda.c); again with
+#      FSDP_CUDA_ATTENTION=gemm, the bf16 attention that keeps the softmax
 #   2. tiny for 20 steps on the GPU against the CPU, GPU runs repeating
 #      their bits and resuming exactly, checkpoints moving GPU -> CPU ranks
 #      and CPU ranks -> GPU (tests/integration/test_cuda.py)
-#   3. gpt2-124m tokens/s and MFU, bf16 and fp32 (tools/bench/bench_gpu.py)
+#   3. gpt2-124m tokens/s and MFU: bf16, bf16 with FSDP_CUDA_ATTENTION=gemm
+#      (the baseline flash attention is measured against) and fp32
+#      (tools/bench/bench_gpu.py)
 # and prints one summary. Logs and results go to $OUT (default
 # /tmp/device-check); gpu-run.tar.gz there holds the GPU run's checkpoint
 # and log, for the two-CPU-rank half on a machine with mpirun:
@@ -72,7 +76,9 @@ check() { # NAME COMMAND...: runs it, logs to $OUT/NAME.log, counts the outcome
 }
 
 check kernels "$BUILD/tests/unit/test_cuda-kernels"
-grep -E "^(ok|FAIL)|check failed|against" "$OUT/kernels.log"
+grep -E "^(ok|FAIL)|check failed|against|vs reference" "$OUT/kernels.log"
+FSDP_CUDA_ATTENTION=gemm check kernels-gemm "$BUILD/tests/unit/test_cuda-kernels"
+grep -E "^(ok|FAIL)|check failed" "$OUT/kernels-gemm.log"
 art=$(mktemp -d)
 mkdir -p "$art/gpu-run"
 FSDP_BUILD=$BUILD FSDP_ARTIFACTS=$art check integration python3 tests/integration/test_cuda.py

@@ -15,6 +15,10 @@ their MFU reads as a fraction of what bf16 could reach. The anchor, llm.c's
 published 124M run: 8 x A100 80GB SXM, about 300 ms per 524,288-token step
 (scripts/run_gpt2_124M.sh), about 218,000 tokens/s per GPU.
 
+Settings (--settings): bf16 (attention by flash.cu, the default for bf16
+runs), bf16-gemm (FSDP_CUDA_ATTENTION=gemm: cuBLAS products that keep the
+T x T softmax, as before flash.cu: the baseline in the same run) and fp32.
+
   python3 tools/bench/bench_gpu.py --build build-cuda [--batch 16] [--steps 12]
 """
 
@@ -53,8 +57,13 @@ def token_file(path, n_seqs, seed=1):
         toks.tofile(f)
 
 
+# setting: (--precision, environment)
+SETTINGS = {"bf16": ("bf16", {}), "bf16-gemm": ("bf16", {"FSDP_CUDA_ATTENTION": "gemm"}),
+            "fp32": ("fp32", {})}
+
+
 def run(build, data, tmp, precision, batch, steps, extra=(), env=None):
-    log = os.path.join(tmp, f"{precision}-{batch}.jsonl")
+    log = os.path.join(tmp, f"{precision}-{batch}-{len(os.listdir(tmp))}.jsonl")
     cmd = [os.path.join(build, "src", "fsdp-train"), "--device", "cuda", "--data", data,
            "--model", "gpt2-124m", "--precision", precision, "--global-batch", str(batch),
            "--steps", str(steps), "--warmup", "2", "--log", log, "--log-every", "1"] + list(extra)
@@ -77,7 +86,7 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--peak-tflops", type=float, default=989.4)
-    ap.add_argument("--precisions", default="bf16,fp32")
+    ap.add_argument("--settings", default="bf16,bf16-gemm,fp32")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--profile", action="store_true",
                     help="then 4 bf16 steps with FSDP_CUDA_PROFILE=1: GPU time per kernel")
@@ -86,15 +95,19 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "tokens.bin")
         token_file(data, max(64, a.batch * 2))
-        for prec in a.precisions.split(","):
-            rows, banner = run(a.build, data, tmp, prec, a.batch, a.steps)
+        for setting in a.settings.split(","):
+            if setting not in SETTINGS:
+                sys.exit(f"bench_gpu: --settings: '{setting}' is not one of {', '.join(SETTINGS)}")
+            prec, env = SETTINGS[setting]
+            rows, banner = run(a.build, data, tmp, prec, a.batch, a.steps, env=env)
             for line in banner:
                 print("  " + line)
             timed = rows[a.warmup:]
             tps = statistics.median(r["tokens_per_s"] for r in timed)
             ms = statistics.median(r["ms"] for r in timed)
             mfu = tps * flops_per_token() / (a.peak_tflops * 1e12)
-            results.append({"model": "gpt2-124m", "precision": prec, "batch": a.batch, "seq": T,
+            results.append({"model": "gpt2-124m", "setting": setting, "precision": prec,
+                            "batch": a.batch, "seq": T,
                             "tokens_per_s": round(tps), "ms_per_step": round(ms, 1),
                             "mfu": round(mfu, 4), "steps_timed": len(timed),
                             "loss_first": rows[0]["loss"], "loss_last": rows[-1]["loss"]})
@@ -104,10 +117,13 @@ def main():
                 print(line)
     print(f"gpt2-124m on one GPU, batch {a.batch} x {T} tokens, "
           f"{flops_per_token() / 1e9:.3f} GFLOP/token, peak {a.peak_tflops} TFLOP/s")
-    print(f"{'precision':>9} {'tokens/s':>10} {'ms/step':>8} {'MFU':>6}")
+    print(f"{'setting':>9} {'tokens/s':>10} {'ms/step':>8} {'MFU':>6}")
     for r in results:
-        print(f"{r['precision']:>9} {r['tokens_per_s']:>10} {r['ms_per_step']:>8} "
+        print(f"{r['setting']:>9} {r['tokens_per_s']:>10} {r['ms_per_step']:>8} "
               f"{100 * r['mfu']:>5.1f}%")
+    base = {r["setting"]: r["tokens_per_s"] for r in results}
+    if base.get("bf16") and base.get("bf16-gemm"):
+        print(f"flash attention: {base['bf16'] / base['bf16-gemm']:.2f}x the tokens/s of bf16-gemm")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
