@@ -383,7 +383,9 @@ struct rig {
     float *host; /* the parameter shard, host copy */
 };
 
-static int rig_init(struct rig *r, const struct fsdp_kernels *k, int bf16)
+/* bf16 and prefetch as fsdp_opts has them; prefetch needs the GPU's comm
+ * stream (comm_nccl.c) */
+static int rig_init(struct rig *r, const struct fsdp_kernels *k, int bf16, int prefetch)
 {
     char err[FSDP_ERR_LEN];
     if (model_layout_init(&r->m, &ecfg, err) != 0)
@@ -395,7 +397,7 @@ static int rig_init(struct rig *r, const struct fsdp_kernels *k, int bf16)
             return -1;
         }
     }
-    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, 0, bf16, 0, 0, 0, 0};
+    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, 0, bf16, 0, prefetch, 0, 0};
     if (fsdp_init(&r->e, &r->m, k, &r->comm, &o, err) != 0) {
         fprintf(stderr, "  %s\n", err);
         return -1;
@@ -428,11 +430,11 @@ static void rig_free(struct rig *r)
 }
 
 /* loss and the gradient shard (host copy, caller frees) of one step */
-static float *step_grads(const struct fsdp_kernels *k, int bf16, double *loss)
+static float *step_grads_with(const struct fsdp_kernels *k, int bf16, int prefetch, double *loss)
 {
     struct rig r;
     char err[FSDP_ERR_LEN];
-    if (rig_init(&r, k, bf16) != 0)
+    if (rig_init(&r, k, bf16, prefetch) != 0)
         return NULL;
     fsdp_zero_grad(&r.e);
     float *g = NULL;
@@ -445,6 +447,11 @@ static float *step_grads(const struct fsdp_kernels *k, int bf16, double *loss)
     }
     rig_free(&r);
     return g;
+}
+
+static float *step_grads(const struct fsdp_kernels *k, int bf16, double *loss)
+{
+    return step_grads_with(k, bf16, 0, loss);
 }
 
 /* The CPU kernels, with flash_ref.c as the bf16 attention where the GPU
@@ -506,7 +513,7 @@ static void every_gradient_matches_finite_differences_on_the_gpu(void)
 {
     struct rig r;
     char err[FSDP_ERR_LEN];
-    REQUIRE(rig_init(&r, gpu, 0) == 0, "rig");
+    REQUIRE(rig_init(&r, gpu, 0, 0) == 0, "rig");
     double base;
     fsdp_zero_grad(&r.e);
     REQUIRE(fsdp_forward(&r.e, EB, ET, &base, err) == 0 &&
@@ -562,6 +569,25 @@ static void two_gpu_steps_give_the_same_bits(int bf16)
     free(a), free(b);
 }
 
+/* --prefetch on (the all-gathers and reduce-scatters on the comm stream,
+ * overlapping the compute stream) gives the same bits as off, and the
+ * banner would say so: the engine took the non-blocking path. */
+static void prefetch_on_the_comm_stream_gives_the_same_bits(void)
+{
+    struct rig r;
+    REQUIRE(rig_init(&r, gpu, 1, 1) == 0, "rig");
+    const int on = r.e.prefetch;
+    size_t n = r.e.shard_total;
+    rig_free(&r);
+    CHECK(on, "the engine did not take --prefetch on with NCCL");
+    double l0, l1;
+    float *a = step_grads_with(gpu, 1, 0, &l0), *b = step_grads_with(gpu, 1, 1, &l1);
+    REQUIRE(a && b, "a step failed");
+    CHECK(l0 == l1, "loss: prefetch off %.17g, on %.17g", l0, l1);
+    CHECK(memcmp(a, b, n * sizeof *a) == 0, "gradients differ with --prefetch on");
+    free(a), free(b);
+}
+
 static void two_gpu_steps_give_the_same_bits_fp32(void) { two_gpu_steps_give_the_same_bits(0); }
 static void two_gpu_steps_give_the_same_bits_bf16(void) { two_gpu_steps_give_the_same_bits(1); }
 
@@ -598,6 +624,7 @@ int main(int argc, char **argv)
         TEST(every_gradient_matches_finite_differences_on_the_gpu),
         TEST(two_gpu_steps_give_the_same_bits_fp32),
         TEST(two_gpu_steps_give_the_same_bits_bf16),
+        TEST(prefetch_on_the_comm_stream_gives_the_same_bits),
     };
     return check_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv, find_the_gpu);
 }
