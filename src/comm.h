@@ -71,14 +71,19 @@ struct fsdp_comm {
     int (*allreduce_sum)(struct fsdp_comm *c, float *buf, size_t n, char *err);
     int (*allreduce_sum_bf16)(struct fsdp_comm *c, uint16_t *buf, size_t n, char *err);
     /* Non-blocking versions of the four above; NULL where a backend has
-     * none (local: nothing to wait for; NCCL: already asynchronous on the
-     * GPU's stream), and the caller then runs the blocking call. progress
+     * none (local: nothing to wait for), and the caller then runs the
+     * blocking call. NCCL's run on a comm stream of their own and wait
+     * makes the compute stream (not the host) wait for them. progress
      * lets the running collectives advance (Open MPI moves data only inside
      * its calls), never blocks, and is called between kernels. The result
      * is the same bits as the blocking call. */
     int (*start)(struct fsdp_comm *c, struct fsdp_coll *op, char *err);
     void (*progress)(struct fsdp_comm *c);
     int (*wait)(struct fsdp_comm *c, struct fsdp_coll *op, char *err);
+    /* 1 when start's reduce-scatters and all-reduces use op->tmp (MPI's
+     * all-to-all lands there); NCCL's do not, and the engine then keeps no
+     * such scratch */
+    int start_uses_tmp;
     /* host memory, doubles: small reductions (loss, norms) */
     int (*allreduce_sum_f64)(struct fsdp_comm *c, double *buf, size_t n, char *err);
     int (*bcast_bytes)(struct fsdp_comm *c, void *buf, size_t bytes, int root, char *err);

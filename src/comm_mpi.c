@@ -452,6 +452,7 @@ int fsdp_comm_mpi_init(struct fsdp_comm *c, int *argc, char ***argv, char *err)
         .start = mpi_start,
         .progress = mpi_progress,
         .wait = mpi_wait,
+        .start_uses_tmp = 1,
         .allreduce_sum_f64 = mpi_allreduce_f64,
         .bcast_bytes = mpi_bcast,
         .gather_bytes = mpi_gather_bytes,

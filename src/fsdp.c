@@ -197,6 +197,8 @@ static int plan_buckets(struct fsdp_engine *e, size_t bytes)
         hi = lo - 1;
     }
     e->bucket_running = -1;
+    if (!e->comm->start || !e->comm->start_uses_tmp)
+        return 0; /* the blocking all-reduce and NCCL's need no scratch */
     size_t tmp = biggest + (size_t)e->comm->world; /* world * ceil(n / world) */
     if (!(e->rs_parts = e->k->alloc(tmp * sizeof(float))))
         return -1;
@@ -348,7 +350,7 @@ static int alloc_gathered(struct fsdp_engine *e, size_t max_shard)
         return -1;
     e->mem.gather_bytes = gather * sizeof(float);
     e->mem.grad_full_bytes = (pe + pb * kb * nb + pl) * sizeof(float);
-    if (e->comm->start) { /* the all-to-all's landing place (comm.h) */
+    if (e->comm->start && e->comm->start_uses_tmp) { /* the all-to-all's landing place */
         if (!(e->rs_parts = k->alloc(max_padded * sizeof(float))))
             return -1;
         e->mem.grad_full_bytes += max_padded * sizeof(float);

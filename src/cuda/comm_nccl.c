@@ -31,9 +31,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Collectives in flight at once: the engine has at most three (the next
- * unit's all-gather, a reduce-scatter or a bucket's all-reduce); each
- * holds one of these events until its wait. */
+/* Events for started collectives, used in turn: the engine has at most
+ * two in flight (the next unit's all-gather and a reduce-scatter, or a
+ * bucket's all-reduce). An event recorded again before its wait would only
+ * make that wait later (the comm stream runs in order), never too early. */
 #define NCCL_EVENTS 8
 
 struct nccl_impl {
@@ -159,21 +160,20 @@ static ncclResult_t queue_piece(struct nccl_impl *m, const struct fsdp_coll *op,
     return ncclInvalidArgument;
 }
 
-/* --prefetch on: the collective (every piece, one NCCL group) queued on
- * the comm stream after the compute stream's work so far; the compute
- * stream goes on, and waits for it at nccl_wait. */
+/* --prefetch on: the collective queued on the comm stream after the
+ * compute stream's work so far, one call per piece as the blocking path
+ * makes them (not one NCCL group: grouping may change NCCL's algorithm and
+ * so the bits); the compute stream goes on, and waits for it at
+ * nccl_wait. */
 static int nccl_start(struct fsdp_comm *c, struct fsdp_coll *op, char *err)
 {
     struct nccl_impl *m = impl(c);
     const int pieces = op->pieces > 1 ? op->pieces : 1;
-    if (enter(m, err) || nccl_check(ncclGroupStart(), "group start", err))
+    if (enter(m, err))
         return -1;
-    ncclResult_t r = ncclSuccess;
-    for (int p = 0; p < pieces && r == ncclSuccess; p++)
-        r = queue_piece(m, op, p);
-    ncclResult_t end = ncclGroupEnd();
-    if (nccl_check(r != ncclSuccess ? r : end, "collective", err))
-        return -1;
+    for (int p = 0; p < pieces; p++)
+        if (nccl_check(queue_piece(m, op, p), "collective", err))
+            return -1;
     int k = 1 + m->next_done; /* done[0] is the blocking calls' */
     m->next_done = (m->next_done + 1) % (NCCL_EVENTS - 1);
     if (mark(m, m->done[k], err))
@@ -297,6 +297,7 @@ int fsdp_cudamod_comm_nccl_init(struct fsdp_comm *c, char *err)
     c->start = nccl_start;
     c->progress = NULL; /* the GPU moves the data: nothing to advance */
     c->wait = nccl_wait;
+    c->start_uses_tmp = 0; /* NCCL reduces straight into out */
     c->allreduce_sum_f64 = host_allreduce_f64;
     c->bcast_bytes = host_bcast;
     c->gather_bytes = host_gather;

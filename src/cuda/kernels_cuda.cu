@@ -1,13 +1,16 @@
 /*
  * kernels_cuda.cu - the CUDA compute backend: struct fsdp_kernels on one GPU.
  *
- * Everything runs on one stream per process (g.stream), in the order the
- * engine calls it; the host waits only in download (the loss, the gradient
- * norm, a checkpoint's state) and upload. Matmuls are cuBLAS: fp32 with fp32
- * math (no TF32), or bf16 operands with fp32 accumulation and fp32 outputs
- * (the CPU backend's contract, kernels.h). Attention keeps the CPU's
- * contract too: the softmax is stored in att (B, NH, T, T) for the backward
- * pass, and the products are strided batched GEMMs straight on qkv.
+ * Every kernel runs on one compute stream per process (g.stream), in the
+ * order the engine calls it (NCCL's collectives on a comm stream of their
+ * own: comm_nccl.c); the host waits only in download (the loss, the
+ * gradient norm, a checkpoint's state) and upload. Matmuls are cuBLAS: fp32
+ * with fp32 math (no TF32), or bf16 operands with fp32 accumulation and
+ * fp32 outputs (the CPU backend's contract, kernels.h). Attention in fp32
+ * keeps the CPU's contract too: the softmax is stored in att (B, NH, T, T)
+ * for the backward pass, and the products are strided batched GEMMs
+ * straight on qkv; bf16 runs take flash.cu's kernels, which keep one
+ * log-sum-exp per row instead.
  *
  * Every reduction has a fixed order (fixed block counts, in-block trees,
  * partial sums added in order): the same inputs give the same bits on the

@@ -569,10 +569,10 @@ static void two_gpu_steps_give_the_same_bits(int bf16)
     free(a), free(b);
 }
 
-/* --prefetch on (the all-gathers and reduce-scatters on the comm stream,
- * overlapping the compute stream) gives the same bits as off, and the
- * banner would say so: the engine took the non-blocking path. */
-static void prefetch_on_the_comm_stream_gives_the_same_bits(void)
+/* The engine takes --prefetch on with NCCL (a one-rank engine copies
+ * instead of calling NCCL, so this checks the plan, not the streams: the
+ * next test does) and gives the same bits as off. */
+static void prefetch_on_gives_the_same_bits(void)
 {
     struct rig r;
     REQUIRE(rig_init(&r, gpu, 1, 1) == 0, "rig");
@@ -586,6 +586,48 @@ static void prefetch_on_the_comm_stream_gives_the_same_bits(void)
     CHECK(l0 == l1, "loss: prefetch off %.17g, on %.17g", l0, l1);
     CHECK(memcmp(a, b, n * sizeof *a) == 0, "gradients differ with --prefetch on");
     free(a), free(b);
+}
+
+/* NCCL's start and wait on the comm stream (comm_nccl.c), through a
+ * one-rank communicator: each round the compute stream writes the input
+ * (a 256 MiB copy, long enough for a collective that did not wait for it
+ * to read the last round's values), the collective runs between start and
+ * wait, and the compute stream copies the output (which it must not read
+ * before the collective wrote it). Every round must see its own values:
+ * an all-gather in two pieces, then the same through the blocking call. */
+static void the_comm_stream_waits_and_is_waited_for(void)
+{
+    char err[FSDP_ERR_LEN];
+    struct fsdp_comm c;
+    fsdp_comm_local_init(&c);
+    REQUIRE(fsdp_comm_nccl_init(&c, err) == 0, "%s", err);
+    REQUIRE(c.start && c.wait, "no start/wait in the NCCL backend");
+    const size_t n = (size_t)32 << 20, total = 2 * n; /* floats: two pieces of 128 MiB */
+    float *src[2] = {randv(total, 80, 1), randv(total, 81, 1)}, *got = malloc(total * 4);
+    float *gsrc[2] = {dev(src[0], total * 4), dev(src[1], total * 4)};
+    float *in = dev(NULL, total * 4), *out = dev(NULL, total * 4), *chk = dev(NULL, total * 4);
+    for (int round = 0; round < 6; round++) {
+        const int w = round % 2;
+        gpu->copy(in, gsrc[w], total);
+        if (round < 4) {
+            struct fsdp_coll op = {.kind = FSDP_COLL_ALLGATHER,
+                                   .in = in,
+                                   .out = out,
+                                   .n = n,
+                                   .pieces = 2,
+                                   .in_stride = n,
+                                   .out_stride = n};
+            REQUIRE(c.start(&c, &op, err) == 0 && c.wait(&c, &op, err) == 0, "%s", err);
+        } else {
+            REQUIRE(c.allgather(&c, in, out, total, err) == 0, "%s", err);
+        }
+        gpu->copy(chk, out, total);
+        gpu->download(got, chk, total * 4);
+        CHECK(memcmp(got, src[w], total * 4) == 0, "round %d: the output is not its input", round);
+    }
+    free(src[0]), free(src[1]), free(got);
+    gpu->free(gsrc[0]), gpu->free(gsrc[1]), gpu->free(in), gpu->free(out), gpu->free(chk);
+    c.finalize(&c);
 }
 
 static void two_gpu_steps_give_the_same_bits_fp32(void) { two_gpu_steps_give_the_same_bits(0); }
@@ -624,7 +666,8 @@ int main(int argc, char **argv)
         TEST(every_gradient_matches_finite_differences_on_the_gpu),
         TEST(two_gpu_steps_give_the_same_bits_fp32),
         TEST(two_gpu_steps_give_the_same_bits_bf16),
-        TEST(prefetch_on_the_comm_stream_gives_the_same_bits),
+        TEST(prefetch_on_gives_the_same_bits),
+        TEST(the_comm_stream_waits_and_is_waited_for),
     };
     return check_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv, find_the_gpu);
 }
