@@ -25,7 +25,7 @@ trap 'rm -rf "$stage"' EXIT
 b=$stage/.devbundle
 mkdir -p "$b/build/src" "$b/build/tools" "$b/build/tests/unit" "$b/lib" "$b/corpus"
 cp "$build/src/fsdp-train" "$build/src/fsdp-data" "$build/src/libfsdp-cuda.so" "$b/build/src/"
-cp "$build/tools/fsdp-ckpt" "$b/build/tools/"
+cp "$build/tools/fsdp-ckpt" "$build/tools/fsdp-gemm-bench" "$b/build/tools/"
 cp "$build/tests/unit/test_cuda-kernels" "$b/build/tests/unit/"
 # every library the programs load, but the C runtime and CUDA's own
 for exe in "$b"/build/src/* "$b"/build/tools/* "$b"/build/tests/unit/*; do

@@ -11,6 +11,8 @@
 #   3. gpt2-124m tokens/s and MFU: bf16, bf16 with FSDP_CUDA_ATTENTION=gemm
 #      (the baseline flash attention is measured against) and fp32
 #      (tools/bench/bench_gpu.py)
+#   4. gpt2-124m's matmuls alone, fp32 and bf16 outputs, cuBLASLt and
+#      cublasGemmEx (fsdp-gemm-bench, tools/bench/gemm_gpu.cu)
 # and prints one summary. Logs and results go to $OUT (default
 # /tmp/device-check); gpu-run.tar.gz there holds the GPU run's checkpoint
 # and log, for the two-CPU-rank half on a machine with mpirun:
@@ -87,5 +89,7 @@ tar czf "$OUT/gpu-run.tar.gz" -C "$art" gpu-run
 rm -rf "$art"
 check bench python3 tools/bench/bench_gpu.py --build "$BUILD" --profile --json "$OUT/bench_gpu.json"
 cat "$OUT/bench.log"
+check gemm "$BUILD/tools/fsdp-gemm-bench"
+cat "$OUT/gemm.log"
 echo "device-check: $passed passed, $failed failed, $skipped skipped" | tee -a "$OUT/summary.txt"
 [ "$failed" = 0 ]
