@@ -69,8 +69,10 @@ def run(build, data, tmp, precision, batch, steps, extra=(), env=None):
            "--steps", str(steps), "--warmup", "2", "--log", log, "--log-every", "1"] + list(extra)
     p = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
                        env=dict(os.environ, **(env or {})))
-    if p.returncode != 0:
-        sys.exit(f"bench_gpu: {' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-3000:]}")
+    if p.returncode != 0: # the other settings still run: one failing must not hide them
+        print(f"bench_gpu: {' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-3000:]}",
+              file=sys.stderr)
+        return None, []
     with open(log) as f:
         rows = [json.loads(l) for l in f if l.strip()]
     banner = [l for l in p.stderr.splitlines()
@@ -91,7 +93,7 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="then 4 bf16 steps with FSDP_CUDA_PROFILE=1: GPU time per kernel")
     a = ap.parse_args()
-    results = []
+    results, failed = [], []
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "tokens.bin")
         token_file(data, max(64, a.batch * 2))
@@ -100,6 +102,9 @@ def main():
                 sys.exit(f"bench_gpu: --settings: '{setting}' is not one of {', '.join(SETTINGS)}")
             prec, env = SETTINGS[setting]
             rows, banner = run(a.build, data, tmp, prec, a.batch, a.steps, env=env)
+            if rows is None:
+                failed.append(setting)
+                continue
             for line in banner:
                 print("  " + line)
             timed = rows[a.warmup:]
@@ -127,6 +132,8 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
+    if failed:
+        sys.exit(f"bench_gpu: failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
