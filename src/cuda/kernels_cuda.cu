@@ -1106,7 +1106,8 @@ static double cu_sumsq(const float *x, size_t n)
 
 static struct fsdp_kernels cuda_kernels;
 
-static void fill_table(void)
+/* flash: bf16 runs take flash.cu's attention (where the heads fit) */
+static void fill_table(int flash)
 {
     struct fsdp_kernels *k = &cuda_kernels;
     k->name = g.desc;
@@ -1132,11 +1133,8 @@ static void fill_table(void)
     k->bf16_scratch = cu_bf16_scratch;
     k->attention_forward = cu_attention_forward;
     k->attention_backward = cu_attention_backward;
-    /* FSDP_CUDA_ATTENTION=gemm: bf16 runs too take the products above
-     * (TF32) and keep the softmax, as before flash.cu */
-    const char *att = getenv("FSDP_CUDA_ATTENTION");
     int max_hs = flash_max_hs(g.smem_optin);
-    if ((!att || strcmp(att, "gemm") != 0) && max_hs > 0) {
+    if (flash && max_hs > 0) {
         k->attention_forward_bf16 = cu_attention_forward_bf16;
         k->attention_backward_bf16 = cu_attention_backward_bf16;
         k->attention_bf16_max_hs = max_hs;
@@ -1188,7 +1186,14 @@ static int cu_init(int local_rank, char *err, size_t len)
     g.main_thread = pthread_self();
     snprintf(g.desc, sizeof g.desc, "cuda %s (sm_%d%d, %.0f GiB), device %d", p.name, p.major,
              p.minor, (double)p.totalGlobalMem / (1 << 30), g.dev);
-    fill_table();
+    /* FSDP_CUDA_ATTENTION=gemm: bf16 runs too take the products above
+     * (TF32) and keep the softmax, as before flash.cu; flash is the default */
+    const char *att = getenv("FSDP_CUDA_ATTENTION");
+    if (att && strcmp(att, "flash") != 0 && strcmp(att, "gemm") != 0) {
+        snprintf(err, len, "FSDP_CUDA_ATTENTION: '%.40s' is not flash or gemm", att);
+        return -1;
+    }
+    fill_table(!att || strcmp(att, "flash") == 0);
     const char *pe = getenv("FSDP_CUDA_PROFILE");
     if (pe && strcmp(pe, "1") == 0 && cudaEventCreate(&prof.a) == cudaSuccess &&
         cudaEventCreate(&prof.b) == cudaSuccess) {
