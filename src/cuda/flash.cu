@@ -146,6 +146,46 @@ template <int N> __device__ void store(float *s, int sld, const frag_c *acc)
     __syncwarp();
 }
 
+/* The block's shared memory: tile i (bf16, TILE x LD), the warps' scores
+ * after n tiles, and the warps' P-shaped buffer j after those. */
+template <int HSP> __device__ __forceinline__ __nv_bfloat16 *tile(unsigned char *m, int i)
+{
+    return (__nv_bfloat16 *)(m + i * dims<HSP>::tile_bytes);
+}
+template <int HSP> __device__ __forceinline__ float *scores(unsigned char *m, int n)
+{
+    return (float *)(m + n * dims<HSP>::tile_bytes);
+}
+template <int HSP> __device__ __forceinline__ __nv_bfloat16 *pbuf(unsigned char *m, int n, int j)
+{
+    return (__nv_bfloat16 *)(m + n * dims<HSP>::tile_bytes + dims<HSP>::scores_bytes +
+                             j * dims<HSP>::p_bytes);
+}
+
+/* Where a thread works: its warp w, the row rr of the warp's 16 that half
+ * of its lane's columns are in, the block's (sequence b, head h), and that
+ * head's columns of qkv (q; k at + C, v at + 2 C), rows C3 floats apart. */
+struct place {
+    int w, rr, half, nt, bh, b, h, hs, C3;
+    const float *qkv;
+};
+
+__device__ __forceinline__ place place_of(const float *qkv, int T, int C, int NH)
+{
+    place p;
+    p.w = threadIdx.x / 32;
+    p.rr = threadIdx.x % 32 / 2;
+    p.half = threadIdx.x % 2;
+    p.nt = (T + TILE - 1) / TILE;
+    p.bh = (int)blockIdx.x;
+    p.b = p.bh / NH;
+    p.h = p.bh % NH;
+    p.hs = C / NH;
+    p.C3 = 3 * C;
+    p.qkv = qkv + (size_t)p.b * T * p.C3 + (size_t)p.h * p.hs;
+    return p;
+}
+
 /* ---- forward ------------------------------------------------------------------------ */
 
 template <int HSP>
@@ -154,16 +194,14 @@ __global__ void __launch_bounds__(THREADS)
 {
     typedef dims<HSP> D;
     extern __shared__ __align__(128) unsigned char smem[];
-    __nv_bfloat16 *sQ = (__nv_bfloat16 *)smem;
-    __nv_bfloat16 *sK = (__nv_bfloat16 *)(smem + D::tile_bytes);
-    __nv_bfloat16 *sV = (__nv_bfloat16 *)(smem + 2 * D::tile_bytes);
-    float *sS = (float *)(smem + 3 * D::tile_bytes);
-    __nv_bfloat16 *sP = (__nv_bfloat16 *)(smem + 3 * D::tile_bytes + D::scores_bytes);
+    __nv_bfloat16 *sQ = tile<HSP>(smem, 0), *sK = tile<HSP>(smem, 1), *sV = tile<HSP>(smem, 2);
+    float *sS = scores<HSP>(smem, 3);
+    __nv_bfloat16 *sP = pbuf<HSP>(smem, 3, 0);
 
-    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, rr = lane / 2, half = lane % 2;
-    const int nt = (T + TILE - 1) / TILE, qt = nt - 1 - (int)blockIdx.y; /* longest first */
-    const int bh = (int)blockIdx.x, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
-    const float *base = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+    const place at = place_of(qkv, T, C, NH);
+    const int w = at.w, rr = at.rr, half = at.half, bh = at.bh, b = at.b, h = at.h, hs = at.hs;
+    const int C3 = at.C3, qt = at.nt - 1 - (int)blockIdx.y; /* longest first */
+    const float *base = at.qkv;
     const int q0 = qt * TILE, qi = q0 + w * 16 + rr; /* this lane's query */
     float *s = sS + w * 16 * D::SLD;
     __nv_bfloat16 *p = sP + w * 16 * PLD;
@@ -278,20 +316,17 @@ __global__ void __launch_bounds__(THREADS)
 {
     typedef dims<HSP> D;
     extern __shared__ __align__(128) unsigned char smem[];
-    __nv_bfloat16 *sK = (__nv_bfloat16 *)smem;
-    __nv_bfloat16 *sV = (__nv_bfloat16 *)(smem + D::tile_bytes);
-    __nv_bfloat16 *sQ = (__nv_bfloat16 *)(smem + 2 * D::tile_bytes);
-    __nv_bfloat16 *sdO = (__nv_bfloat16 *)(smem + 3 * D::tile_bytes);
-    float *sS = (float *)(smem + 4 * D::tile_bytes);
-    __nv_bfloat16 *sP = (__nv_bfloat16 *)(smem + 4 * D::tile_bytes + D::scores_bytes);
-    __nv_bfloat16 *sdS = (__nv_bfloat16 *)(smem + 4 * D::tile_bytes + D::scores_bytes + D::p_bytes);
-    float *sL = (float *)(smem + 4 * D::tile_bytes + D::scores_bytes + 2 * D::p_bytes);
+    __nv_bfloat16 *sK = tile<HSP>(smem, 0), *sV = tile<HSP>(smem, 1), *sQ = tile<HSP>(smem, 2);
+    __nv_bfloat16 *sdO = tile<HSP>(smem, 3);
+    float *sS = scores<HSP>(smem, 4);
+    __nv_bfloat16 *sP = pbuf<HSP>(smem, 4, 0), *sdS = pbuf<HSP>(smem, 4, 1);
+    float *sL = (float *)pbuf<HSP>(smem, 4, 2);
     float *sD = sL + TILE;
 
-    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, rr = lane / 2, half = lane % 2;
-    const int nt = (T + TILE - 1) / TILE, kt = (int)blockIdx.y; /* the first has the most */
-    const int bh = (int)blockIdx.x, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
-    const float *base = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+    const place at = place_of(qkv, T, C, NH);
+    const int w = at.w, rr = at.rr, half = at.half, bh = at.bh, b = at.b, h = at.h, hs = at.hs;
+    const int C3 = at.C3, nt = at.nt, kt = (int)blockIdx.y; /* the first has the most */
+    const float *base = at.qkv;
     const float *dob = dout + (size_t)b * T * C + (size_t)h * hs;
     const int k0 = kt * TILE, kj = k0 + w * 16 + rr; /* this lane's key */
     float *s = sS + w * 16 * D::SLD;
@@ -352,17 +387,15 @@ __global__ void __launch_bounds__(THREADS)
 {
     typedef dims<HSP> D;
     extern __shared__ __align__(128) unsigned char smem[];
-    __nv_bfloat16 *sQ = (__nv_bfloat16 *)smem;
-    __nv_bfloat16 *sdO = (__nv_bfloat16 *)(smem + D::tile_bytes);
-    __nv_bfloat16 *sK = (__nv_bfloat16 *)(smem + 2 * D::tile_bytes);
-    __nv_bfloat16 *sV = (__nv_bfloat16 *)(smem + 3 * D::tile_bytes);
-    float *sS = (float *)(smem + 4 * D::tile_bytes);
-    __nv_bfloat16 *sdS = (__nv_bfloat16 *)(smem + 4 * D::tile_bytes + D::scores_bytes);
+    __nv_bfloat16 *sQ = tile<HSP>(smem, 0), *sdO = tile<HSP>(smem, 1), *sK = tile<HSP>(smem, 2);
+    __nv_bfloat16 *sV = tile<HSP>(smem, 3);
+    float *sS = scores<HSP>(smem, 4);
+    __nv_bfloat16 *sdS = pbuf<HSP>(smem, 4, 0);
 
-    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, rr = lane / 2, half = lane % 2;
-    const int nt = (T + TILE - 1) / TILE, qt = nt - 1 - (int)blockIdx.y; /* longest first */
-    const int bh = (int)blockIdx.x, b = bh / NH, h = bh % NH, hs = C / NH, C3 = 3 * C;
-    const float *base = qkv + (size_t)b * T * C3 + (size_t)h * hs;
+    const place at = place_of(qkv, T, C, NH);
+    const int w = at.w, rr = at.rr, half = at.half, bh = at.bh, b = at.b, h = at.h, hs = at.hs;
+    const int C3 = at.C3, qt = at.nt - 1 - (int)blockIdx.y; /* longest first */
+    const float *base = at.qkv;
     const int q0 = qt * TILE, qi = q0 + w * 16 + rr; /* this lane's query */
     const float L = qi < T ? lse[(size_t)bh * T + qi] : 0.0f;
     const float Dq = qi < T ? dd[(size_t)bh * T + qi] : 0.0f;

@@ -31,6 +31,7 @@
 #include "fsdp.h"
 #include "kernels.h"
 #include "model.h"
+#include "numeric.h"
 #include "util.h"
 
 #include <math.h>
@@ -40,14 +41,6 @@
 static const struct fsdp_kernels *cpu, *gpu; /* set by find_the_gpu, read-only after */
 
 /* ---- helpers ------------------------------------------------------------------------- */
-
-static float *randv(size_t n, uint64_t seed, float scale)
-{
-    float *v = malloc(n * sizeof *v);
-    for (size_t i = 0; i < n; i++)
-        v[i] = scale * fsdp_normal_at(seed, i);
-    return v;
-}
 
 static void *dev(const void *host, size_t bytes)
 {
@@ -62,19 +55,6 @@ static float *back(const float *d, size_t n)
     float *h = malloc(n * sizeof *h);
     gpu->download(h, d, n * sizeof *h);
     return h;
-}
-
-static double rel_err(const float *got, const float *want, size_t n)
-{
-    double m = 0, d = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (fabs(want[i]) > m)
-            m = fabs(want[i]);
-        double e = fabs((double)got[i] - want[i]);
-        if (!(e <= d))
-            d = e; /* NaN sticks */
-    }
-    return d / (m > 0 ? m : 1.0);
 }
 
 /* compares device buffer d against host reference h */
@@ -486,13 +466,7 @@ static void engine_gradients_match_the_cpu(int bf16)
     for (int ti = 0; ti < m.ntensors; ti++) {
         const struct model_tensor *t = &m.tensors[ti];
         size_t off = e.units[t->unit].shard_off + t->offset;
-        double d2 = 0, c2 = 0;
-        for (size_t i = 0; i < t->numel; i++) {
-            double d = (double)gg[off + i] - gc[off + i];
-            d2 += d * d;
-            c2 += (double)gc[off + i] * gc[off + i];
-        }
-        double rel = sqrt(d2) / (sqrt(c2) + 1e-30);
+        double rel = norm_rel_err(gg + off, gc + off, t->numel);
         /* bf16: an fp32 difference in the last bit can flip an operand's
          * rounding (0.4% on that element); fp32: summation order only */
         const double tol = bf16 ? 1e-2 : 1e-4;

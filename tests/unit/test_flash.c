@@ -17,32 +17,12 @@
 #include "fsdp.h"
 #include "kernels.h"
 #include "model.h"
+#include "numeric.h"
 #include "util.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-static float *randv(size_t n, uint64_t seed, float scale)
-{
-    float *v = malloc(n * sizeof *v);
-    for (size_t i = 0; i < n; i++)
-        v[i] = scale * fsdp_normal_at(seed, i);
-    return v;
-}
-
-static double rel_err(const float *got, const float *want, size_t n)
-{
-    double m = 0, d = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (fabs(want[i]) > m)
-            m = fabs(want[i]);
-        double e = fabs((double)got[i] - want[i]);
-        if (!(e <= d))
-            d = e; /* NaN sticks */
-    }
-    return d / (m > 0 ? m : 1.0);
-}
 
 /* fp32 attention (the CPU kernels) against the reference, forward and
  * backward, on one shape; returns the two errors */
@@ -205,13 +185,7 @@ static void the_engines_flash_path_matches_its_softmax_path(void)
         for (int ti = 0; ti < m.ntensors; ti++) {
             const struct model_tensor *t = &m.tensors[ti];
             size_t off = e.units[t->unit].shard_off + t->offset;
-            double d2 = 0, c2 = 0;
-            for (size_t i = 0; i < t->numel; i++) {
-                double d = (double)gf[off + i] - gp[off + i];
-                d2 += d * d;
-                c2 += (double)gp[off + i] * gp[off + i];
-            }
-            double rel = sqrt(d2) / (sqrt(c2) + 1e-30);
+            double rel = norm_rel_err(gf + off, gp + off, t->numel);
             worst = rel > worst ? rel : worst;
             CHECK(rel < 1.5e-2, "%s gradient: relative error %.3g (tolerance 1.5e-2)", t->name,
                   rel);
