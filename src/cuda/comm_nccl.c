@@ -27,6 +27,7 @@
 #endif
 #include <nccl.h>
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +46,20 @@ struct nccl_impl {
     cudaEvent_t go;      /* the compute stream's work so far */
     cudaEvent_t done[NCCL_EVENTS];
     int next_done;
+    /* The watch runs on the compute thread and on the checkpoint writer's,
+     * and abort may come from either: one of them aborts, once, and no
+     * thread asks an aborted (freed) communicator for its error. */
+    pthread_mutex_t abort_lock;
+    int aborted;
 };
+
+/* Aborts the communicator unless that was done; call with abort_lock held. */
+static void abort_once(struct nccl_impl *m)
+{
+    if (!m->aborted)
+        ncclCommAbort(m->nc);
+    m->aborted = 1;
+}
 
 static struct nccl_impl *impl(struct fsdp_comm *c) { return c->impl; }
 
@@ -215,14 +229,20 @@ static int host_gather(struct fsdp_comm *c, const void *buf, size_t n, int root,
 static int nccl_watch(void *arg)
 {
     struct nccl_impl *m = arg;
-    ncclResult_t r = ncclSuccess;
-    ncclResult_t q = ncclCommGetAsyncError(m->nc, &r);
-    if (q == ncclSuccess && (r == ncclSuccess || r == ncclInProgress))
-        return 0;
-    fprintf(stderr, "fsdp-train: NCCL: %s; aborting the communicator\n",
-            ncclGetErrorString(q != ncclSuccess ? q : r));
-    ncclCommAbort(m->nc);
-    return 1;
+    pthread_mutex_lock(&m->abort_lock);
+    int failed = m->aborted;
+    if (!failed) {
+        ncclResult_t r = ncclSuccess;
+        ncclResult_t q = ncclCommGetAsyncError(m->nc, &r);
+        failed = !(q == ncclSuccess && (r == ncclSuccess || r == ncclInProgress));
+        if (failed) {
+            fprintf(stderr, "fsdp-train: NCCL: %s; aborting the communicator\n",
+                    ncclGetErrorString(q != ncclSuccess ? q : r));
+            abort_once(m);
+        }
+    }
+    pthread_mutex_unlock(&m->abort_lock);
+    return failed;
 }
 
 /* A dead peer must not leave this rank in a collective: abort NCCL's
@@ -231,7 +251,9 @@ static int nccl_watch(void *arg)
 static void nccl_abort(struct fsdp_comm *c, int code)
 {
     struct nccl_impl *m = impl(c);
-    ncclCommAbort(m->nc);
+    pthread_mutex_lock(&m->abort_lock);
+    abort_once(m);
+    pthread_mutex_unlock(&m->abort_lock);
     m->host.abort(&m->host, code);
 }
 
@@ -241,7 +263,9 @@ static void nccl_finalize(struct fsdp_comm *c)
     fsdp_cudamod_watch(NULL, NULL);
     cudaStreamSynchronize(m->stream);
     cudaStreamSynchronize(m->comm);
-    ncclCommDestroy(m->nc);
+    if (!m->aborted) /* an aborted communicator is freed already */
+        ncclCommDestroy(m->nc);
+    pthread_mutex_destroy(&m->abort_lock);
     for (int i = 0; i < NCCL_EVENTS; i++)
         cudaEventDestroy(m->done[i]);
     cudaEventDestroy(m->go);
@@ -258,6 +282,7 @@ int fsdp_cudamod_comm_nccl_init(struct fsdp_comm *c, char *err)
         return snprintf(err, 256, "out of memory"), -1;
     m->host = *c;
     m->stream = (cudaStream_t)fsdp_cudamod_stream();
+    pthread_mutex_init(&m->abort_lock, NULL);
     int ok = cudaStreamCreateWithFlags(&m->comm, cudaStreamNonBlocking) == cudaSuccess &&
              cudaEventCreateWithFlags(&m->go, cudaEventDisableTiming) == cudaSuccess;
     for (int i = 0; ok && i < NCCL_EVENTS; i++)

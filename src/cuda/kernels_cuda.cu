@@ -247,8 +247,13 @@ static void wait_stream(cudaStream_t s)
             return;
         if (e != cudaErrorNotReady)
             CK(e);
-        if (g.watch(g.watch_arg))
-            exit(1);
+        if (g.watch(g.watch_arg)) { /* one thread exits; another that saw it too waits */
+            static int exiting;
+            if (__atomic_exchange_n(&exiting, 1, __ATOMIC_SEQ_CST) == 0)
+                exit(1);
+            for (;;)
+                pause();
+        }
         if (spins > 64)
             usleep(50);
     }
