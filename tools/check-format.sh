@@ -9,9 +9,9 @@ command -v clang-format >/dev/null 2>&1 ||
     { echo "check-format: clang-format not found (tools/setup.sh installs it)" >&2; exit 1; }
 if [ $# -eq 0 ]; then
     if [ -d .git ] || [ -f .git ]; then
-        set -- $(git ls-files --cached --others --exclude-standard '*.c' '*.h' '*.cu')
+        set -- $(git ls-files --cached --others --exclude-standard '*.c' '*.h' '*.cu' '*.cc')
     else
-        set -- $(find src ckpt storage recovery tools tests -name '*.[ch]' -o -name '*.cu')
+        set -- $(find src ckpt storage recovery tools tests -name '*.[ch]' -o -name '*.cu' -o -name '*.cc')
     fi
 fi
 out=$(clang-format --dry-run --Werror "$@" 2>&1)
