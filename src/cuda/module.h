@@ -19,7 +19,9 @@
 extern "C" {
 #endif
 
-#define FSDP_CUDA_MODULE_ABI 2
+/* raised whenever this struct, struct fsdp_kernels (kernels.h) or struct
+ * fsdp_comm (comm.h) changes: 3 added the bf16 attention and start_uses_tmp */
+#define FSDP_CUDA_MODULE_ABI 3
 
 struct fsdp_cuda_module {
     int abi; /* FSDP_CUDA_MODULE_ABI: a module of another build is refused */
