@@ -116,8 +116,10 @@ static int alloc_acts(struct fsdp_engine *e, char *err)
     const size_t BT = (size_t)e->B * e->T;
     /* attention's state per (sequence, head): the softmax, or flash's lse */
     const size_t TT = e->flash ? (size_t)e->T : (size_t)e->T * e->T;
-    /* bf16: the matmul inputs' slots hold bf16 copies (struct fsdp_acts) */
-    const size_t Lx = e->bf16 ? 1 : L, L16 = e->bf16 ? L : 0, lnf16 = e->bf16 ? BT * C : 0;
+    /* bf16: the products' inputs are written in bf16 only (struct fsdp_acts),
+     * but for the fp32 attention's output, rounded from one shared slot */
+    const size_t Lx = e->bf16 ? 0 : L, L16 = e->bf16 ? L : 0;
+    const size_t Latt = e->bf16 ? 1 : L, lnf = e->bf16 ? 0 : BT * C, lnf16 = e->bf16 ? BT * C : 0;
     struct fsdp_acts *a = &e->a;
     struct {
         float **p;
@@ -128,7 +130,7 @@ static int alloc_acts(struct fsdp_engine *e, char *err)
         {&a->ln1_mean, L * BT},
         {&a->ln1_rstd, L * BT},
         {&a->qkv, L * BT * 3 * C},
-        {&a->atty, Lx * BT * C},
+        {&a->atty, Latt * BT * C},
         {&a->att, L * e->B * NH * TT},
         {&a->residual2, L * BT * C},
         {&a->ln2, Lx * BT * C},
@@ -137,7 +139,7 @@ static int alloc_acts(struct fsdp_engine *e, char *err)
         {&a->fch, L * BT * 4 * C},
         {&a->fch_gelu, Lx * BT * 4 * C},
         {&a->residual3, LB * BT * C},
-        {&a->lnf, BT * C},
+        {&a->lnf, lnf},
         {&a->lnf_mean, BT},
         {&a->lnf_rstd, BT},
         {&a->logits, BT * c->vocab_pad},
@@ -165,7 +167,7 @@ static int alloc_acts(struct fsdp_engine *e, char *err)
     if (!base)
         return fsdp_err(err, "fsdp: out of memory for %zu MiB of activations", bytes >> 20);
     for (size_t i = 0, off = 0; i < sizeof plan / sizeof plan[0]; i++) {
-        *plan[i].p = base + off;
+        *plan[i].p = plan[i].n ? base + off : NULL;
         off += round_up(plan[i].n, ALIGN_FLOATS);
     }
     uint16_t *base16 = (uint16_t *)(base + total);
@@ -873,13 +875,13 @@ static const struct model_tensor *tensor(const struct fsdp_engine *e, int unit, 
 
 /* The matmuls of unit u, on its fp32 or (bf16 mode) bf16 weights; w is the
  * weight's place in the unit's fp32 buffer, and the bf16 twin lies at the
- * same offset. In bf16 the forward rounds inp into inp16, which the
- * backward then reads (the same bits it would round again). */
-static void mm_forward(struct fsdp_engine *e, int u, float *out, const float *inp, uint16_t *inp16,
-                       const float *w, const float *bias, size_t N, int C, int OC)
+ * same offset. In bf16 the input's producer has written it in bf16 (inp16;
+ * ln_forward, gelu_forward), and the backward reads the same copy. */
+static void mm_forward(struct fsdp_engine *e, int u, float *out, const float *inp,
+                       const uint16_t *inp16, const float *w, const float *bias, size_t N, int C,
+                       int OC)
 {
     if (e->bf16) {
-        e->k->to_bf16(inp16, inp, N * (size_t)C);
         e->k->matmul_forward_bf16(out, inp16, e->units[u].full16 + (w - e->units[u].full), bias, N,
                                   C, OC);
     } else {
@@ -900,6 +902,27 @@ static void mm_backward(struct fsdp_engine *e, int u, float *dinp, float *dw, fl
     poke(e);
 }
 
+/* A LayerNorm or GELU whose output is a product's input: fp32, or in bf16
+ * rounded as it is written (out16), which is all the product needs. */
+static void ln_forward(const struct fsdp_engine *e, float *out, uint16_t *out16, float *mean,
+                       float *rstd, const float *inp, const float *w, const float *b, size_t N,
+                       int C)
+{
+    if (e->bf16)
+        e->k->layernorm_forward_bf16(out16, mean, rstd, inp, w, b, N, C);
+    else
+        e->k->layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+}
+
+static void gelu_forward(const struct fsdp_engine *e, float *out, uint16_t *out16, const float *inp,
+                         size_t n)
+{
+    if (e->bf16)
+        e->k->gelu_forward_bf16(out16, inp, n);
+    else
+        e->k->gelu_forward(out, inp, n);
+}
+
 /* Where block l's activations live. */
 struct layer_acts {
     const float *res; /* the block's input: the residual stream */
@@ -916,20 +939,20 @@ static void layer_acts(const struct fsdp_engine *e, int l, struct layer_acts *la
     const size_t S = (size_t)e->B * e->T;                            /* S: per-layer stride */
     const size_t TT = e->flash ? (size_t)e->T : (size_t)e->T * e->T; /* as in alloc_acts */
     const size_t s = (size_t)a->slot[l];
-    const size_t x = e->bf16 ? 0 : s; /* bf16 keeps the products' inputs in x16 */
+    const int x = !e->bf16; /* bf16 keeps the products' inputs in bf16 only */
     la->res = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * S * C;
-    la->ln1 = a->ln1 + x * S * C;
+    la->ln1 = x ? a->ln1 + s * S * C : NULL;
     la->ln1_mean = a->ln1_mean + s * S;
     la->ln1_rstd = a->ln1_rstd + s * S;
     la->qkv = a->qkv + s * S * 3 * C;
-    la->atty = a->atty + x * S * C;
+    la->atty = x ? a->atty + s * S * C : a->atty; /* bf16: the one slot */
     la->att = a->att + s * (size_t)e->B * NH * TT;
     la->res2 = a->residual2 + s * S * C;
-    la->ln2 = a->ln2 + x * S * C;
+    la->ln2 = x ? a->ln2 + s * S * C : NULL;
     la->ln2_mean = a->ln2_mean + s * S;
     la->ln2_rstd = a->ln2_rstd + s * S;
     la->fch = a->fch + s * S * 4 * C;
-    la->fch_gelu = a->fch_gelu + x * S * 4 * C;
+    la->fch_gelu = x ? a->fch_gelu + s * S * 4 * C : NULL;
     la->ln1_16 = e->bf16 ? a->ln1_16 + s * S * C : NULL;
     la->atty16 = e->bf16 ? a->atty16 + s * S * C : NULL;
     la->ln2_16 = e->bf16 ? a->ln2_16 + s * S * C : NULL;
@@ -947,26 +970,25 @@ static void block_forward(struct fsdp_engine *e, int u, const struct block_param
     const int C = e->m->cfg.dim, NH = e->m->cfg.heads;
     const size_t BT = (size_t)B * T;
     float *scratch = e->a.scratch;
-    k->layernorm_forward(la->ln1, la->ln1_mean, la->ln1_rstd, la->res, p->t[BT_LN1_W],
-                         p->t[BT_LN1_B], BT, C);
+    ln_forward(e, la->ln1, la->ln1_16, la->ln1_mean, la->ln1_rstd, la->res, p->t[BT_LN1_W],
+               p->t[BT_LN1_B], BT, C);
     mm_forward(e, u, la->qkv, la->ln1, la->ln1_16, p->t[BT_QKV_W], p->t[BT_QKV_B], BT, C, 3 * C);
     if (e->flash)
         k->attention_forward_bf16(la->atty, la->att, la->qkv, B, T, C, NH);
     else
         k->attention_forward(la->atty, la->att, la->qkv, B, T, C, NH);
+    if (e->bf16)
+        k->to_bf16(la->atty16, la->atty, BT * C);
     poke(e);
     mm_forward(e, u, scratch, la->atty, la->atty16, p->t[BT_ATTPROJ_W], p->t[BT_ATTPROJ_B], BT, C,
                C);
     k->residual_forward(la->res2, la->res, scratch, BT * C);
-    k->layernorm_forward(la->ln2, la->ln2_mean, la->ln2_rstd, la->res2, p->t[BT_LN2_W],
-                         p->t[BT_LN2_B], BT, C);
+    ln_forward(e, la->ln2, la->ln2_16, la->ln2_mean, la->ln2_rstd, la->res2, p->t[BT_LN2_W],
+               p->t[BT_LN2_B], BT, C);
     mm_forward(e, u, la->fch, la->ln2, la->ln2_16, p->t[BT_FC_W], p->t[BT_FC_B], BT, C, 4 * C);
-    k->gelu_forward(la->fch_gelu, la->fch, BT * 4 * C);
-    if (recompute) { /* the backward reads fch_gelu as the last product's input */
-        if (e->bf16)
-            k->to_bf16(la->fch_gelu16, la->fch_gelu, BT * 4 * C);
+    gelu_forward(e, la->fch_gelu, la->fch_gelu16, la->fch, BT * 4 * C);
+    if (recompute) /* the backward reads fch_gelu as the last product's input */
         return;
-    }
     mm_forward(e, u, scratch, la->fch_gelu, la->fch_gelu16, p->t[BT_FCPROJ_W], p->t[BT_FCPROJ_B],
                BT, 4 * C, C);
     k->residual_forward(la->res3, la->res2, scratch, BT * C);
@@ -1043,8 +1065,8 @@ int fsdp_forward(struct fsdp_engine *e, int B, int T, double *loss_sum, char *er
         return -1;
     const float *lnfw = e->units[lnf].full + tensor(e, lnf, 0)->offset;
     const float *lnfb = e->units[lnf].full + tensor(e, lnf, 1)->offset;
-    k->layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, a->residual3 + (L - 1) * S * C, lnfw,
-                         lnfb, BT, C);
+    ln_forward(e, a->lnf, a->lnf16, a->lnf_mean, a->lnf_rstd, a->residual3 + (L - 1) * S * C, lnfw,
+               lnfb, BT, C);
     mm_forward(e, 0, a->logits, a->lnf, a->lnf16, wte, NULL, BT, C, Vp);
     if (!loss_sum)
         return 0;

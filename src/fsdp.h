@@ -114,8 +114,10 @@ struct fsdp_segment {
 struct fsdp_acts {
     float *encoded, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean,
         *ln2_rstd, *fch, *fch_gelu, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
-    float *scratch, *dres, *dbtc, *d4c, *datt;               /* one layer's worth, reused */
-    uint16_t *ln1_16, *atty16, *ln2_16, *fch_gelu16, *lnf16; /* bf16 only */
+    float *scratch, *dres, *dbtc, *d4c, *datt; /* one layer's worth, reused */
+    /* bf16 only: the products' inputs, written in bf16 by their producers;
+     * ln1, ln2, fch_gelu and lnf are then NULL, and atty one shared slot */
+    uint16_t *ln1_16, *atty16, *ln2_16, *fch_gelu16, *lnf16;
     int nslots;
     int *slot;       /* per block: its slot */
     int slot_holder; /* the recomputed block whose activations the shared slot holds, or -1 */

@@ -112,6 +112,16 @@ static inline float ftanh(float x)
     return 1.0f - 2.0f / (fexp(2.0f * x) + 1.0f);
 }
 
+/* to nearest even; a NaN stays a (quiet) NaN */
+static inline uint16_t bf16_rne(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+    uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)(nan ? (u >> 16) | 0x40u : rne);
+}
+
 /* ---- embeddings ------------------------------------------------------------ */
 
 static void cpu_encoder_forward(float *out, const int32_t *tok, const float *wte, const float *wpe,
@@ -155,27 +165,52 @@ static void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, co
 
 /* ---- layernorm ------------------------------------------------------------- */
 
+/* Row x's mean and 1/std (the forward's statistics, kept for the backward). */
+static inline void ln_stats(const float *x, int C, float *mean, float *rstd)
+{
+    float m = 0.0f;
+#pragma omp simd reduction(+ : m)
+    for (int c = 0; c < C; c++)
+        m += x[c];
+    m /= (float)C;
+    float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < C; c++)
+        v += (x[c] - m) * (x[c] - m);
+    v /= (float)C;
+    *mean = m;
+    *rstd = 1.0f / sqrtf(v + 1e-5f);
+}
+
 static void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                   const float *w, const float *b, size_t N, int C)
 {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < N; i++) {
         const float *x = inp + i * C;
-        float m = 0.0f;
-#pragma omp simd reduction(+ : m)
-        for (int c = 0; c < C; c++)
-            m += x[c];
-        m /= (float)C;
-        float v = 0.0f;
-#pragma omp simd reduction(+ : v)
-        for (int c = 0; c < C; c++)
-            v += (x[c] - m) * (x[c] - m);
-        v /= (float)C;
-        float s = 1.0f / sqrtf(v + 1e-5f);
+        float m, s;
+        ln_stats(x, C, &m, &s);
         float *o = out + i * C;
 #pragma omp simd
         for (int c = 0; c < C; c++)
             o[c] = (x[c] - m) * s * w[c] + b[c];
+        mean[i] = m;
+        rstd[i] = s;
+    }
+}
+
+static void cpu_layernorm_forward_bf16(uint16_t *out16, float *mean, float *rstd, const float *inp,
+                                       const float *w, const float *b, size_t N, int C)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < N; i++) {
+        const float *x = inp + i * C;
+        float m, s;
+        ln_stats(x, C, &m, &s);
+        uint16_t *o = out16 + i * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++)
+            o[c] = bf16_rne((x[c] - m) * s * w[c] + b[c]);
         mean[i] = m;
         rstd[i] = s;
     }
@@ -263,16 +298,6 @@ static void cpu_matmul_backward(float *dinp, float *dw, float *dbias, const floa
 }
 
 /* ---- bf16 ------------------------------------------------------------------ */
-
-/* to nearest even; a NaN stays a (quiet) NaN */
-static inline uint16_t bf16_rne(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
-    uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (uint16_t)(nan ? (u >> 16) | 0x40u : rne);
-}
 
 static void cpu_to_bf16(uint16_t *dst, const float *src, size_t n)
 {
@@ -466,13 +491,23 @@ static void cpu_attention_backward(float *dqkv, float *datt, const float *dout, 
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
+static inline float gelu(float x)
+{
+    return 0.5f * x * (1.0f + ftanh(GELU_K * (x + 0.044715f * x * x * x)));
+}
+
 static void cpu_gelu_forward(float *out, const float *inp, size_t n)
 {
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + ftanh(GELU_K * (x + 0.044715f * x * x * x)));
-    }
+    for (size_t i = 0; i < n; i++)
+        out[i] = gelu(inp[i]);
+}
+
+static void cpu_gelu_forward_bf16(uint16_t *out16, const float *inp, size_t n)
+{
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++)
+        out16[i] = bf16_rne(gelu(inp[i]));
 }
 
 static void cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n)
@@ -598,6 +633,7 @@ static const struct fsdp_kernels cpu_kernels = {
     .encoder_forward = cpu_encoder_forward,
     .encoder_backward = cpu_encoder_backward,
     .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_forward_bf16 = cpu_layernorm_forward_bf16,
     .layernorm_backward = cpu_layernorm_backward,
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,
@@ -609,6 +645,7 @@ static const struct fsdp_kernels cpu_kernels = {
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
     .gelu_forward = cpu_gelu_forward,
+    .gelu_forward_bf16 = cpu_gelu_forward_bf16,
     .gelu_backward = cpu_gelu_backward,
     .residual_forward = cpu_residual_forward,
     .softmax_crossentropy_forward = cpu_softmax_crossentropy_forward,

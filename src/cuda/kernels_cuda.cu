@@ -310,6 +310,20 @@ enum { S_BF16_A, S_PARTIAL, S_PARTIAL2 };
 
 /* ---- reductions -------------------------------------------------------------------- */
 
+/* bf16 bits of x, to nearest even, NaN stays NaN: the CPU's rounding, bit
+ * for bit (to_bf16 and the kernels that write a bf16 copy) */
+__device__ static uint16_t rne_bf16(float x)
+{
+    uint32_t u = __float_as_uint(x);
+    uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+    uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)(nan ? (u >> 16) | 0x40u : rne);
+}
+
+/* an output element: fp32, or its bf16 rounding */
+__device__ static void put(float *o, float v) { *o = v; }
+__device__ static void put(uint16_t *o, float v) { *o = rne_bf16(v); }
+
 __device__ static float warp_sum(float v)
 {
     for (int o = 16; o > 0; o >>= 1)
@@ -470,8 +484,9 @@ static void cu_encoder_backward(float *dwte, float *dwpe, const float *dout, con
 
 /* ---- layernorm --------------------------------------------------------------------- */
 
-/* one warp per row */
-__global__ static void layernorm_forward_k(float *out, float *mean, float *rstd, const float *inp,
+/* one warp per row; O: float, or uint16_t for the bf16 copy */
+template <typename O>
+__global__ static void layernorm_forward_k(O *out, float *mean, float *rstd, const float *inp,
                                            const float *w, const float *b, size_t N, int C)
 {
     size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -488,9 +503,9 @@ __global__ static void layernorm_forward_k(float *out, float *mean, float *rstd,
         v += (x[c] - m) * (x[c] - m);
     v = warp_sum(v) / (float)C;
     float s = rsqrtf(v + 1e-5f);
-    float *o = out + row * C;
+    O *o = out + row * C;
     for (int c = lane; c < C; c += 32)
-        o[c] = (x[c] - m) * s * w[c] + b[c];
+        put(&o[c], (x[c] - m) * s * w[c] + b[c]);
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = s;
@@ -502,6 +517,15 @@ static void cu_layernorm_forward(float *out, float *mean, float *rstd, const flo
 {
     PROF("layernorm_forward");
     layernorm_forward_k<<<(unsigned)((N + 7) / 8), 256, 0, g.stream>>>(out, mean, rstd, inp, w, b,
+                                                                       N, C);
+    LAUNCHED();
+}
+
+static void cu_layernorm_forward_bf16(uint16_t *out16, float *mean, float *rstd, const float *inp,
+                                      const float *w, const float *b, size_t N, int C)
+{
+    PROF("layernorm_forward_bf16");
+    layernorm_forward_k<<<(unsigned)((N + 7) / 8), 256, 0, g.stream>>>(out16, mean, rstd, inp, w, b,
                                                                        N, C);
     LAUNCHED();
 }
@@ -730,16 +754,11 @@ static void cu_matmul_backward(float *dinp, float *dw, float *dbias, const float
         dbias_rows(dbias, dout, N, OC);
 }
 
-/* the CPU's rounding, bit for bit: to nearest even, NaN stays NaN */
 __global__ static void to_bf16_k(uint16_t *dst, const float *src, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint32_t u = __float_as_uint(src[i]);
-        uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
-        uint32_t rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-        dst[i] = (uint16_t)(nan ? (u >> 16) | 0x40u : rne);
-    }
+    for (; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = rne_bf16(src[i]);
 }
 
 __global__ static void from_bf16_k(float *dst, const uint16_t *src, size_t n)
@@ -929,12 +948,12 @@ static void cu_attention_backward_bf16(float *dqkv, float *d, const float *dout,
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
-__global__ static void gelu_forward_k(float *out, const float *inp, size_t n)
+template <typename O> __global__ static void gelu_forward_k(O *out, const float *inp, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+        put(&out[i], 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x))));
     }
 }
 
@@ -969,6 +988,13 @@ static void cu_gelu_forward(float *out, const float *inp, size_t n)
 {
     PROF("gelu_forward");
     gelu_forward_k<<<blocks_for(n, 256), 256, 0, g.stream>>>(out, inp, n);
+    LAUNCHED();
+}
+
+static void cu_gelu_forward_bf16(uint16_t *out16, const float *inp, size_t n)
+{
+    PROF("gelu_forward_bf16");
+    gelu_forward_k<<<blocks_for(n, 256), 256, 0, g.stream>>>(out16, inp, n);
     LAUNCHED();
 }
 
@@ -1128,6 +1154,7 @@ static void fill_table(int flash)
     k->encoder_forward = cu_encoder_forward;
     k->encoder_backward = cu_encoder_backward;
     k->layernorm_forward = cu_layernorm_forward;
+    k->layernorm_forward_bf16 = cu_layernorm_forward_bf16;
     k->layernorm_backward = cu_layernorm_backward;
     k->matmul_forward = cu_matmul_forward;
     k->matmul_backward = cu_matmul_backward;
@@ -1145,6 +1172,7 @@ static void fill_table(int flash)
         k->attention_bf16_max_hs = max_hs;
     }
     k->gelu_forward = cu_gelu_forward;
+    k->gelu_forward_bf16 = cu_gelu_forward_bf16;
     k->gelu_backward = cu_gelu_backward;
     k->residual_forward = cu_residual_forward;
     k->softmax_crossentropy_forward = cu_softmax_crossentropy_forward;

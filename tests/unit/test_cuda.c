@@ -313,6 +313,34 @@ static void pointwise_kernels_match_the_cpu(void)
     gpu->free(gx), gpu->free(gy), gpu->free(go);
 }
 
+/* The kernels that write a bf16 run's product inputs round as they go:
+ * the bits to_bf16 makes of the fp32 kernels' outputs on the same GPU. */
+static void fused_rounding_is_to_bf16_bit_for_bit(void)
+{
+    const size_t n = BT * 4 * C;
+    float *x = randv(n, 52, 3), *w = randv(C, 53, 1), *b = randv(C, 54, 0.5f);
+    uint16_t *want = malloc(n * 2), *got = malloc(n * 2);
+    float *gx = dev(x, n * 4), *gw = dev(w, C * 4), *gb = dev(b, C * 4), *go = dev(NULL, n * 4);
+    float *gm = dev(NULL, BT * 4), *gr = dev(NULL, BT * 4);
+    uint16_t *g16 = dev(NULL, n * 2);
+    gpu->layernorm_forward(go, gm, gr, gx, gw, gb, BT, C);
+    gpu->to_bf16(g16, go, BT * C);
+    gpu->download(want, g16, BT * C * 2);
+    gpu->layernorm_forward_bf16(g16, gm, gr, gx, gw, gb, BT, C);
+    gpu->download(got, g16, BT * C * 2);
+    CHECK(memcmp(got, want, BT * C * 2) == 0, "layernorm_forward_bf16 is not to_bf16(out)");
+    gpu->gelu_forward(go, gx, n);
+    gpu->to_bf16(g16, go, n);
+    gpu->download(want, g16, n * 2);
+    gpu->gelu_forward_bf16(g16, gx, n);
+    gpu->download(got, g16, n * 2);
+    CHECK(memcmp(got, want, n * 2) == 0, "gelu_forward_bf16 is not to_bf16(out)");
+    free(x), free(w), free(b), free(want), free(got);
+    void *d[] = {gx, gw, gb, go, gm, gr, g16};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
+        gpu->free(d[i]);
+}
+
 static void loss_matches_the_cpu(void)
 {
     const size_t n = BT * Vp;
@@ -633,6 +661,7 @@ int main(int argc, char **argv)
         TEST(attention_matches_the_cpu),
         TEST(flash_attention_matches_the_reference),
         TEST(pointwise_kernels_match_the_cpu),
+        TEST(fused_rounding_is_to_bf16_bit_for_bit),
         TEST(loss_matches_the_cpu),
         TEST(adamw_matches_the_cpu),
         TEST(engine_gradients_match_the_cpu_fp32),

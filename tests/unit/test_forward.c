@@ -13,6 +13,7 @@
 #include "fsdp.h"
 #include "kernels.h"
 #include "model.h"
+#include "numeric.h"
 #include "util.h"
 
 #include <math.h>
@@ -240,6 +241,43 @@ static void bf16_rounds_to_nearest_even(void)
     CHECK(back[0] == 1.0f && back[6] == INFINITY, "widening is not exact");
 }
 
+/* A bf16 run's LayerNorm and GELU write the products' inputs rounded as
+ * they go: the bits to_bf16 makes of the fp32 kernels' outputs, on every
+ * kernel table this CPU runs (one fewer pass, nothing else changed). */
+static void fused_rounding_is_to_bf16_bit_for_bit(void)
+{
+    enum { N = 37, C = 200 }; /* rows not a multiple of the threads, C not of the vectors */
+    float *x = randv((size_t)N * C, 11, 3.0f), *w = randv(C, 12, 1.0f), *b = randv(C, 13, 0.5f);
+    float out[N * C], mean[N], rstd[N], mean16[N], rstd16[N];
+    uint16_t want[N * C], got[N * C];
+    static const char *isa[] = {"x86-64", "x86-64-v3", "x86-64-v4"};
+    int tables = 0;
+    for (size_t t = 0; t < sizeof isa / sizeof isa[0]; t++) {
+        char err[256];
+        if (fsdp_kernels_cpu_select(isa[t], err, sizeof err))
+            continue; /* not this CPU's, or not this build's */
+        const struct fsdp_kernels *k = fsdp_kernels_cpu();
+        tables++;
+        k->layernorm_forward(out, mean, rstd, x, w, b, N, C);
+        k->to_bf16(want, out, (size_t)N * C);
+        k->layernorm_forward_bf16(got, mean16, rstd16, x, w, b, N, C);
+        CHECK(memcmp(got, want, sizeof got) == 0, "%s: layernorm_forward_bf16 is not to_bf16(out)",
+              isa[t]);
+        CHECK(memcmp(mean, mean16, sizeof mean) == 0 && memcmp(rstd, rstd16, sizeof rstd) == 0,
+              "%s: layernorm_forward_bf16's statistics differ", isa[t]);
+        k->gelu_forward(out, x, (size_t)N * C);
+        k->to_bf16(want, out, (size_t)N * C);
+        k->gelu_forward_bf16(got, x, (size_t)N * C);
+        CHECK(memcmp(got, want, sizeof got) == 0, "%s: gelu_forward_bf16 is not to_bf16(out)",
+              isa[t]);
+    }
+    char err[256];
+    REQUIRE(fsdp_kernels_cpu_select("auto", err, sizeof err) == 0, "%s", err);
+    CHECK(tables > 0, "no kernel table ran");
+    printf("  %d kernel tables\n", tables);
+    free(x), free(w), free(b);
+}
+
 /* The bf16 matmuls against fp32 ones on the bf16-rounded operands (the
  * same products, so only the accumulation order differs). */
 static void bf16_matmuls_match_fp32_on_rounded_operands(void)
@@ -398,6 +436,7 @@ static void bf16_backward_in_chunks_matches_fp32(void)
 }
 
 CHECK_MAIN(TEST(forward_matches_reference_gpt2), TEST(bf16_rounds_to_nearest_even),
+           TEST(fused_rounding_is_to_bf16_bit_for_bit),
            TEST(bf16_matmuls_match_fp32_on_rounded_operands),
            TEST(bf16_backward_in_chunks_matches_fp32),
            TEST(attention_backward_matches_naive_products))
