@@ -117,9 +117,11 @@ static int alloc_acts(struct fsdp_engine *e, char *err)
     /* attention's state per (sequence, head): the softmax, or flash's lse */
     const size_t TT = e->flash ? (size_t)e->T : (size_t)e->T * e->T;
     /* bf16: the products' inputs are written in bf16 only (struct fsdp_acts),
-     * but for the fp32 attention's output, rounded from one shared slot */
+     * but for the fp32 attention's output, rounded from one shared slot;
+     * flash: qkv and the attention's output in bf16 only */
     const size_t Lx = e->bf16 ? 0 : L, L16 = e->bf16 ? L : 0;
-    const size_t Latt = e->bf16 ? 1 : L, lnf = e->bf16 ? 0 : BT * C, lnf16 = e->bf16 ? BT * C : 0;
+    const size_t Latt = e->flash ? 0 : e->bf16 ? 1 : L, Lq = e->flash ? 0 : L, Lq16 = L - Lq;
+    const size_t lnf = e->bf16 ? 0 : BT * C, lnf16 = e->bf16 ? BT * C : 0;
     struct fsdp_acts *a = &e->a;
     struct {
         float **p;
@@ -129,7 +131,7 @@ static int alloc_acts(struct fsdp_engine *e, char *err)
         {&a->ln1, Lx * BT * C},
         {&a->ln1_mean, L * BT},
         {&a->ln1_rstd, L * BT},
-        {&a->qkv, L * BT * 3 * C},
+        {&a->qkv, Lq * BT * 3 * C},
         {&a->atty, Latt * BT * C},
         {&a->att, L * e->B * NH * TT},
         {&a->residual2, L * BT * C},
@@ -154,8 +156,9 @@ static int alloc_acts(struct fsdp_engine *e, char *err)
         uint16_t **p;
         size_t n;
     } plan16[] = {
-        {&a->ln1_16, L16 * BT * C},         {&a->atty16, L16 * BT * C}, {&a->ln2_16, L16 * BT * C},
-        {&a->fch_gelu16, L16 * BT * 4 * C}, {&a->lnf16, lnf16},
+        {&a->ln1_16, L16 * BT * C}, {&a->atty16, L16 * BT * C},
+        {&a->ln2_16, L16 * BT * C}, {&a->fch_gelu16, L16 * BT * 4 * C},
+        {&a->lnf16, lnf16},         {&a->qkv16, Lq16 * BT * 3 * C},
     };
     size_t total = 0, total16 = 0; /* floats; bf16 values after them */
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
@@ -245,7 +248,7 @@ static void set_options(struct fsdp_engine *e, const struct model_layout *m,
     e->T = m->cfg.seq;
     e->recompute_every = o->recompute_every;
     e->bf16 = o->bf16;
-    e->flash = e->bf16 && k->attention_forward_bf16 &&
+    e->flash = e->bf16 && k->attention_forward_bf16 && k->matmul_forward_to_bf16 &&
                m->cfg.dim / m->cfg.heads <= k->attention_bf16_max_hs;
     e->reduce_bf16 = o->reduce_bf16;
     e->prefetch =
@@ -873,17 +876,22 @@ static const struct model_tensor *tensor(const struct fsdp_engine *e, int unit, 
     return &e->m->tensors[e->m->units[unit].first_tensor + i];
 }
 
-/* The matmuls of unit u, on its fp32 or (bf16 mode) bf16 weights; w is the
- * weight's place in the unit's fp32 buffer, and the bf16 twin lies at the
- * same offset. In bf16 the input's producer has written it in bf16 (inp16;
+/* The bf16 twin of x, a tensor in unit u's fp32 buffer: at the same offset
+ * in the unit's bf16 buffer. */
+static const uint16_t *twin16(const struct fsdp_engine *e, int u, const float *x)
+{
+    return e->units[u].full16 + (x - e->units[u].full);
+}
+
+/* The matmuls of unit u, on its fp32 or (bf16 mode) bf16 weights (the twin
+ * of w). In bf16 the input's producer has written it in bf16 (inp16;
  * ln_forward, gelu_forward), and the backward reads the same copy. */
 static void mm_forward(struct fsdp_engine *e, int u, float *out, const float *inp,
                        const uint16_t *inp16, const float *w, const float *bias, size_t N, int C,
                        int OC)
 {
     if (e->bf16) {
-        e->k->matmul_forward_bf16(out, inp16, e->units[u].full16 + (w - e->units[u].full), bias, N,
-                                  C, OC);
+        e->k->matmul_forward_bf16(out, inp16, twin16(e, u, w), bias, N, C, OC);
     } else {
         e->k->matmul_forward(out, inp, w, bias, N, C, OC);
     }
@@ -895,8 +903,7 @@ static void mm_backward(struct fsdp_engine *e, int u, float *dinp, float *dw, fl
                         size_t N, int C, int OC)
 {
     if (e->bf16)
-        e->k->matmul_backward_bf16(dinp, dw, dbias, dout, inp16,
-                                   e->units[u].full16 + (w - e->units[u].full), N, C, OC);
+        e->k->matmul_backward_bf16(dinp, dw, dbias, dout, inp16, twin16(e, u, w), N, C, OC);
     else
         e->k->matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
     poke(e);
@@ -929,6 +936,7 @@ struct layer_acts {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
         *fch_gelu;
     uint16_t *ln1_16, *atty16, *ln2_16, *fch_gelu16; /* bf16: the products' inputs */
+    uint16_t *qkv16;                                 /* flash: qkv in bf16 */
     float *res3;                                     /* the block's output */
 };
 
@@ -944,8 +952,9 @@ static void layer_acts(const struct fsdp_engine *e, int l, struct layer_acts *la
     la->ln1 = x ? a->ln1 + s * S * C : NULL;
     la->ln1_mean = a->ln1_mean + s * S;
     la->ln1_rstd = a->ln1_rstd + s * S;
-    la->qkv = a->qkv + s * S * 3 * C;
-    la->atty = x ? a->atty + s * S * C : a->atty; /* bf16: the one slot */
+    la->qkv = e->flash ? NULL : a->qkv + s * S * 3 * C;
+    la->qkv16 = e->flash ? a->qkv16 + s * S * 3 * C : NULL;
+    la->atty = x ? a->atty + s * S * C : a->atty; /* bf16: the one slot (flash: NULL) */
     la->att = a->att + s * (size_t)e->B * NH * TT;
     la->res2 = a->residual2 + s * S * C;
     la->ln2 = x ? a->ln2 + s * S * C : NULL;
@@ -972,13 +981,18 @@ static void block_forward(struct fsdp_engine *e, int u, const struct block_param
     float *scratch = e->a.scratch;
     ln_forward(e, la->ln1, la->ln1_16, la->ln1_mean, la->ln1_rstd, la->res, p->t[BT_LN1_W],
                p->t[BT_LN1_B], BT, C);
-    mm_forward(e, u, la->qkv, la->ln1, la->ln1_16, p->t[BT_QKV_W], p->t[BT_QKV_B], BT, C, 3 * C);
-    if (e->flash)
-        k->attention_forward_bf16(la->atty, la->att, la->qkv, B, T, C, NH);
-    else
+    if (e->flash) { /* qkv and the attention's output in bf16 only */
+        k->matmul_forward_to_bf16(la->qkv16, la->ln1_16, twin16(e, u, p->t[BT_QKV_W]),
+                                  twin16(e, u, p->t[BT_QKV_B]), BT, C, 3 * C);
+        poke(e);
+        k->attention_forward_bf16(la->atty16, la->att, la->qkv16, B, T, C, NH);
+    } else {
+        mm_forward(e, u, la->qkv, la->ln1, la->ln1_16, p->t[BT_QKV_W], p->t[BT_QKV_B], BT, C,
+                   3 * C);
         k->attention_forward(la->atty, la->att, la->qkv, B, T, C, NH);
-    if (e->bf16)
-        k->to_bf16(la->atty16, la->atty, BT * C);
+        if (e->bf16)
+            k->to_bf16(la->atty16, la->atty, BT * C);
+    }
     poke(e);
     mm_forward(e, u, scratch, la->atty, la->atty16, p->t[BT_ATTPROJ_W], p->t[BT_ATTPROJ_B], BT, C,
                C);
@@ -1015,8 +1029,8 @@ static void block_backward(struct fsdp_engine *e, int u, const struct block_para
     mm_backward(e, u, a->dbtc, g->t[BT_ATTPROJ_W], g->t[BT_ATTPROJ_B], a->dres, la->atty,
                 la->atty16, p->t[BT_ATTPROJ_W], BT, C, C);
     if (e->flash)
-        k->attention_backward_bf16(a->d4c, a->datt, a->dbtc, la->atty16, la->qkv, la->att, B, T, C,
-                                   NH);
+        k->attention_backward_bf16(a->d4c, a->datt, a->dbtc, la->atty16, la->qkv16, la->att, B, T,
+                                   C, NH);
     else
         k->attention_backward(a->d4c, a->datt, a->dbtc, la->qkv, la->att, B, T, C, NH);
     poke(e);

@@ -116,8 +116,9 @@ struct fsdp_acts {
         *ln2_rstd, *fch, *fch_gelu, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
     float *scratch, *dres, *dbtc, *d4c, *datt; /* one layer's worth, reused */
     /* bf16 only: the products' inputs, written in bf16 by their producers;
-     * ln1, ln2, fch_gelu and lnf are then NULL, and atty one shared slot */
-    uint16_t *ln1_16, *atty16, *ln2_16, *fch_gelu16, *lnf16;
+     * ln1, ln2, fch_gelu and lnf are then NULL, and atty one shared slot.
+     * With flash, qkv is bf16 too (qkv16; qkv and atty NULL). */
+    uint16_t *ln1_16, *atty16, *ln2_16, *fch_gelu16, *lnf16, *qkv16;
     int nslots;
     int *slot;       /* per block: its slot */
     int slot_holder; /* the recomputed block whose activations the shared slot holds, or -1 */

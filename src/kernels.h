@@ -88,18 +88,24 @@ struct fsdp_kernels {
                                const float *att, int B, int T, int C, int NH);
     /* bf16 runs (optional: NULL where the backend has none): causal
      * attention flash-style on bf16 operands, fp32 accumulation and softmax,
-     * for heads up to attention_bf16_max_hs wide. Instead of the softmax the
-     * forward keeps lse (B,NH,T), each row's log-sum-exp of the scaled
-     * scores, and the backward recomputes the probabilities from it; out16
-     * is the forward's out rounded to bf16 (the engine's copy for the next
-     * product), d is scratch of (B,NH,T). dqkv is overwritten. Memory is
+     * for heads up to attention_bf16_max_hs wide. qkv16 is qkv in bf16,
+     * written so by matmul_forward_to_bf16; out16, the output in bf16, is
+     * the next product's input and all the backward needs of it. Instead of
+     * the softmax the forward keeps lse (B,NH,T), each row's log-sum-exp of
+     * the scaled scores, and the backward recomputes the probabilities from
+     * it; d is scratch of (B,NH,T). dqkv (fp32) is overwritten. Memory is
      * O(T) per row instead of O(T^2); the results match the fp32 kernels to
      * bf16's precision (tests/unit/flash_ref.c is the reference). */
-    void (*attention_forward_bf16)(float *out, float *lse, const float *qkv, int B, int T, int C,
-                                   int NH);
+    void (*attention_forward_bf16)(uint16_t *out16, float *lse, const uint16_t *qkv16, int B, int T,
+                                   int C, int NH);
     void (*attention_backward_bf16)(float *dqkv, float *d, const float *dout, const uint16_t *out16,
-                                    const float *qkv, const float *lse, int B, int T, int C,
+                                    const uint16_t *qkv16, const float *lse, int B, int T, int C,
                                     int NH);
+    /* Set with the two above, for the qkv product: out16 = inp w^T + bias16
+     * summed in fp32 and rounded to bf16 once; the bias is bf16 too (the
+     * bf16 twin of the fp32 one), as autocast's and cuBLASLt's are. */
+    void (*matmul_forward_to_bf16)(uint16_t *out16, const uint16_t *inp, const uint16_t *w,
+                                   const uint16_t *bias16, size_t N, int C, int OC);
     int attention_bf16_max_hs;
     void (*gelu_forward)(float *out, const float *inp, size_t n);
     void (*gelu_forward_bf16)(uint16_t *out16, const float *inp, size_t n);

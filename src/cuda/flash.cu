@@ -74,8 +74,9 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
 
 __device__ __forceinline__ __nv_bfloat16 bf(float x) { return __float2bfloat16_rn(x); }
 
-/* Rows t0 .. t0+63 of one head's columns (rows `stride` floats apart, hs
- * wide) into a bf16 tile, zeros past T and past hs. */
+/* Rows t0 .. t0+63 of one head's columns (rows `stride` values apart, hs
+ * wide) into a bf16 tile, zeros past T and past hs: from fp32 (dO),
+ * rounded, or from bf16 (Q, K, V), copied. */
 template <int HSP>
 __device__ void load_tile(__nv_bfloat16 *dst, const float *src, size_t stride, int t0, int T,
                           int hs)
@@ -95,6 +96,28 @@ __device__ void load_tile(__nv_bfloat16 *dst, const float *src, size_t stride, i
         int r = i / HSP, d = i % HSP;
         float x = (t0 + r < T && d < hs) ? src[(size_t)(t0 + r) * stride + d] : 0.0f;
         dst[r * dims<HSP>::LD + d] = bf(x);
+    }
+}
+
+template <int HSP>
+__device__ void load_tile(__nv_bfloat16 *dst, const uint16_t *src, size_t stride, int t0, int T,
+                          int hs)
+{
+    if (hs % 8 == 0 && stride % 8 == 0 && (uintptr_t)src % 16 == 0) { /* 8 values a load */
+        for (int i = threadIdx.x; i < TILE * HSP / 8; i += THREADS) {
+            int r = i / (HSP / 8), d = i % (HSP / 8) * 8;
+            uint4 x = {0u, 0u, 0u, 0u};
+            if (t0 + r < T && d < hs)
+                x = *(const uint4 *)(src + (size_t)(t0 + r) * stride + d);
+            *(uint4 *)(dst + r * dims<HSP>::LD + d) = x;
+        }
+        return;
+    }
+    const __nv_bfloat16 *s = (const __nv_bfloat16 *)src;
+    for (int i = threadIdx.x; i < TILE * HSP; i += THREADS) {
+        int r = i / HSP, d = i % HSP;
+        dst[r * dims<HSP>::LD + d] =
+            (t0 + r < T && d < hs) ? s[(size_t)(t0 + r) * stride + d] : bf(0.0f);
     }
 }
 
@@ -164,13 +187,13 @@ template <int HSP> __device__ __forceinline__ __nv_bfloat16 *pbuf(unsigned char 
 
 /* Where a thread works: its warp w, the row rr of the warp's 16 that half
  * of its lane's columns are in, the block's (sequence b, head h), and that
- * head's columns of qkv (q; k at + C, v at + 2 C), rows C3 floats apart. */
+ * head's columns of qkv (q; k at + C, v at + 2 C), rows C3 values apart. */
 struct place {
     int w, rr, half, nt, bh, b, h, hs, C3;
-    const float *qkv;
+    const uint16_t *qkv;
 };
 
-__device__ __forceinline__ place place_of(const float *qkv, int T, int C, int NH)
+__device__ __forceinline__ place place_of(const uint16_t *qkv, int T, int C, int NH)
 {
     place p;
     p.w = threadIdx.x / 32;
@@ -190,7 +213,7 @@ __device__ __forceinline__ place place_of(const float *qkv, int T, int C, int NH
 
 template <int HSP>
 __global__ void __launch_bounds__(THREADS)
-    flash_fwd(float *out, float *lse, const float *qkv, int T, int C, int NH, float scale)
+    flash_fwd(uint16_t *out16, float *lse, const uint16_t *qkv, int T, int C, int NH, float scale)
 {
     typedef dims<HSP> D;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -201,7 +224,7 @@ __global__ void __launch_bounds__(THREADS)
     const place at = place_of(qkv, T, C, NH);
     const int w = at.w, rr = at.rr, half = at.half, bh = at.bh, b = at.b, h = at.h, hs = at.hs;
     const int C3 = at.C3, qt = at.nt - 1 - (int)blockIdx.y; /* longest first */
-    const float *base = at.qkv;
+    const uint16_t *base = at.qkv;
     const int q0 = qt * TILE, qi = q0 + w * 16 + rr; /* this lane's query */
     float *s = sS + w * 16 * D::SLD;
     __nv_bfloat16 *p = sP + w * 16 * PLD;
@@ -256,12 +279,12 @@ __global__ void __launch_bounds__(THREADS)
     if (qi >= T)
         return;
     const float inv = 1.0f / l;
-    float *dst = out + ((size_t)b * T + qi) * C + (size_t)h * hs;
+    __nv_bfloat16 *dst = (__nv_bfloat16 *)out16 + ((size_t)b * T + qi) * C + (size_t)h * hs;
 #pragma unroll
     for (int i = 0; i < D::HALF; i++) {
         int d = col(i, D::HALF, rr, half);
         if (d < hs)
-            dst[d] = o[i] * inv;
+            dst[d] = bf(o[i] * inv);
     }
     if (half == 0)
         lse[(size_t)bh * T + qi] = m + logf(l);
@@ -311,7 +334,7 @@ __device__ void write_rows(float *dst, size_t stride, float *s, const frag_c *ac
 /* dK and dV of one key tile, summed over the query tiles at and after it. */
 template <int HSP>
 __global__ void __launch_bounds__(THREADS)
-    flash_bwd_kv(float *dqkv, const float *dout, const float *qkv, const float *lse,
+    flash_bwd_kv(float *dqkv, const float *dout, const uint16_t *qkv, const float *lse,
                  const float *dd, int T, int C, int NH, float scale)
 {
     typedef dims<HSP> D;
@@ -326,7 +349,7 @@ __global__ void __launch_bounds__(THREADS)
     const place at = place_of(qkv, T, C, NH);
     const int w = at.w, rr = at.rr, half = at.half, bh = at.bh, b = at.b, h = at.h, hs = at.hs;
     const int C3 = at.C3, nt = at.nt, kt = (int)blockIdx.y; /* the first has the most */
-    const float *base = at.qkv;
+    const uint16_t *base = at.qkv;
     const float *dob = dout + (size_t)b * T * C + (size_t)h * hs;
     const int k0 = kt * TILE, kj = k0 + w * 16 + rr; /* this lane's key */
     float *s = sS + w * 16 * D::SLD;
@@ -382,8 +405,8 @@ __global__ void __launch_bounds__(THREADS)
 /* dQ of one query tile, summed over the key tiles up to it. */
 template <int HSP>
 __global__ void __launch_bounds__(THREADS)
-    flash_bwd_q(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *dd,
-                int T, int C, int NH, float scale)
+    flash_bwd_q(float *dqkv, const float *dout, const uint16_t *qkv, const float *lse,
+                const float *dd, int T, int C, int NH, float scale)
 {
     typedef dims<HSP> D;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -395,7 +418,7 @@ __global__ void __launch_bounds__(THREADS)
     const place at = place_of(qkv, T, C, NH);
     const int w = at.w, rr = at.rr, half = at.half, bh = at.bh, b = at.b, h = at.h, hs = at.hs;
     const int C3 = at.C3, qt = at.nt - 1 - (int)blockIdx.y; /* longest first */
-    const float *base = at.qkv;
+    const uint16_t *base = at.qkv;
     const int q0 = qt * TILE, qi = q0 + w * 16 + rr; /* this lane's query */
     const float L = qi < T ? lse[(size_t)bh * T + qi] : 0.0f;
     const float Dq = qi < T ? dd[(size_t)bh * T + qi] : 0.0f;
@@ -453,7 +476,8 @@ template <typename K> int allow_smem(K kernel, size_t bytes, int *done)
 }
 
 template <int HSP>
-int forward(cudaStream_t st, float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
+int forward(cudaStream_t st, uint16_t *out16, float *lse, const uint16_t *qkv, int B, int T, int C,
+            int NH)
 {
     typedef dims<HSP> D;
     static int done;
@@ -461,13 +485,13 @@ int forward(cudaStream_t st, float *out, float *lse, const float *qkv, int B, in
     if (allow_smem(flash_fwd<HSP>, bytes, &done))
         return -1;
     dim3 grid((unsigned)(B * NH), (unsigned)((T + TILE - 1) / TILE));
-    FLASH_LAUNCH(flash_fwd<HSP>, grid, THREADS, bytes, st, out, lse, qkv, T, C, NH,
+    FLASH_LAUNCH(flash_fwd<HSP>, grid, THREADS, bytes, st, out16, lse, qkv, T, C, NH,
                  1.0f / sqrtf((float)(C / NH)));
     return cudaPeekAtLastError() == cudaSuccess ? 0 : -1;
 }
 
 template <int HSP>
-int backward(cudaStream_t st, float *dqkv, const float *dd, const float *dout, const float *qkv,
+int backward(cudaStream_t st, float *dqkv, const float *dd, const float *dout, const uint16_t *qkv,
              const float *lse, int B, int T, int C, int NH)
 {
     typedef dims<HSP> D;
@@ -500,23 +524,23 @@ int flash_max_hs(size_t smem_optin)
     return 0;
 }
 
-int flash_forward(cudaStream_t s, float *out, float *lse, const float *qkv, int B, int T, int C,
-                  int NH)
+int flash_forward(cudaStream_t s, uint16_t *out16, float *lse, const uint16_t *qkv, int B, int T,
+                  int C, int NH)
 {
     const int hs = C / NH;
     if (hs <= 16)
-        return forward<16>(s, out, lse, qkv, B, T, C, NH);
+        return forward<16>(s, out16, lse, qkv, B, T, C, NH);
     if (hs <= 32)
-        return forward<32>(s, out, lse, qkv, B, T, C, NH);
+        return forward<32>(s, out16, lse, qkv, B, T, C, NH);
     if (hs <= 64)
-        return forward<64>(s, out, lse, qkv, B, T, C, NH);
+        return forward<64>(s, out16, lse, qkv, B, T, C, NH);
     if (hs <= FLASH_MAX_HS)
-        return forward<128>(s, out, lse, qkv, B, T, C, NH);
+        return forward<128>(s, out16, lse, qkv, B, T, C, NH);
     return -1;
 }
 
 int flash_backward(cudaStream_t s, float *dqkv, float *d, const float *dout, const uint16_t *out16,
-                   const float *qkv, const float *lse, int B, int T, int C, int NH)
+                   const uint16_t *qkv, const float *lse, int B, int T, int C, int NH)
 {
     const int hs = C / NH;
     if (hs > FLASH_MAX_HS)

@@ -306,7 +306,7 @@ static void *scratch(int slot, size_t bytes)
     }
     return g.scratch[slot];
 }
-enum { S_BF16_A, S_PARTIAL, S_PARTIAL2 };
+enum { S_BF16_A, S_PARTIAL, S_PARTIAL2, S_WIDE };
 
 /* ---- reductions -------------------------------------------------------------------- */
 
@@ -637,11 +637,12 @@ static void bias_rows(float *out, const float *bias, size_t N, int OC)
  * epilogue: out = op(A) op(B) + bias, one write of out instead of a bias
  * fill, a read and a write. Plans (descriptors and the heuristic's algorithm)
  * are kept per shape, type and operand alignment; a shape cuBLASLt cannot
- * do (or an out-of-memory) is remembered and takes the cuBLAS path. */
+ * do (or an out-of-memory) is remembered and takes the cuBLAS path. out16:
+ * D in bf16, and then the bias too (cuBLASLt's rule: the bias has D's type). */
 #define LT_WS_BYTES (32u << 20)
 #define LT_PLANS    64
 struct lt_plan {
-    int used, ok, m, n, k, bf16, align;
+    int used, ok, m, n, k, bf16, out16, align;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
@@ -654,23 +655,24 @@ static int align_of(const void *p)
     return (u % 16 == 0) ? 16 : (u % 8 == 0) ? 8 : (u % 4 == 0) ? 4 : 2;
 }
 
-static struct lt_plan *lt_plan_for(int m, int n, int k, int bf16, int align)
+static struct lt_plan *lt_plan_for(int m, int n, int k, int bf16, int out16, int align)
 {
     struct lt_plan *p = NULL;
     for (int i = 0; i < LT_PLANS; i++) {
         struct lt_plan *q = &lt_plans[i];
-        if (q->used && q->m == m && q->n == n && q->k == k && q->bf16 == bf16 && q->align == align)
+        if (q->used && q->m == m && q->n == n && q->k == k && q->bf16 == bf16 &&
+            q->out16 == out16 && q->align == align)
             return q;
         if (!q->used && !p)
             p = q;
     }
     if (!p)
         return NULL; /* the cache is full: cuBLAS */
-    *p = (struct lt_plan){1, 0, m, n, k, bf16, align, NULL, NULL, NULL, NULL, {}};
-    cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    *p = (struct lt_plan){1, 0, m, n, k, bf16, out16, align, NULL, NULL, NULL, NULL, {}};
+    cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_32F, dt = out16 ? CUDA_R_16BF : CUDA_R_32F;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    cudaDataType_t bias_t = CUDA_R_32F;
+    cudaDataType_t bias_t = dt;
     cublasLtMatmulPreference_t pref = NULL;
     size_t ws = LT_WS_BYTES;
     uint32_t al = (uint32_t)align;
@@ -685,8 +687,7 @@ static struct lt_plan *lt_plan_for(int m, int n, int k, int bf16, int align)
                                        sizeof bias_t) ||
         cublasLtMatrixLayoutCreate(&p->a, t, k, m, k) ||
         cublasLtMatrixLayoutCreate(&p->b, t, k, n, k) ||
-        cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, m, n, m) ||
-        cublasLtMatmulPreferenceCreate(&pref) ||
+        cublasLtMatrixLayoutCreate(&p->d, dt, m, n, m) || cublasLtMatmulPreferenceCreate(&pref) ||
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                              sizeof ws) ||
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al,
@@ -710,9 +711,9 @@ static struct lt_plan *lt_plan_for(int m, int n, int k, int bf16, int align)
     return p;
 }
 
-/* 0 when done; -1: use the cuBLAS path */
-static int lt_forward(float *out, const void *inp, const void *w, const float *bias, size_t N,
-                      int C, int OC, int bf16)
+/* 0 when done; -1: use the cuBLAS path. out and bias are bf16 with out16. */
+static int lt_forward(void *out, const void *inp, const void *w, const void *bias, size_t N, int C,
+                      int OC, int bf16, int out16)
 {
     if (!g.lt || N > (size_t)INT32_MAX)
         return -1;
@@ -721,7 +722,7 @@ static int lt_forward(float *out, const void *inp, const void *w, const float *b
     align = ai < align ? ai : align;
     align = aw < align ? aw : align;
     align = ab < align ? ab : align;
-    struct lt_plan *p = lt_plan_for(OC, (int)N, C, bf16, align);
+    struct lt_plan *p = lt_plan_for(OC, (int)N, C, bf16, out16, align);
     if (!p || !p->ok)
         return -1;
     float one = 1.0f, zero = 0.0f;
@@ -736,7 +737,7 @@ static void cu_matmul_forward(float *out, const float *inp, const float *w, cons
                               size_t N, int C, int OC)
 {
     PROF("matmul_forward");
-    if (bias && lt_forward(out, inp, w, bias, N, C, OC, 0) == 0)
+    if (bias && lt_forward(out, inp, w, bias, N, C, OC, 0, 0) == 0)
         return;
     if (bias)
         bias_rows(out, bias, N, OC);
@@ -791,11 +792,27 @@ static void cu_matmul_forward_bf16(float *out, const uint16_t *x, const uint16_t
                                    const float *bias, size_t N, int C, int OC)
 {
     PROF("matmul_forward_bf16");
-    if (bias && lt_forward(out, x, w, bias, N, C, OC, 1) == 0)
+    if (bias && lt_forward(out, x, w, bias, N, C, OC, 1, 0) == 0)
         return;
     if (bias)
         bias_rows(out, bias, N, OC);
     bgemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, (int)N, C, 1.0f, w, C, x, C, bias ? 1.0f : 0.0f, out, OC);
+}
+
+/* The qkv product of a flash run: out16 = bf16(inp w^T + bias16), the sum
+ * in fp32. Where cuBLASLt has no plan for it, the same through an fp32
+ * result (the bias widened exactly) and to_bf16. */
+static void cu_matmul_forward_to_bf16(uint16_t *out16, const uint16_t *x, const uint16_t *w,
+                                      const uint16_t *bias16, size_t N, int C, int OC)
+{
+    PROF("matmul_forward_to_bf16");
+    if (lt_forward(out16, x, w, bias16, N, C, OC, 1, 1) == 0)
+        return;
+    float *wide = (float *)scratch(S_WIDE, (N * (size_t)OC + (size_t)OC) * sizeof(float));
+    float *bias = wide + N * (size_t)OC;
+    cu_from_bf16(bias, bias16, (size_t)OC);
+    cu_matmul_forward_bf16(wide, x, w, bias, N, C, OC);
+    cu_to_bf16(out16, wide, N * (size_t)OC);
 }
 
 static void cu_matmul_backward_bf16(float *dinp, float *dw, float *dbias, const float *dout,
@@ -927,16 +944,16 @@ static void flash_failed(const char *what, int line)
     die(what, cudaGetErrorString(cudaGetLastError()), __FILE__, line);
 }
 
-static void cu_attention_forward_bf16(float *out, float *lse, const float *qkv, int B, int T, int C,
-                                      int NH)
+static void cu_attention_forward_bf16(uint16_t *out16, float *lse, const uint16_t *qkv, int B,
+                                      int T, int C, int NH)
 {
     PROF("attention_forward_bf16");
-    if (flash_forward(g.stream, out, lse, qkv, B, T, C, NH))
+    if (flash_forward(g.stream, out16, lse, qkv, B, T, C, NH))
         flash_failed("flash_forward", __LINE__);
 }
 
 static void cu_attention_backward_bf16(float *dqkv, float *d, const float *dout,
-                                       const uint16_t *out16, const float *qkv, const float *lse,
+                                       const uint16_t *out16, const uint16_t *qkv, const float *lse,
                                        int B, int T, int C, int NH)
 {
     PROF("attention_backward_bf16");
@@ -1169,6 +1186,7 @@ static void fill_table(int flash)
     if (flash && max_hs > 0) {
         k->attention_forward_bf16 = cu_attention_forward_bf16;
         k->attention_backward_bf16 = cu_attention_backward_bf16;
+        k->matmul_forward_to_bf16 = cu_matmul_forward_to_bf16;
         k->attention_bf16_max_hs = max_hs;
     }
     k->gelu_forward = cu_gelu_forward;

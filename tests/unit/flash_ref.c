@@ -1,8 +1,9 @@
 /*
  * flash_ref.c - src/cuda/flash.cu's arithmetic on the CPU (flash_ref.h).
  *
- * What matches the GPU: where values are rounded to bf16 (Q, K, V and dO
- * on loading; P before P V and P^T dO; dS before its two products), the
+ * What matches the GPU: where values are rounded to bf16 (Q, K and V come
+ * in bf16, dO on loading; P before P V and P^T dO; dS before its two
+ * products; the output as it is written), the
  * tiles of 64 keys the online softmax steps through, and the formulas (P
  * from lse, D = rowsum(dO * O)). What does not: the order fp32 sums are
  * added in and expf's last bits, so the GPU is compared with a tolerance.
@@ -25,13 +26,38 @@ static float bf(float x)
     return x;
 }
 
-/* one head's rows of Q, K, V (or dO) as bf16 values, hs wide and packed */
+static float widen(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static uint16_t bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* one head's rows of dO as bf16 values, hs wide and packed */
 static float *rows_bf16(const float *src, size_t stride, int T, int hs)
 {
     float *r = malloc((size_t)T * hs * sizeof *r);
     for (int t = 0; t < T; t++)
         for (int d = 0; d < hs; d++)
             r[(size_t)t * hs + d] = bf(src[(size_t)t * stride + d]);
+    return r;
+}
+
+/* one head's rows of Q, K or V, widened, hs wide and packed */
+static float *rows_of(const uint16_t *src, size_t stride, int T, int hs)
+{
+    float *r = malloc((size_t)T * hs * sizeof *r);
+    for (int t = 0; t < T; t++)
+        for (int d = 0; d < hs; d++)
+            r[(size_t)t * hs + d] = widen(src[(size_t)t * stride + d]);
     return r;
 }
 
@@ -43,8 +69,8 @@ static float dot(const float *a, const float *b, int n)
     return s;
 }
 
-static void forward_head(float *out, float *lse, const float *q, const float *k, const float *v,
-                         int T, int C, int hs, float scale)
+static void forward_head(uint16_t *out16, float *lse, const float *q, const float *k,
+                         const float *v, int T, int C, int hs, float scale)
 {
     float x[TILE], p[TILE], *o = malloc((size_t)hs * sizeof *o);
     for (int qi = 0; qi < T; qi++) {
@@ -74,22 +100,23 @@ static void forward_head(float *out, float *lse, const float *q, const float *k,
             }
         }
         for (int d = 0; d < hs; d++)
-            out[(size_t)qi * C + d] = o[d] / l;
+            out16[(size_t)qi * C + d] = bits(o[d] / l);
         lse[qi] = m + logf(l);
     }
     free(o);
 }
 
-void flash_ref_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH)
+void flash_ref_forward(uint16_t *out16, float *lse, const uint16_t *qkv16, int B, int T, int C,
+                       int NH)
 {
     const int hs = C / NH, C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
-            const float *base = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-            float *q = rows_bf16(base, C3, T, hs), *k = rows_bf16(base + C, C3, T, hs);
-            float *v = rows_bf16(base + 2 * C, C3, T, hs);
-            forward_head(out + (size_t)b * T * C + (size_t)h * hs, lse + ((size_t)b * NH + h) * T,
+            const uint16_t *base = qkv16 + (size_t)b * T * C3 + (size_t)h * hs;
+            float *q = rows_of(base, C3, T, hs), *k = rows_of(base + C, C3, T, hs);
+            float *v = rows_of(base + 2 * C, C3, T, hs);
+            forward_head(out16 + (size_t)b * T * C + (size_t)h * hs, lse + ((size_t)b * NH + h) * T,
                          q, k, v, T, C, hs, scale);
             free(q), free(k), free(v);
         }
@@ -124,7 +151,7 @@ static void backward_head(float *dq, float *dk, float *dv, const float *q, const
 }
 
 void flash_ref_backward(float *dqkv, float *d, const float *dout, const uint16_t *out16,
-                        const float *qkv, const float *lse, int B, int T, int C, int NH)
+                        const uint16_t *qkv16, const float *lse, int B, int T, int C, int NH)
 {
     const int hs = C / NH, C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
@@ -133,20 +160,28 @@ void flash_ref_backward(float *dqkv, float *d, const float *dout, const uint16_t
             const size_t bh = (size_t)b * NH + h, off = (size_t)b * T * C + (size_t)h * hs;
             for (int t = 0; t < T; t++) { /* D = dO . O, dO rounded */
                 float s = 0.0f;
-                for (int i = 0; i < hs; i++) {
-                    uint32_t u = (uint32_t)out16[off + (size_t)t * C + i] << 16;
-                    float o;
-                    memcpy(&o, &u, 4);
-                    s += bf(dout[off + (size_t)t * C + i]) * o;
-                }
+                for (int i = 0; i < hs; i++)
+                    s += bf(dout[off + (size_t)t * C + i]) * widen(out16[off + (size_t)t * C + i]);
                 d[bh * T + t] = s;
             }
-            const float *base = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-            float *q = rows_bf16(base, C3, T, hs), *k = rows_bf16(base + C, C3, T, hs);
-            float *v = rows_bf16(base + 2 * C, C3, T, hs), *dO = rows_bf16(dout + off, C, T, hs);
+            const uint16_t *base = qkv16 + (size_t)b * T * C3 + (size_t)h * hs;
+            float *q = rows_of(base, C3, T, hs), *k = rows_of(base + C, C3, T, hs);
+            float *v = rows_of(base + 2 * C, C3, T, hs), *dO = rows_bf16(dout + off, C, T, hs);
             float *dqh = dqkv + (size_t)b * T * C3 + (size_t)h * hs;
             backward_head(dqh, dqh + C, dqh + 2 * C, q, k, v, dO, lse + bh * T, d + bh * T, T, C3,
                           hs, scale);
             free(q), free(k), free(v), free(dO);
+        }
+}
+
+void flash_ref_matmul_to_bf16(uint16_t *out16, const uint16_t *inp, const uint16_t *w,
+                              const uint16_t *bias16, size_t N, int C, int OC)
+{
+    for (size_t n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            float s = 0.0f;
+            for (int c = 0; c < C; c++)
+                s += widen(inp[n * C + c]) * widen(w[(size_t)o * C + c]);
+            out16[n * OC + o] = bits(s + widen(bias16[o]));
         }
 }

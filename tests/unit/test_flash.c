@@ -5,8 +5,8 @@
  * engine's bf16 path that keeps lse instead of the softmax.
  *
  * Errors are max |ref - fp32| / max |fp32| (as in test_cuda.c). The flash
- * path rounds Q, K, V, dO, P and dS to bf16 (8 bits of mantissa, 2^-9 =
- * 0.2% relative at worst per rounding); the tolerances allow a few such
+ * path rounds Q, K, V, dO, P, dS and its output to bf16 (8 bits of
+ * mantissa, 2^-9 = 0.2% relative at worst per rounding); the tolerances allow a few such
  * roundings compounding, and are about 3x what these inputs give (the
  * figures in the comments, measured on this file's inputs).
  */
@@ -35,16 +35,17 @@ static void compare(int B, int T, int C, int NH, uint64_t seed, double *eo, doub
     float *att = calloc(na, 4), *datt = calloc(na, 4), *out = calloc(no, 4), *dqkv = calloc(nq, 4);
     float *rout = calloc(no, 4), *lse = calloc(nl, 4), *d = calloc(nl, 4);
     float *rdqkv = calloc(nq, 4);
-    uint16_t *out16 = calloc(no, 2);
+    uint16_t *out16 = calloc(no, 2), *qkv16 = calloc(nq, 2);
     k->attention_forward(out, att, qkv, B, T, C, NH);
     k->attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
-    flash_ref_forward(rout, lse, qkv, B, T, C, NH);
-    k->to_bf16(out16, rout, no);
-    flash_ref_backward(rdqkv, d, dout, out16, qkv, lse, B, T, C, NH);
+    k->to_bf16(qkv16, qkv, nq); /* what the qkv product writes */
+    flash_ref_forward(out16, lse, qkv16, B, T, C, NH);
+    k->from_bf16(rout, out16, no);
+    flash_ref_backward(rdqkv, d, dout, out16, qkv16, lse, B, T, C, NH);
     *eo = rel_err(rout, out, no);
     *eg = rel_err(rdqkv, dqkv, nq);
     free(qkv), free(dout), free(att), free(datt), free(out), free(dqkv);
-    free(rout), free(lse), free(d), free(rdqkv), free(out16);
+    free(rout), free(lse), free(d), free(rdqkv), free(out16), free(qkv16);
 }
 
 /* One tile (T 64), several with a ragged last one (T 200), a single row,
@@ -75,10 +76,11 @@ static void lse_gives_back_the_softmax(void)
     float *att = calloc((size_t)B * NH * T * T, 4), *lse = calloc((size_t)B * NH * T, 4);
     float *q16 = malloc((size_t)B * T * 3 * C * 4);
     uint16_t *tmp = malloc((size_t)B * T * 3 * C * 2);
+    uint16_t *out16 = malloc((size_t)B * T * C * 2);
     k->to_bf16(tmp, qkv, (size_t)B * T * 3 * C);
     k->from_bf16(q16, tmp, (size_t)B * T * 3 * C);
     k->attention_forward(out, att, q16, B, T, C, NH);
-    flash_ref_forward(out, lse, qkv, B, T, C, NH);
+    flash_ref_forward(out16, lse, tmp, B, T, C, NH);
     double worst = 0;
     for (int h = 0; h < NH; h++)
         for (int t = 0; t < T; t++)
@@ -94,7 +96,7 @@ static void lse_gives_back_the_softmax(void)
             }
     printf("  worst |exp(s - lse) - softmax| %.2g\n", worst);
     CHECK(worst < 1e-5, "exp(s - lse) is off the softmax by %.3g", worst);
-    free(qkv), free(out), free(att), free(lse), free(q16), free(tmp);
+    free(qkv), free(out), free(att), free(lse), free(q16), free(tmp), free(out16);
 }
 
 /* ---- the engine ---------------------------------------------------------------------- */
@@ -150,6 +152,7 @@ static struct fsdp_kernels with_flash(void)
     struct fsdp_kernels k = *fsdp_kernels_cpu();
     k.attention_forward_bf16 = flash_ref_forward;
     k.attention_backward_bf16 = flash_ref_backward;
+    k.matmul_forward_to_bf16 = flash_ref_matmul_to_bf16;
     k.attention_bf16_max_hs = 128;
     return k;
 }

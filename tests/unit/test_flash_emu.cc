@@ -58,38 +58,53 @@ static void check_shape(shape s, uint64_t seed)
     const int B = s.B, T = s.T, C = s.C, NH = s.NH;
     const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
     std::vector<float> qkv = randv(nq, seed), dout = randv(no, seed + 1);
-    std::vector<float> out(no), lse(nl), d(nl), dqkv(nq);
-    std::vector<uint16_t> out16(no);
-    flash_ref_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
-    for (size_t i = 0; i < no; i++)
-        out16[i] = to_bf16(out[i]);
-    flash_ref_backward(dqkv.data(), d.data(), dout.data(), out16.data(), qkv.data(), lse.data(), B,
-                       T, C, NH);
-    std::vector<float> eout[2], lsex[2], edqkv[2];
+    std::vector<float> lse(nl), d(nl), dqkv(nq);
+    std::vector<uint16_t> out16(no), qkv16(nq);
+    for (size_t i = 0; i < nq; i++) /* as the qkv product writes it */
+        qkv16[i] = to_bf16(qkv[i]);
+    flash_ref_forward(out16.data(), lse.data(), qkv16.data(), B, T, C, NH);
+    flash_ref_backward(dqkv.data(), d.data(), dout.data(), out16.data(), qkv16.data(), lse.data(),
+                       B, T, C, NH);
+    std::vector<uint16_t> eout[2];
+    std::vector<float> lsex[2], edqkv[2];
     for (int run = 0; run < 2; run++) {
-        eout[run].assign(no, NAN), lsex[run].assign(nl, NAN), edqkv[run].assign(nq, NAN);
+        eout[run].assign(no, 0x7fc0), lsex[run].assign(nl, NAN), edqkv[run].assign(nq, NAN);
         std::vector<float> ed(nl, NAN);
-        int f = flash_forward(nullptr, eout[run].data(), lsex[run].data(), qkv.data(), B, T, C, NH);
+        int f =
+            flash_forward(nullptr, eout[run].data(), lsex[run].data(), qkv16.data(), B, T, C, NH);
         int b = flash_backward(nullptr, edqkv[run].data(), ed.data(), dout.data(), out16.data(),
-                               qkv.data(), lsex[run].data(), B, T, C, NH);
+                               qkv16.data(), lsex[run].data(), B, T, C, NH);
         CHECK(f == 0 && b == 0, "launch refused (forward %d, backward %d)", f, b);
     }
-    double eo = rel_err(eout[0], out), el = rel_err(lsex[0], lse), eg = rel_err(edqkv[0], dqkv);
-    printf("  B %d T %d C %d NH %d: out %.2g lse %.2g dqkv %.2g\n", B, T, C, NH, eo, el, eg);
-    CHECK(eo < 5e-3, "out: relative error %.3g (tolerance 5e-3)", eo);
+    /* out is bf16 on both sides: the same bits but where the two fp32 sums
+     * (1e-7 apart) straddle a rounding tie, and then one bf16 step apart */
+    size_t differ = 0, far = 0;
+    for (size_t i = 0; i < no; i++) {
+        float g = __bfloat162float(__nv_bfloat16{eout[0][i]});
+        float h = __bfloat162float(__nv_bfloat16{out16[i]});
+        differ += eout[0][i] != out16[i];
+        far += !(fabsf(g - h) <= fmaxf(fabsf(g), fabsf(h)) * 0x1p-7f);
+    }
+    double el = rel_err(lsex[0], lse), eg = rel_err(edqkv[0], dqkv);
+    printf("  B %d T %d C %d NH %d: out %zu of %zu one bf16 step off; lse %.2g dqkv %.2g\n", B, T,
+           C, NH, differ, no, el, eg);
+    CHECK(far == 0 && differ <= no / 100, "out: %zu of %zu differ, %zu more than one bf16 step",
+          differ, no, far);
     CHECK(el < 1e-4, "lse: relative error %.3g (tolerance 1e-4)", el);
     CHECK(eg < 5e-3, "dqkv: relative error %.3g (tolerance 5e-3)", eg);
-    CHECK(memcmp(eout[0].data(), eout[1].data(), no * 4) == 0 &&
+    CHECK(memcmp(eout[0].data(), eout[1].data(), no * 2) == 0 &&
               memcmp(edqkv[0].data(), edqkv[1].data(), nq * 4) == 0,
           "two runs differ: a missing barrier?");
 }
 
 /* Heads 8 and 24 wide (padded to 16 and 32), 18 (not a multiple of 4:
- * the tiles load a float at a time), one tile, a single row, two tiles
- * with a ragged second. The TSan build runs this one (tsan-flash-emu). */
+ * every tile loads a value at a time) and 20 (Q, K, V a value at a time,
+ * dO four), one tile, a single row, two tiles with a ragged second. The
+ * TSan build runs this one (tsan-flash-emu). */
 static void narrow_heads_match_the_reference(void)
 {
-    const shape shapes[] = {{2, 64, 96, 4}, {2, 1, 16, 2}, {1, 77, 32, 4}, {1, 70, 36, 2}};
+    const shape shapes[] = {
+        {2, 64, 96, 4}, {2, 1, 16, 2}, {1, 77, 32, 4}, {1, 70, 36, 2}, {1, 65, 40, 2}};
     uint64_t seed = 100;
     for (const shape &s : shapes)
         check_shape(s, seed += 2);

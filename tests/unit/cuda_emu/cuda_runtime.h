@@ -40,6 +40,9 @@ struct dim3 {
 struct alignas(16) float4 {
     float x, y, z, w;
 };
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
 typedef void *cudaStream_t;
 enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
