@@ -122,6 +122,8 @@ static int alloc_acts(struct fsdp_engine *e, char *err)
     const size_t Lx = e->bf16 ? 0 : L, L16 = e->bf16 ? L : 0;
     const size_t Latt = e->flash ? 0 : e->bf16 ? 1 : L, Lq = e->flash ? 0 : L, Lq16 = L - Lq;
     const size_t lnf = e->bf16 ? 0 : BT * C, lnf16 = e->bf16 ? BT * C : 0;
+    const int head16 =
+        e->bf16 && e->k->crossentropy_backward_bf16 && e->k->matmul_backward_from_bf16;
     struct fsdp_acts *a = &e->a;
     struct {
         float **p;
@@ -146,6 +148,7 @@ static int alloc_acts(struct fsdp_engine *e, char *err)
         {&a->lnf_rstd, BT},
         {&a->logits, BT * c->vocab_pad},
         {&a->losses, BT},
+        {&a->loss_lse, BT},
         {&a->scratch, BT * C},
         {&a->dres, BT * C},
         {&a->dbtc, BT * C},
@@ -156,9 +159,13 @@ static int alloc_acts(struct fsdp_engine *e, char *err)
         uint16_t **p;
         size_t n;
     } plan16[] = {
-        {&a->ln1_16, L16 * BT * C}, {&a->atty16, L16 * BT * C},
-        {&a->ln2_16, L16 * BT * C}, {&a->fch_gelu16, L16 * BT * 4 * C},
-        {&a->lnf16, lnf16},         {&a->qkv16, Lq16 * BT * 3 * C},
+        {&a->ln1_16, L16 * BT * C},
+        {&a->atty16, L16 * BT * C},
+        {&a->ln2_16, L16 * BT * C},
+        {&a->fch_gelu16, L16 * BT * 4 * C},
+        {&a->lnf16, lnf16},
+        {&a->qkv16, Lq16 * BT * 3 * C},
+        {&a->dlogits16, head16 ? BT * c->vocab_pad : 0},
     };
     size_t total = 0, total16 = 0; /* floats; bf16 values after them */
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++)
@@ -1086,7 +1093,7 @@ int fsdp_forward(struct fsdp_engine *e, int B, int T, double *loss_sum, char *er
         return 0;
     if (!e->have_targets)
         return fsdp_err(err, "fsdp: forward asked for a loss without targets");
-    k->softmax_crossentropy_forward(a->logits, a->losses, e->targets, BT, V, Vp);
+    k->crossentropy_forward(a->losses, a->loss_lse, a->logits, e->targets, BT, V, Vp);
     float losses[4096];
     double sum = 0.0;
     for (size_t i = 0; i < BT; i += 4096) {
@@ -1119,8 +1126,16 @@ int fsdp_backward(struct fsdp_engine *e, float dloss, char *err)
     const float *wte = e->units[0].full + tensor(e, 0, 0)->offset;
     float *dwte = e->units[0].full_grad + tensor(e, 0, 0)->offset;
     float *dwpe = e->units[0].full_grad + tensor(e, 0, 1)->offset;
-    k->softmax_crossentropy_backward(a->logits, e->targets, dloss, BT, V, Vp);
-    mm_backward(e, 0, a->dbtc, dwte, NULL, a->logits, a->lnf, a->lnf16, wte, BT, C, Vp);
+    if (a->dlogits16) { /* the gradient straight to bf16: the head has no bias to sum */
+        k->crossentropy_backward_bf16(a->dlogits16, a->logits, a->loss_lse, e->targets, dloss, BT,
+                                      V, Vp);
+        k->matmul_backward_from_bf16(a->dbtc, dwte, a->dlogits16, a->lnf16, twin16(e, 0, wte), BT,
+                                     C, Vp);
+        poke(e);
+    } else {
+        k->crossentropy_backward(a->logits, a->logits, a->loss_lse, e->targets, dloss, BT, V, Vp);
+        mm_backward(e, 0, a->dbtc, dwte, NULL, a->logits, a->lnf, a->lnf16, wte, BT, C, Vp);
+    }
     k->zero(a->dres, BT * C);
     k->layernorm_backward(a->dres, e->units[lnf].full_grad + tensor(e, lnf, 0)->offset,
                           e->units[lnf].full_grad + tensor(e, lnf, 1)->offset, a->dbtc,

@@ -114,11 +114,15 @@ struct fsdp_segment {
 struct fsdp_acts {
     float *encoded, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean,
         *ln2_rstd, *fch, *fch_gelu, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
+    float *loss_lse; /* each row's log-sum-exp of its logits (the loss's backward) */
     float *scratch, *dres, *dbtc, *d4c, *datt; /* one layer's worth, reused */
     /* bf16 only: the products' inputs, written in bf16 by their producers;
      * ln1, ln2, fch_gelu and lnf are then NULL, and atty one shared slot.
      * With flash, qkv is bf16 too (qkv16; qkv and atty NULL). */
     uint16_t *ln1_16, *atty16, *ln2_16, *fch_gelu16, *lnf16, *qkv16;
+    /* bf16 with the backend's crossentropy_backward_bf16: the head's
+     * gradient, written in bf16 for its product (else NULL) */
+    uint16_t *dlogits16;
     int nslots;
     int *slot;       /* per block: its slot */
     int slot_holder; /* the recomputed block whose activations the shared slot holds, or -1 */

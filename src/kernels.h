@@ -112,13 +112,29 @@ struct fsdp_kernels {
     void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
     /* out = a + b */
     void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
-    /* logits (N,Vp) become probabilities over the first V entries; losses[i] =
-     * -log p[target[i]] */
-    void (*softmax_crossentropy_forward)(float *probs_logits, float *losses, const int32_t *targets,
-                                         size_t N, int V, int Vp);
-    /* probs become dlogits = (probs - onehot(target)) * dloss */
-    void (*softmax_crossentropy_backward)(float *probs_dlogits, const int32_t *targets, float dloss,
-                                          size_t N, int V, int Vp);
+    /* The loss over the first V of each row's Vp logits, which stay as they
+     * are: lse[i] = log sum_j exp(logits[i,j]) (what the backward needs of
+     * the softmax: one value a row), losses[i] = lse[i] - logits[i,target] */
+    void (*crossentropy_forward)(float *losses, float *lse, const float *logits,
+                                 const int32_t *targets, size_t N, int V, int Vp);
+    /* dlogits = (softmax - onehot(target)) * dloss, the softmax exp(logits -
+     * lse); columns V..Vp-1 get 0. dlogits may be logits (in place). */
+    void (*crossentropy_backward)(float *dlogits, const float *logits, const float *lse,
+                                  const int32_t *targets, float dloss, size_t N, int V, int Vp);
+    /* Optional, for bf16 runs (NULL: crossentropy_backward, then
+     * matmul_backward_bf16 rounds): dlogits rounded as they are written, the
+     * bits to_bf16 makes of crossentropy_backward's, into their own buffer;
+     * and the head's matmul backward on that bf16 gradient (it has no bias).
+     * The logits, a step's largest tensor, are then read once by each pass
+     * and the gradient written once in bf16; before, the forward rewrote
+     * them as probabilities, the backward as an fp32 gradient, and the
+     * product read that again to round it. */
+    void (*crossentropy_backward_bf16)(uint16_t *dlogits16, const float *logits, const float *lse,
+                                       const int32_t *targets, float dloss, size_t N, int V,
+                                       int Vp);
+    void (*matmul_backward_from_bf16)(float *dinp, float *dw, const uint16_t *dout16,
+                                      const uint16_t *inp, const uint16_t *w, size_t N, int C,
+                                      int OC);
 
     /* optimizer on one contiguous range of a shard: AdamW with bias
      * corrections bc1 = 1 - beta1^t, bc2 = 1 - beta2^t, gradient scaled by

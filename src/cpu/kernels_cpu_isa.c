@@ -540,42 +540,40 @@ static void cpu_add(float *dst, const float *src, size_t n)
 
 /* ---- loss ------------------------------------------------------------------ */
 
-static void cpu_softmax_crossentropy_forward(float *p, float *losses, const int32_t *targets,
-                                             size_t N, int V, int Vp)
+/* Two passes over a row's logits (the maximum, then the sum of exponentials
+ * under it); nothing is written but the row's lse and loss. */
+static void cpu_crossentropy_forward(float *losses, float *lse, const float *logits,
+                                     const int32_t *targets, size_t N, int V, int Vp)
 {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < N; i++) {
-        float *row = p + i * Vp;
+        const float *row = logits + i * Vp;
         float mx = -INFINITY;
         for (int j = 0; j < V; j++)
             mx = row[j] > mx ? row[j] : mx;
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < V; j++) {
-            row[j] = fexp(row[j] - mx);
-            sum += row[j];
-        }
-        float inv = 1.0f / sum;
-#pragma omp simd
         for (int j = 0; j < V; j++)
-            row[j] *= inv;
-        for (int j = V; j < Vp; j++)
-            row[j] = 0.0f;
-        losses[i] = -logf(row[targets[i]]);
+            sum += fexp(row[j] - mx);
+        lse[i] = mx + logf(sum);
+        losses[i] = lse[i] - row[targets[i]];
     }
 }
 
-static void cpu_softmax_crossentropy_backward(float *p, const int32_t *targets, float dloss,
-                                              size_t N, int V, int Vp)
+static void cpu_crossentropy_backward(float *dlogits, const float *logits, const float *lse,
+                                      const int32_t *targets, float dloss, size_t N, int V, int Vp)
 {
-    (void)V;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < N; i++) {
-        float *row = p + i * Vp;
-        row[targets[i]] -= 1.0f;
+        const float *x = logits + i * Vp;
+        float *d = dlogits + i * Vp;
+        const float l = lse[i];
+        const int t = targets[i];
 #pragma omp simd
-        for (int j = 0; j < Vp; j++)
-            row[j] *= dloss;
+        for (int j = 0; j < V; j++)
+            d[j] = (fexp(x[j] - l) - (j == t ? 1.0f : 0.0f)) * dloss;
+        for (int j = V; j < Vp; j++)
+            d[j] = 0.0f;
     }
 }
 
@@ -648,8 +646,8 @@ static const struct fsdp_kernels cpu_kernels = {
     .gelu_forward_bf16 = cpu_gelu_forward_bf16,
     .gelu_backward = cpu_gelu_backward,
     .residual_forward = cpu_residual_forward,
-    .softmax_crossentropy_forward = cpu_softmax_crossentropy_forward,
-    .softmax_crossentropy_backward = cpu_softmax_crossentropy_backward,
+    .crossentropy_forward = cpu_crossentropy_forward,
+    .crossentropy_backward = cpu_crossentropy_backward,
     .adamw = cpu_adamw,
     .sumsq = cpu_sumsq,
     .add = cpu_add,

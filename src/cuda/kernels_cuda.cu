@@ -815,15 +815,23 @@ static void cu_matmul_forward_to_bf16(uint16_t *out16, const uint16_t *x, const 
     cu_to_bf16(out16, wide, N * (size_t)OC);
 }
 
+static void cu_matmul_backward_from_bf16(float *dinp, float *dw, const uint16_t *d,
+                                         const uint16_t *x, const uint16_t *w, size_t N, int C,
+                                         int OC)
+{
+    PROF("matmul_backward_bf16");
+    if (dinp)
+        bgemm(CUBLAS_OP_N, CUBLAS_OP_N, C, (int)N, OC, 1.0f, w, C, d, OC, 0.0f, dinp, C);
+    bgemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, (int)N, 1.0f, x, C, d, OC, 1.0f, dw, C);
+}
+
 static void cu_matmul_backward_bf16(float *dinp, float *dw, float *dbias, const float *dout,
                                     const uint16_t *x, const uint16_t *w, size_t N, int C, int OC)
 {
     PROF("matmul_backward_bf16");
     uint16_t *d = (uint16_t *)scratch(S_BF16_A, N * (size_t)OC * sizeof(uint16_t));
     cu_to_bf16(d, dout, N * (size_t)OC);
-    if (dinp)
-        bgemm(CUBLAS_OP_N, CUBLAS_OP_N, C, (int)N, OC, 1.0f, w, C, d, OC, 0.0f, dinp, C);
-    bgemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, (int)N, 1.0f, x, C, d, OC, 1.0f, dw, C);
+    cu_matmul_backward_from_bf16(dinp, dw, d, x, w, N, C, OC);
     if (dbias) /* from the fp32 gradient, as in fp32 */
         dbias_rows(dbias, dout, N, OC);
 }
@@ -1038,13 +1046,13 @@ static void cu_add(float *dst, const float *src, size_t n)
 
 /* ---- loss -------------------------------------------------------------------------- */
 
-/* One block per row, two passes over it: the running maximum and the sum
- * of exponentials rescaled to it (the "online" softmax), then the
- * probabilities written once. */
-__global__ static void softmax_ce_forward_k(float *p, float *losses, const int32_t *targets, int V,
-                                            int Vp)
+/* One block per row, one pass over it: the running maximum and the sum of
+ * exponentials rescaled to it (the "online" softmax); only the row's lse
+ * and loss are written. */
+__global__ static void crossentropy_forward_k(float *losses, float *lse, const float *logits,
+                                              const int32_t *targets, int V, int Vp)
 {
-    float *row = p + (size_t)blockIdx.x * Vp;
+    const float *row = logits + (size_t)blockIdx.x * Vp;
     float mx = -INFINITY, sum = 0.0f;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
         float x = row[j];
@@ -1057,36 +1065,52 @@ __global__ static void softmax_ce_forward_k(float *p, float *losses, const int32
     }
     float M = block_reduce(mx, 1);
     float S = block_reduce(mx == -INFINITY ? 0.0f : sum * expf(mx - M), 0);
-    float inv = 1.0f / S;
-    for (int j = threadIdx.x; j < Vp; j += blockDim.x)
-        row[j] = j < V ? expf(row[j] - M) * inv : 0.0f;
-    __syncthreads();
-    if (threadIdx.x == 0)
-        losses[blockIdx.x] = -logf(row[targets[blockIdx.x]]);
+    if (threadIdx.x == 0) {
+        float l = M + logf(S);
+        lse[blockIdx.x] = l;
+        losses[blockIdx.x] = l - row[targets[blockIdx.x]];
+    }
 }
 
-__global__ static void softmax_ce_backward_k(float *p, const int32_t *targets, float dloss, int Vp)
+/* dlogits (fp32, may be logits itself; or bf16) = (exp(x - lse) -
+ * onehot) * dloss, zeros past V */
+template <typename O>
+__global__ static void crossentropy_backward_k(O *dlogits, const float *logits, const float *lse,
+                                               const int32_t *targets, float dloss, int V, int Vp)
 {
-    float *row = p + (size_t)blockIdx.x * Vp;
-    int t = targets[blockIdx.x];
+    const size_t r = blockIdx.x;
+    const float *x = logits + r * Vp;
+    O *d = dlogits + r * Vp;
+    const float l = lse[r];
+    const int t = targets[r];
     for (int j = threadIdx.x; j < Vp; j += blockDim.x)
-        row[j] = (row[j] - (j == t ? 1.0f : 0.0f)) * dloss;
+        put(&d[j], j < V ? (expf(x[j] - l) - (j == t ? 1.0f : 0.0f)) * dloss : 0.0f);
 }
 
-static void cu_softmax_crossentropy_forward(float *probs_logits, float *losses,
-                                            const int32_t *targets, size_t N, int V, int Vp)
+static void cu_crossentropy_forward(float *losses, float *lse, const float *logits,
+                                    const int32_t *targets, size_t N, int V, int Vp)
 {
-    PROF("softmax_crossentropy_forward");
-    softmax_ce_forward_k<<<(unsigned)N, 1024, 0, g.stream>>>(probs_logits, losses, targets, V, Vp);
+    PROF("crossentropy_forward");
+    crossentropy_forward_k<<<(unsigned)N, 1024, 0, g.stream>>>(losses, lse, logits, targets, V, Vp);
     LAUNCHED();
 }
 
-static void cu_softmax_crossentropy_backward(float *probs_dlogits, const int32_t *targets,
-                                             float dloss, size_t N, int V, int Vp)
+static void cu_crossentropy_backward(float *dlogits, const float *logits, const float *lse,
+                                     const int32_t *targets, float dloss, size_t N, int V, int Vp)
 {
-    PROF("softmax_crossentropy_backward");
-    (void)V;
-    softmax_ce_backward_k<<<(unsigned)N, 1024, 0, g.stream>>>(probs_dlogits, targets, dloss, Vp);
+    PROF("crossentropy_backward");
+    crossentropy_backward_k<<<(unsigned)N, 1024, 0, g.stream>>>(dlogits, logits, lse, targets,
+                                                                dloss, V, Vp);
+    LAUNCHED();
+}
+
+static void cu_crossentropy_backward_bf16(uint16_t *dlogits16, const float *logits,
+                                          const float *lse, const int32_t *targets, float dloss,
+                                          size_t N, int V, int Vp)
+{
+    PROF("crossentropy_backward_bf16");
+    crossentropy_backward_k<<<(unsigned)N, 1024, 0, g.stream>>>(dlogits16, logits, lse, targets,
+                                                                dloss, V, Vp);
     LAUNCHED();
 }
 
@@ -1193,8 +1217,10 @@ static void fill_table(int flash)
     k->gelu_forward_bf16 = cu_gelu_forward_bf16;
     k->gelu_backward = cu_gelu_backward;
     k->residual_forward = cu_residual_forward;
-    k->softmax_crossentropy_forward = cu_softmax_crossentropy_forward;
-    k->softmax_crossentropy_backward = cu_softmax_crossentropy_backward;
+    k->crossentropy_forward = cu_crossentropy_forward;
+    k->crossentropy_backward = cu_crossentropy_backward;
+    k->crossentropy_backward_bf16 = cu_crossentropy_backward_bf16;
+    k->matmul_backward_from_bf16 = cu_matmul_backward_from_bf16;
     k->adamw = cu_adamw;
     k->sumsq = cu_sumsq;
     k->add = cu_add;

@@ -2,10 +2,11 @@
 
 - 20 steps of tiny on one GPU follow 20 steps on the CPU: every step's loss
   within 1e-4 relative in fp32 (measured on an H200: 6.6e-5); bf16 on the
-  GPU within 5e-2 of fp32 on the CPU (bf16 operands in every matmul and in
-  flash.cu's attention; measured 2.4e-2 with TF32 attention products before
-  flash.cu, the early steps move most, as in test_knobs.py's bf16 curve on
-  the CPU).
+  GPU within 2e-2 of fp32 on the CPU (bf16 operands in every matmul and in
+  flash.cu's attention). Every run here takes --lr 1e-3, where these 20
+  steps descend smoothly: at the default 3e-3 the loss spikes at step 9 and
+  the spike turns a 1e-4 difference into several percent (the CPU's own
+  bf16 run is 4.3% off its fp32 run there, 8e-4 at 1e-3).
 - Two GPU runs give the same bits, and a GPU run resumed from its own
   checkpoint repeats the uninterrupted run's losses exactly.
 - Checkpoints are device-agnostic: a checkpoint written on the GPU resumes
@@ -26,7 +27,7 @@ from harness import CKPT, TRAIN, main, mpirun, prepare_corpus, read_log, run
 
 STEPS = 20
 FP32_TOL = 1e-4
-BF16_TOL = 5e-2
+BF16_TOL = 2e-2
 
 
 def gpu_reason():
@@ -67,7 +68,8 @@ def corpus(tmp):
 def train(tmp, data, tag, device, np=1, extra=(), steps=STEPS):
     log = os.path.join(tmp, f"{tag}.jsonl")
     args = [TRAIN, "--data", data, "--model", "tiny", "--global-batch", "8", "--steps",
-            str(steps), "--log", log, "--log-every", "100", "--device", device] + list(extra)
+            str(steps), "--lr", "1e-3", "--log", log, "--log-every", "100", "--device",
+            device] + list(extra)
     p = mpirun(np, args) if np > 1 else run(args)
     ranks = f"; {np} rank{'s' if np > 1 else ''}, shard"
     assert ranks in p.stderr, f"not {np} rank(s):\n{p.stderr[-2000:]}"

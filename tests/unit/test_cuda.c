@@ -381,24 +381,39 @@ static void fused_rounding_is_to_bf16_bit_for_bit(void)
         gpu->free(d[i]);
 }
 
+/* The loss, lse and the gradient, in place and (bf16 runs) rounded as it
+ * is written: the bits to_bf16 makes of the in-place one. */
 static void loss_matches_the_cpu(void)
 {
     const size_t n = BT * Vp;
-    float *logits = randv(n, 60, 3), *losses = calloc(BT, 4);
+    float *logits = randv(n, 60, 3), *losses = calloc(BT, 4), *lse = calloc(BT, 4);
+    uint16_t *want = malloc(n * 2), *got = malloc(n * 2);
     int32_t tgt[BT];
     for (size_t i = 0; i < BT; i++)
         tgt[i] = (int32_t)((i * 31) % V);
-    float *gl = dev(logits, n * 4), *gloss = dev(NULL, BT * 4);
+    float *gl = dev(logits, n * 4), *gloss = dev(NULL, BT * 4), *glse = dev(NULL, BT * 4);
+    uint16_t *g16 = dev(NULL, n * 2);
     int32_t *gt = dev(tgt, sizeof tgt);
-    cpu->softmax_crossentropy_forward(logits, losses, tgt, BT, V, Vp);
-    gpu->softmax_crossentropy_forward(gl, gloss, gt, BT, V, Vp);
-    EXPECT_CLOSE(gl, logits, n, 1e-5, "softmax_crossentropy_forward probs");
-    EXPECT_CLOSE(gloss, losses, BT, 1e-5, "softmax_crossentropy_forward losses");
-    cpu->softmax_crossentropy_backward(logits, tgt, 1.0f / BT, BT, V, Vp);
-    gpu->softmax_crossentropy_backward(gl, gt, 1.0f / BT, BT, V, Vp);
-    EXPECT_CLOSE(gl, logits, n, 1e-5, "softmax_crossentropy_backward");
-    free(logits), free(losses);
-    gpu->free(gl), gpu->free(gloss), gpu->free(gt);
+    cpu->crossentropy_forward(losses, lse, logits, tgt, BT, V, Vp);
+    gpu->crossentropy_forward(gloss, glse, gl, gt, BT, V, Vp);
+    EXPECT_CLOSE(gloss, losses, BT, 1e-5, "crossentropy_forward losses");
+    EXPECT_CLOSE(glse, lse, BT, 1e-6, "crossentropy_forward lse");
+    float *kept = back(gl, n);
+    CHECK(memcmp(kept, logits, n * 4) == 0, "crossentropy_forward changed the logits");
+    free(kept);
+    if (gpu->crossentropy_backward_bf16)
+        gpu->crossentropy_backward_bf16(g16, gl, glse, gt, 1.0f / BT, BT, V, Vp);
+    cpu->crossentropy_backward(logits, logits, lse, tgt, 1.0f / BT, BT, V, Vp);
+    gpu->crossentropy_backward(gl, gl, glse, gt, 1.0f / BT, BT, V, Vp);
+    EXPECT_CLOSE(gl, logits, n, 1e-5, "crossentropy_backward");
+    if (gpu->crossentropy_backward_bf16) {
+        gpu->download(got, g16, n * 2);
+        gpu->to_bf16(g16, gl, n);
+        gpu->download(want, g16, n * 2);
+        CHECK(memcmp(got, want, n * 2) == 0, "crossentropy_backward_bf16 is not to_bf16(dlogits)");
+    }
+    free(logits), free(losses), free(lse), free(want), free(got);
+    gpu->free(gl), gpu->free(gloss), gpu->free(glse), gpu->free(g16), gpu->free(gt);
 }
 
 static void adamw_matches_the_cpu(void)

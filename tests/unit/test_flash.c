@@ -105,9 +105,9 @@ enum { EB = 2, ET = 70 }; /* two tiles, the second ragged */
 static const struct model_config ecfg = {
     .layers = 2, .dim = 32, .heads = 2, .seq = ET, .vocab = 30, .vocab_pad = 32};
 
-/* loss and gradient shard (caller frees) of one step with kernels k */
+/* loss and gradient shard (caller frees; *n floats) of one step with kernels k */
 static float *step_grads(const struct fsdp_kernels *k, int recompute, double *loss,
-                         size_t *act_bytes)
+                         size_t *act_bytes, size_t *n)
 {
     char err[FSDP_ERR_LEN];
     struct model_layout m;
@@ -133,6 +133,7 @@ static float *step_grads(const struct fsdp_kernels *k, int recompute, double *lo
     fsdp_zero_grad(&e);
     *act_bytes = e.mem.act_bytes;
     if (fsdp_forward(&e, EB, ET, loss, err) == 0 && fsdp_backward(&e, 1.0f / (EB * ET), err) == 0) {
+        *n = e.shard_total;
         g = malloc(e.shard_total * sizeof *g);
         memcpy(g, e.grads, e.shard_total * sizeof *g);
     } else {
@@ -145,6 +146,54 @@ out:
     return g;
 }
 
+/* A GPU's crossentropy_backward_bf16 and matmul_backward_from_bf16 on the
+ * CPU: the CPU's fp32 gradient rounded, and the CPU's bf16 product on it
+ * (whose own rounding of the widened values changes nothing). */
+static void head_backward_bf16(uint16_t *d16, const float *logits, const float *lse,
+                               const int32_t *targets, float dloss, size_t N, int V, int Vp)
+{
+    const struct fsdp_kernels *k = fsdp_kernels_cpu();
+    float *d = malloc(N * Vp * sizeof *d);
+    k->crossentropy_backward(d, logits, lse, targets, dloss, N, V, Vp);
+    k->to_bf16(d16, d, N * Vp);
+    free(d);
+}
+
+static void head_product_from_bf16(float *dinp, float *dw, const uint16_t *d16, const uint16_t *inp,
+                                   const uint16_t *w, size_t N, int C, int OC)
+{
+    const struct fsdp_kernels *k = fsdp_kernels_cpu();
+    float *d = malloc(N * OC * sizeof *d);
+    k->from_bf16(d, d16, N * OC);
+    k->matmul_backward_bf16(dinp, dw, NULL, d, inp, w, N, C, OC);
+    free(d);
+}
+
+static struct fsdp_kernels with_head16(struct fsdp_kernels k)
+{
+    k.crossentropy_backward_bf16 = head_backward_bf16;
+    k.matmul_backward_from_bf16 = head_product_from_bf16;
+    return k;
+}
+
+/* The head's gradient written in bf16 straight away (a GPU's bf16 run) is
+ * the rounding the product did before: the same loss and gradients, bit
+ * for bit, through the engine's other branch. */
+static void the_heads_bf16_gradient_gives_the_same_bits(void)
+{
+    const struct fsdp_kernels *plain = fsdp_kernels_cpu();
+    const struct fsdp_kernels head16 = with_head16(*plain);
+    double l0 = 0, l1 = 0;
+    size_t b0 = 0, b1 = 0, n = 0, n1 = 0;
+    float *g0 = step_grads(plain, 0, &l0, &b0, &n), *g1 = step_grads(&head16, 0, &l1, &b1, &n1);
+    REQUIRE(g0 && g1 && n == n1, "a step failed");
+    CHECK(l0 == l1, "loss: %.9g with the fp32 head gradient, %.9g with the bf16 one", l0, l1);
+    CHECK(memcmp(g0, g1, n * sizeof *g0) == 0, "the gradients differ");
+    CHECK(b1 > b0, "no buffer for the bf16 head gradient (%zu -> %zu bytes)", b0, b1);
+    printf("  activations %zu -> %zu bytes (the head's bf16 gradient)\n", b0, b1);
+    free(g0), free(g1);
+}
+
 /* The CPU kernels with the reference plugged in as the bf16 attention: a
  * bf16 run then takes the engine's flash path, as on a GPU. */
 static struct fsdp_kernels with_flash(void)
@@ -154,7 +203,7 @@ static struct fsdp_kernels with_flash(void)
     k.attention_backward_bf16 = flash_ref_backward;
     k.matmul_forward_to_bf16 = flash_ref_matmul_to_bf16;
     k.attention_bf16_max_hs = 128;
-    return k;
+    return with_head16(k);
 }
 
 /* The engine's flash path (lse kept per row, the backward fed the bf16
@@ -168,9 +217,9 @@ static void the_engines_flash_path_matches_its_softmax_path(void)
     const struct fsdp_kernels flash = with_flash();
     for (int recompute = 0; recompute <= 1; recompute++) {
         double lp = 0, lf = 0;
-        size_t bp = 0, bf = 0;
-        float *gp = step_grads(plain, recompute, &lp, &bp);
-        float *gf = step_grads(&flash, recompute, &lf, &bf);
+        size_t bp = 0, bf = 0, np = 0, nf = 0;
+        float *gp = step_grads(plain, recompute, &lp, &bp, &np);
+        float *gf = step_grads(&flash, recompute, &lf, &bf, &nf);
         REQUIRE(gp && gf, "a step failed");
         printf("  recompute %d: loss %.7g (softmax) %.7g (flash); activations %zu -> %zu bytes\n",
                recompute, lp, lf, bp, bf);
@@ -202,11 +251,12 @@ static void the_engines_flash_path_matches_its_softmax_path(void)
 }
 
 /* 20 AdamW steps of tiny (L4 C128 H4 T128, 4 sequences) on a learnable
- * token stream: bf16 with the flash reference stays within 3e-2 of bf16
- * with the softmax attention at every step (1.3% measured), so it adds
- * little to what bf16 matmuls alone move (at this batch 4.8% off fp32 at
- * worst; at 8 sequences 0.24%, and 1.3% with flash: test_cuda.py allows
- * the GPU's bf16 run 5e-2 off the CPU's fp32). */
+ * token stream: bf16 with the flash reference stays within 1e-2 of bf16
+ * with the softmax attention at every step (8.8e-4 measured; 4.3e-3 and
+ * 3.5e-3 off fp32). The learning rate, 2e-3, keeps the descent smooth: at
+ * 3e-3 the loss spikes at steps 6 and 9 and a spike turns any difference
+ * of rounding into several percent, which would make this a test of
+ * chaos, not of the attention. */
 enum { DB = 4, DT = 128, DSTEPS = 20 };
 
 static int drift_run(const struct fsdp_kernels *k, int bf16, double *losses)
@@ -225,7 +275,7 @@ static int drift_run(const struct fsdp_kernels *k, int bf16, double *losses)
         fsdp_init_params(&e, 1);
         struct fsdp_rng rng = {7};
         int32_t in[DB * DT], tgt[DB * DT];
-        const struct fsdp_adamw ad = {3e-3f, 0.9f, 0.95f, 1e-8f, 0.0f};
+        const struct fsdp_adamw ad = {2e-3f, 0.9f, 0.95f, 1e-8f, 0.0f};
         for (int s = 0; rc == 0 && s < DSTEPS; s++) {
             for (int i = 0; i < DB * DT; i++) { /* the next token is a function of this one */
                 in[i] = (int32_t)fsdp_rng_below(&rng, 256);
@@ -265,9 +315,10 @@ static void bf16_with_flash_follows_the_softmax_for_20_steps(void)
            f32[0], f32[DSTEPS - 1], ws, wf, wfs);
     CHECK(f32[DSTEPS - 1] < 0.8 * f32[0], "fp32 did not learn: %.4f -> %.4f", f32[0],
           f32[DSTEPS - 1]);
-    CHECK(wfs < 3e-2, "bf16 with flash: %.3g off bf16 with the softmax (tolerance 3e-2)", wfs);
+    CHECK(wfs < 1e-2, "bf16 with flash: %.3g off bf16 with the softmax (tolerance 1e-2)", wfs);
 }
 
 CHECK_MAIN(TEST(the_reference_matches_fp32_attention), TEST(lse_gives_back_the_softmax),
            TEST(the_engines_flash_path_matches_its_softmax_path),
+           TEST(the_heads_bf16_gradient_gives_the_same_bits),
            TEST(bf16_with_flash_follows_the_softmax_for_20_steps))
