@@ -102,8 +102,8 @@ struct fsdp_kernels {
                                     const uint16_t *qkv16, const float *lse, int B, int T, int C,
                                     int NH);
     /* Set with the two above, for the qkv product: out16 = inp w^T + bias16
-     * summed in fp32 and rounded to bf16 once; the bias is bf16 too (the
-     * bf16 twin of the fp32 one), as autocast's and cuBLASLt's are. */
+     * summed in fp32 and rounded to bf16 once; the bias (required) is bf16
+     * too (the bf16 twin of the fp32 one), as autocast's and cuBLASLt's are. */
     void (*matmul_forward_to_bf16)(uint16_t *out16, const uint16_t *inp, const uint16_t *w,
                                    const uint16_t *bias16, size_t N, int C, int OC);
     int attention_bf16_max_hs;

@@ -673,6 +673,8 @@ static struct lt_plan *lt_plan_for(int m, int n, int k, int bf16, int out16, int
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     cudaDataType_t bias_t = dt;
+    /* the heuristic reads the bias's alignment from this pointer's value */
+    const void *bias_at = (const void *)(uintptr_t)align;
     cublasLtMatmulPreference_t pref = NULL;
     size_t ws = LT_WS_BYTES;
     uint32_t al = (uint32_t)align;
@@ -685,6 +687,8 @@ static struct lt_plan *lt_plan_for(int m, int n, int k, int bf16, int out16, int
         cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ||
         cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t,
                                        sizeof bias_t) ||
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_at,
+                                       sizeof bias_at) ||
         cublasLtMatrixLayoutCreate(&p->a, t, k, m, k) ||
         cublasLtMatrixLayoutCreate(&p->b, t, k, n, k) ||
         cublasLtMatrixLayoutCreate(&p->d, dt, m, n, m) || cublasLtMatmulPreferenceCreate(&pref) ||
@@ -801,25 +805,32 @@ static void cu_matmul_forward_bf16(float *out, const uint16_t *x, const uint16_t
 
 /* The qkv product of a flash run: out16 = bf16(inp w^T + bias16), the sum
  * in fp32. Where cuBLASLt has no plan for it, the same through an fp32
- * result (the bias widened exactly) and to_bf16. */
+ * result (the bias widened exactly) and to_bf16, in chunks of rows that
+ * keep that scratch to about 16 MiB (grown mid-step, so small). */
+#define WIDE_BYTES (16u << 20)
 static void cu_matmul_forward_to_bf16(uint16_t *out16, const uint16_t *x, const uint16_t *w,
                                       const uint16_t *bias16, size_t N, int C, int OC)
 {
     PROF("matmul_forward_to_bf16");
     if (lt_forward(out16, x, w, bias16, N, C, OC, 1, 1) == 0)
         return;
-    float *wide = (float *)scratch(S_WIDE, (N * (size_t)OC + (size_t)OC) * sizeof(float));
-    float *bias = wide + N * (size_t)OC;
+    size_t rows = WIDE_BYTES / sizeof(float) / (size_t)OC;
+    rows = rows > 1 ? rows - 1 : 1; /* one row's worth for the bias */
+    float *bias = (float *)scratch(S_WIDE, (rows + 1) * (size_t)OC * sizeof(float));
+    float *wide = bias + OC;
     cu_from_bf16(bias, bias16, (size_t)OC);
-    cu_matmul_forward_bf16(wide, x, w, bias, N, C, OC);
-    cu_to_bf16(out16, wide, N * (size_t)OC);
+    for (size_t r0 = 0; r0 < N; r0 += rows) {
+        const size_t n = N - r0 < rows ? N - r0 : rows;
+        cu_matmul_forward_bf16(wide, x + r0 * (size_t)C, w, bias, n, C, OC);
+        cu_to_bf16(out16 + r0 * (size_t)OC, wide, n * (size_t)OC);
+    }
 }
 
 static void cu_matmul_backward_from_bf16(float *dinp, float *dw, const uint16_t *d,
                                          const uint16_t *x, const uint16_t *w, size_t N, int C,
                                          int OC)
 {
-    PROF("matmul_backward_bf16");
+    PROF("matmul_backward_from_bf16");
     if (dinp)
         bgemm(CUBLAS_OP_N, CUBLAS_OP_N, C, (int)N, OC, 1.0f, w, C, d, OC, 0.0f, dinp, C);
     bgemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, (int)N, 1.0f, x, C, d, OC, 1.0f, dw, C);

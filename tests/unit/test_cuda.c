@@ -225,8 +225,9 @@ static void attention_matches_the_cpu(void)
  * dS, 0.4% on that element) and against the fp32 attention (the bf16
  * roundings themselves: test_flash.c measures 3e-3 for the reference). The
  * shapes take every head width's kernels (8, 24, 64, 96 and 128 wide; the
- * narrower pad to 16, 32, 64, 128), one tile, ragged tiles, a single row,
- * and gpt2-124m's 1024. Two runs give the same bits. */
+ * narrower pad to 16, 32, 64, 128; and 18, whose bf16 rows load a value at
+ * a time), one tile, ragged tiles, a single row, and gpt2-124m's 1024. Two
+ * runs give the same bits. */
 static void flash_attention_matches_the_reference(void)
 {
     if (!gpu->attention_forward_bf16) {
@@ -235,8 +236,8 @@ static void flash_attention_matches_the_reference(void)
     }
     static const struct {
         int B, T, C, NH;
-    } shapes[] = {{2, 64, 96, 4},   {1, 200, 128, 2}, {2, 1, 16, 2},    {1, 130, 256, 2},
-                  {1, 100, 192, 2}, {2, 77, 32, 4},   {1, 1024, 128, 2}};
+    } shapes[] = {{2, 64, 96, 4},   {1, 200, 128, 2}, {2, 1, 16, 2},     {1, 130, 256, 2},
+                  {1, 100, 192, 2}, {2, 77, 32, 4},   {1, 1024, 128, 2}, {1, 70, 36, 2}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int B = shapes[si].B, T = shapes[si].T, C = shapes[si].C, NH = shapes[si].NH;
         if (C / NH > gpu->attention_bf16_max_hs) { /* sm_86, sm_89: 64 */
@@ -266,13 +267,23 @@ static void flash_attention_matches_the_reference(void)
         gpu->download(o16, gout, no * 2);
         float *o = malloc(no * 4), *l = back(glse, nl), *dq = back(gdqkv, nq);
         cpu->from_bf16(o, o16, no);
+        /* out is bf16 on both sides: the same bits but where the two sums
+         * (in different orders, with expf's last bits) straddle a rounding
+         * tie, and then one bf16 step apart */
+        size_t differ = 0, far = 0;
+        for (size_t i = 0; i < no; i++) {
+            float big = fabsf(o[i]) > fabsf(out[i]) ? fabsf(o[i]) : fabsf(out[i]);
+            differ += o16[i] != out16[i];
+            far += !(fabsf(o[i] - out[i]) <= big * 0x1p-7f);
+        }
         double eo = rel_err(o, out, no), el = rel_err(l, lse, nl), eg = rel_err(dq, dqkv, nq);
         double fo = rel_err(o, out32, no), fg = rel_err(dq, dqkv32, nq);
-        printf("  B %d T %d C %d NH %d: vs reference out %.2g lse %.2g dqkv %.2g; vs fp32 out "
-               "%.2g dqkv %.2g\n",
-               B, T, C, NH, eo, el, eg, fo, fg);
-        CHECK(eo < 1e-2, "out vs the reference: relative error %.3g (tolerance 1e-2: both bf16)",
-              eo);
+        printf("  B %d T %d C %d NH %d: vs reference out %.2g (%zu of %zu one bf16 step off) lse "
+               "%.2g dqkv %.2g; vs fp32 out %.2g dqkv %.2g\n",
+               B, T, C, NH, eo, differ, no, el, eg, fo, fg);
+        CHECK(far == 0 && differ <= no / 10,
+              "out vs the reference: %zu of %zu differ, %zu by more than one bf16 step", differ, no,
+              far);
         CHECK(el < 1e-4, "lse vs the reference: relative error %.3g (tolerance 1e-4)", el);
         CHECK(eg < 5e-3, "dqkv vs the reference: relative error %.3g (tolerance 5e-3)", eg);
         CHECK(fo < 1e-2, "out vs fp32: relative error %.3g (tolerance 1e-2)", fo);

@@ -250,12 +250,12 @@ static void fused_rounding_is_to_bf16_bit_for_bit(void)
     float *x = randv((size_t)N * C, 11, 3.0f), *w = randv(C, 12, 1.0f), *b = randv(C, 13, 0.5f);
     float out[N * C], mean[N], rstd[N], mean16[N], rstd16[N];
     uint16_t want[N * C], got[N * C];
-    static const char *isa[] = {"x86-64", "x86-64-v3", "x86-64-v4"};
+    static const char *isa[] = {"x86-64", "x86-64-v3", "x86-64-v4", "native"};
     int tables = 0;
     for (size_t t = 0; t < sizeof isa / sizeof isa[0]; t++) {
         char err[256];
         if (fsdp_kernels_cpu_select(isa[t], err, sizeof err))
-            continue; /* not this CPU's, or not this build's */
+            continue; /* not this CPU's, or not this build's (native: -Dnative=true) */
         const struct fsdp_kernels *k = fsdp_kernels_cpu();
         tables++;
         k->layernorm_forward(out, mean, rstd, x, w, b, N, C);
