@@ -674,7 +674,7 @@ struct rewrite {
 
 struct convert_args {
     const char *pos[2], *model;
-    int npos, dims[5];          /* --layers --dim --heads --seq --vocab; 0: not given */
+    int dims[5];                /* --layers --dim --heads --seq --vocab; 0: not given */
     long long world, chunk_kib; /* 0: not given */
     struct export_opts x;       /* x.dtype -1, x.max_shard 0: not given */
     struct rewrite w;
@@ -760,29 +760,100 @@ static const struct verb_flags {
     {"cp", cp_flags, OPTS_LEN(cp_flags)},
 };
 
-/* The flags of cmd's table and its two paths, in any order; 0, or the exit
- * status of bad usage. */
-static int parse_convert(const struct verb_flags *v, int argc, char **argv, struct convert_args *a)
+/* A command's flags (table t into dst) and its `want` operands (into pos),
+ * in any order after the verb; 0, or the exit status of bad usage, whose
+ * line names the verb and says what was wrong (`operands`: what it needs,
+ * "a URI", "two paths"). */
+static int parse_verb(const char *verb, const struct opt *t, size_t n, void *dst, const char **pos,
+                      int want, const char *operands, int argc, char **argv)
 {
     char err[FSDP_ERR_LEN], msg[FSDP_ERR_LEN + 64];
+    int npos = 0;
     for (int i = 2; i < argc;) {
-        if (opts_parse(v->t, v->n, a, argc, argv, &i, err)) {
-            snprintf(msg, sizeof msg, "%s: %s", v->verb, err);
+        if (opts_parse(t, n, dst, argc, argv, &i, err)) {
+            snprintf(msg, sizeof msg, "%s: %s", verb, err);
             return bad_usage(msg);
         }
         if (i == argc)
             break;
-        if (a->npos == 2 || strncmp(argv[i], "--", 2) == 0) {
-            snprintf(msg, sizeof msg, "%s: unexpected argument '%s'", v->verb, argv[i]);
+        if (npos == want || strncmp(argv[i], "--", 2) == 0) {
+            snprintf(msg, sizeof msg, "%s: unexpected argument '%s'", verb, argv[i]);
             return bad_usage(msg);
         }
-        a->pos[a->npos++] = argv[i++];
+        pos[npos++] = argv[i++];
     }
-    if (a->npos != 2) {
-        snprintf(msg, sizeof msg, "%s needs two paths", v->verb);
+    if (npos != want) {
+        snprintf(msg, sizeof msg, "%s needs %s", verb, operands);
         return bad_usage(msg);
     }
     return 0;
+}
+
+static int parse_convert(const struct verb_flags *v, int argc, char **argv, struct convert_args *a)
+{
+    return parse_verb(v->verb, v->t, v->n, a, a->pos, 2, "two paths", argc, argv);
+}
+
+/* ls, inspect, verify, digest, diff and prune: a URI or two and at most a
+ * flag, in any order. */
+struct plain_args {
+    const char *pos[2];
+    int json;
+    long long threads, keep; /* 0: not given */
+};
+
+static int parse_keep(void *field, const char *v, char *err)
+{
+    if (fsdp_parse_i64(v, 1, LLONG_MAX, field))
+        return fsdp_err(err, "--keep needs an integer >= 1 (--keep 0 would delete every "
+                             "committed step)");
+    return 0;
+}
+
+#define PA(field) offsetof(struct plain_args, field)
+static const struct opt inspect_flags[] = {{.flag = "--json", .kind = OPT_SWITCH, .off = PA(json)}};
+static const struct opt verify_flags[] = {
+    {.flag = "--threads", .kind = OPT_LLONG, .off = PA(threads), .min = 1, .max = 256}};
+static const struct opt prune_flags[] = {
+    {.flag = "--keep", .kind = OPT_PARSE, .off = PA(keep), .parse = parse_keep}};
+
+static const struct plain_verb {
+    const char *verb;
+    const struct opt *t;
+    size_t n;
+    int want;
+} plain_verbs[] = {
+    {"ls", NULL, 0, 1},
+    {"inspect", inspect_flags, OPTS_LEN(inspect_flags), 1},
+    {"verify", verify_flags, OPTS_LEN(verify_flags), 1},
+    {"digest", NULL, 0, 1},
+    {"diff", NULL, 0, 2},
+    {"prune", prune_flags, OPTS_LEN(prune_flags), 1},
+};
+
+static int cmd_plain(const struct plain_verb *v, int argc, char **argv)
+{
+    struct plain_args a = {{NULL, NULL}, 0, 0, 0};
+    int rc = parse_verb(v->verb, v->t, v->n, &a, a.pos, v->want,
+                        v->want == 2 ? "two URIs" : "a URI", argc, argv);
+    if (rc)
+        return rc;
+    if (strcmp(v->verb, "ls") == 0)
+        return cmd_ls(a.pos[0]);
+    if (strcmp(v->verb, "inspect") == 0)
+        return cmd_inspect(a.pos[0], a.json);
+    if (strcmp(v->verb, "verify") == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        long long threads = a.threads ? a.threads : n < 1 ? 1 : n > 16 ? 16 : n;
+        return cmd_verify(a.pos[0], (int)threads);
+    }
+    if (strcmp(v->verb, "digest") == 0)
+        return cmd_digest(a.pos[0]);
+    if (strcmp(v->verb, "diff") == 0)
+        return cmd_diff(a.pos[0], a.pos[1]);
+    if (!a.keep)
+        return bad_usage("prune needs --keep K");
+    return cmd_prune(a.pos[0], a.keep);
 }
 
 static int convert_export(struct convert_args *a)
@@ -905,32 +976,11 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "convert") == 0)
         argv[1] = (char *)convert_verb(argc, argv);
     const char *cmd = argc >= 2 ? argv[1] : "";
-    int json = argc == 4 && strcmp(argv[3], "--json") == 0;
-    if (argc == 3 && strcmp(cmd, "ls") == 0)
-        return cmd_ls(argv[2]);
-    if ((argc == 3 || json) && strcmp(cmd, "inspect") == 0)
-        return cmd_inspect(argv[2], json);
-    if ((argc == 3 || (argc == 5 && strcmp(argv[3], "--threads") == 0)) &&
-        strcmp(cmd, "verify") == 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        long long threads = n < 1 ? 1 : n > 16 ? 16 : n;
-        if (argc == 5 && fsdp_parse_i64(argv[4], 1, 256, &threads))
-            return bad_usage("verify --threads needs an integer from 1 to 256");
-        return cmd_verify(argv[2], (int)threads);
-    }
-    if (argc == 3 && strcmp(cmd, "digest") == 0)
-        return cmd_digest(argv[2]);
+    for (size_t i = 0; i < sizeof plain_verbs / sizeof plain_verbs[0]; i++)
+        if (strcmp(cmd, plain_verbs[i].verb) == 0)
+            return cmd_plain(&plain_verbs[i], argc, argv);
     if (verb_named(cmd))
         return cmd_convert(verb_named(cmd), argc, argv);
-    if (argc == 4 && strcmp(cmd, "diff") == 0)
-        return cmd_diff(argv[2], argv[3]);
-    if (argc == 5 && strcmp(cmd, "prune") == 0 && strcmp(argv[3], "--keep") == 0) {
-        long long k;
-        if (fsdp_parse_i64(argv[4], 1, LLONG_MAX, &k))
-            return bad_usage("prune --keep needs an integer >= 1 (--keep 0 would delete every "
-                             "committed step)");
-        return cmd_prune(argv[2], k);
-    }
     fprintf(stderr, "fsdp-ckpt: %s%s%s (see fsdp-ckpt --help)\n",
             *cmd ? "bad arguments for '" : "expected a command", cmd, *cmd ? "'" : "");
     return 2;

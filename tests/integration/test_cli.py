@@ -75,6 +75,34 @@ def convert_picks_the_verb_its_paths_call_for(tmp):
     assert p.returncode == 2 and "--world-size" in p.stderr, p.stderr
 
 
+def ckpt_flags_go_before_or_after_the_uri(tmp):
+    """inspect --json, verify --threads and prune --keep take their flag on
+    either side of the URI (as aws s3 does), with the same result; a missing
+    operand or value, or one too many, is one line that says which."""
+    train, _ = prepare_corpus(tmp)
+    ck = f"{tmp}/ck"
+    run([TRAIN, "--data", train, "--model", "tiny", "--global-batch", "8", "--steps", "3",
+         "--ckpt", ck, "--ckpt-every", "1", "--log-every", "100"])
+    after = run([CKPT, "inspect", ck, "--json"]).stdout
+    assert run([CKPT, "inspect", "--json", ck]).stdout == after and after.startswith("{"), after
+    for argv in (["verify", ck, "--threads", "2"], ["verify", "--threads", "2", ck]):
+        p = run([CKPT] + argv)
+        assert p.stdout.startswith(f"{ck}/step-00000003: OK"), (argv, p.stdout)
+    run([CKPT, "cp", ck, f"{tmp}/a"])
+    run([CKPT, "cp", ck, f"{tmp}/b"])
+    run([CKPT, "prune", f"{tmp}/a", "--keep", "1"])
+    run([CKPT, "prune", "--keep", "1", f"{tmp}/b"])
+    steps = [sorted(d for d in os.listdir(f"{tmp}/{x}") if d.startswith("step-")) for x in "ab"]
+    assert steps[0] == steps[1] == ["step-00000003"], steps
+    for argv, want in ((["prune", ck], "prune needs --keep K"),
+                       (["inspect", ck, ck], "unexpected argument"),
+                       (["verify", "--threads", ck], "--threads"),
+                       (["diff", ck], "diff needs two URIs")):
+        p = run([CKPT] + argv, check=False)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and want in lines[0], (argv, p.stderr)
+
+
 def bad_flags_give_one_line_and_the_usage_hint(tmp):
     train, _ = prepare_corpus(tmp)
     cases = [
@@ -166,6 +194,7 @@ def device_cuda_without_a_gpu_is_refused_once(tmp):
 
 if __name__ == "__main__":
     main([help_exits_zero, convert_picks_the_verb_its_paths_call_for,
+          ckpt_flags_go_before_or_after_the_uri,
           long_work_shows_progress_on_a_terminal,
           bad_flags_give_one_line_and_the_usage_hint,
           ckpt_tool_errors_are_one_line,
