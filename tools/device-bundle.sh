@@ -40,12 +40,14 @@ done
 # a part of the fortunes corpus: enough for 20 steps of tiny, a small bundle
 ./"$build"/src/fsdp-data prepare --out "$b/corpus/train.bin" --val-out "$b/corpus/val.bin" \
     --doc-sep % $(ls /usr/share/games/fortunes/* | grep -v -e '\.dat$' -e '\.u8$' | head -4)
-# a 20-step tiny run on 2 CPU ranks, checkpoint every 10 steps
+# a 20-step tiny run on 2 CPU ranks, checkpoint every 10 steps: the
+# arguments of tests/integration/test_cuda.py's train(), --lr included,
+# since the GPU run resumed from it is compared step by step
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$b/cpu2-run"
 mpirun --oversubscribe -np 2 "$build/src/fsdp-train" --data "$b/corpus/train.bin" \
-    --model tiny --global-batch 8 --steps 20 --log "$b/cpu2-run/log.jsonl" --log-every 100 \
-    --ckpt "$stage/ck" --ckpt-every 10 2>/dev/null
+    --model tiny --global-batch 8 --steps 20 --lr 1e-3 --log "$b/cpu2-run/log.jsonl" \
+    --log-every 100 --ckpt "$stage/ck" --ckpt-every 10 2>/dev/null
 ./"$build"/tools/fsdp-ckpt cp "$stage/ck@10" "$b/cpu2-run/ckpt" >/dev/null
 tar czf "$out" -C "$stage" .devbundle
 ls -la "$out"

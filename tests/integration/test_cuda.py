@@ -66,6 +66,7 @@ def corpus(tmp):
 
 
 def train(tmp, data, tag, device, np=1, extra=(), steps=STEPS):
+    """tools/device-bundle.sh's 2-rank CPU run takes these arguments too."""
     log = os.path.join(tmp, f"{tag}.jsonl")
     args = [TRAIN, "--data", data, "--model", "tiny", "--global-batch", "8", "--steps",
             str(steps), "--lr", "1e-3", "--log", log, "--log-every", "100", "--device",
