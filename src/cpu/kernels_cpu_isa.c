@@ -165,55 +165,51 @@ static void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, co
 
 /* ---- layernorm ------------------------------------------------------------- */
 
-/* Row x's mean and 1/std (the forward's statistics, kept for the backward). */
-static inline void ln_stats(const float *x, int C, float *mean, float *rstd)
+/* The forward's rows into out, or (out NULL) rounded into out16: the same
+ * arithmetic either way, the store chosen once per call. */
+static inline void ln_rows(float *out, uint16_t *out16, float *mean, float *rstd, const float *inp,
+                           const float *w, const float *b, size_t N, int C)
 {
-    float m = 0.0f;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < N; i++) {
+        const float *x = inp + i * C;
+        float m = 0.0f;
 #pragma omp simd reduction(+ : m)
-    for (int c = 0; c < C; c++)
-        m += x[c];
-    m /= (float)C;
-    float v = 0.0f;
+        for (int c = 0; c < C; c++)
+            m += x[c];
+        m /= (float)C;
+        float v = 0.0f;
 #pragma omp simd reduction(+ : v)
-    for (int c = 0; c < C; c++)
-        v += (x[c] - m) * (x[c] - m);
-    v /= (float)C;
-    *mean = m;
-    *rstd = 1.0f / sqrtf(v + 1e-5f);
+        for (int c = 0; c < C; c++)
+            v += (x[c] - m) * (x[c] - m);
+        v /= (float)C;
+        float s = 1.0f / sqrtf(v + 1e-5f);
+        if (out) {
+            float *o = out + i * C;
+#pragma omp simd
+            for (int c = 0; c < C; c++)
+                o[c] = (x[c] - m) * s * w[c] + b[c];
+        } else {
+            uint16_t *o = out16 + i * C;
+#pragma omp simd
+            for (int c = 0; c < C; c++)
+                o[c] = bf16_rne((x[c] - m) * s * w[c] + b[c]);
+        }
+        mean[i] = m;
+        rstd[i] = s;
+    }
 }
 
 static void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                   const float *w, const float *b, size_t N, int C)
 {
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < N; i++) {
-        const float *x = inp + i * C;
-        float m, s;
-        ln_stats(x, C, &m, &s);
-        float *o = out + i * C;
-#pragma omp simd
-        for (int c = 0; c < C; c++)
-            o[c] = (x[c] - m) * s * w[c] + b[c];
-        mean[i] = m;
-        rstd[i] = s;
-    }
+    ln_rows(out, NULL, mean, rstd, inp, w, b, N, C);
 }
 
 static void cpu_layernorm_forward_bf16(uint16_t *out16, float *mean, float *rstd, const float *inp,
                                        const float *w, const float *b, size_t N, int C)
 {
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < N; i++) {
-        const float *x = inp + i * C;
-        float m, s;
-        ln_stats(x, C, &m, &s);
-        uint16_t *o = out16 + i * C;
-#pragma omp simd
-        for (int c = 0; c < C; c++)
-            o[c] = bf16_rne((x[c] - m) * s * w[c] + b[c]);
-        mean[i] = m;
-        rstd[i] = s;
-    }
+    ln_rows(NULL, out16, mean, rstd, inp, w, b, N, C);
 }
 
 static void cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
