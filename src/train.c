@@ -3,14 +3,14 @@
  *
  * Started by mpirun it runs one rank per process over Open MPI; started
  * alone it is one rank with no MPI at all. Rank 0 prints and logs; every
- * rank runs the same loop so the collectives line up.
+ * rank runs the same loop so the collectives line up. Its checkpoints are
+ * train_ckpt.c's, its validation and samples train_eval.c's (train.h: the
+ * trainer's state, which the three share).
  */
-#include "checkpoint.h"
+#include "train.h"
+
 #include "cuda/cuda.h"
-#include "data.h"
-#include "fsdp.h"
 #include "heartbeat.h"
-#include "train_opts.h"
 #include "util.h"
 
 #include <jansson.h>
@@ -22,40 +22,6 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
-
-struct trainer {
-    struct train_opts o;
-    struct fsdp_comm comm;
-    struct model_layout model;
-    struct fsdp_engine eng;
-    struct token_file train_file, val_file;
-    struct sample_stream stream;
-    int threads, micro, accum; /* micro: sequences per rank per forward */
-    int bf16;                  /* --precision bf16, on every rank (agree_precision) */
-    char precision[160];       /* what the banner says of it */
-    uint64_t cursor;           /* samples of the stream consumed so far */
-    int32_t *in, *tgt;         /* host batch, micro * T each */
-    uint64_t *consumed;        /* sample indices this rank used in the step */
-    FILE *log;
-    struct tckpt ck;
-    int have_ckpt;
-    long long start_step;   /* steps already done when this process started */
-    uint64_t sample_rng;    /* state of the sampling generator */
-    int agreed_error;       /* every rank knows: rank 0 reports, nobody aborts */
-    int preempted;          /* an emergency checkpoint was written; exit 0 */
-    const char *stopped;    /* why the run stopped before --steps (NULL: it did not) */
-    long long stopped_at;   /* and after which step */
-    double start;           /* when main began (--time-limit counts from here) */
-    double limit;           /* the time limit, a monotonic time (0: none; deadline()) */
-    const char *limit_from; /* and what set it */
-    double step_max;        /* the longest step, validation and checkpoint save of this */
-    double val_max;         /* process: the margin kept before a time limit */
-    double save_max;
-    int async_pending; /* an async checkpoint is being written (same on every rank) */
-    double async_t0;
-    double train_t0; /* when the training loop began (the log's elapsed_s) */
-    double ckpt_s;   /* time the loop spent in checkpoint work (the log's ckpt_s) */
-};
 
 static int pick_threads(const struct trainer *t)
 {
@@ -141,104 +107,6 @@ static void load_micro(struct trainer *t, int m)
     fsdp_set_batch(&t->eng, t->in, t->tgt);
 }
 
-/* Mean validation loss over the first val_samples sequences, split over
- * ranks in contiguous slices. */
-static int validate(struct trainer *t, double *out, char *err)
-{
-    const int T = t->model.cfg.seq, W = t->comm.world;
-    struct sample_stream vs;
-    if (sample_stream_init(&vs, &t->val_file, T, 0, err))
-        return -1;
-    uint64_t n =
-        (uint64_t)t->o.val_samples < vs.nsamples ? (uint64_t)t->o.val_samples : vs.nsamples;
-    uint64_t per = n / (uint64_t)W / (uint64_t)t->micro * (uint64_t)t->micro;
-    if (per == 0) {
-        sample_stream_free(&vs);
-        return fsdp_err(err, "%s: too few validation sequences (%llu) for %d ranks x %d",
-                        t->o.val_data, (unsigned long long)n, W, t->micro);
-    }
-    double sum = 0;
-    for (uint64_t s = 0; s < per; s += (uint64_t)t->micro) {
-        for (int b = 0; b < t->micro; b++)
-            sample_stream_fetch(&vs, (uint64_t)t->comm.rank * per + s + (uint64_t)b,
-                                t->in + (size_t)b * T, t->tgt + (size_t)b * T);
-        fsdp_set_batch(&t->eng, t->in, t->tgt);
-        double l;
-        if (fsdp_forward(&t->eng, t->micro, T, &l, err))
-            goto fail;
-        sum += l;
-    }
-    fsdp_release(&t->eng);
-    if (t->comm.allreduce_sum_f64(&t->comm, &sum, 1, err))
-        goto fail;
-    sample_stream_free(&vs);
-    *out = sum / ((double)per * (double)W * T);
-    return 0;
-fail:
-    sample_stream_free(&vs);
-    return -1;
-}
-
-/* Autoregressive sampling from the end-of-text token; every rank computes
- * the same tokens (same seed), rank 0 prints them. */
-static int generate(struct trainer *t, char *err)
-{
-    const int T = t->model.cfg.seq, V = t->model.cfg.vocab, Vp = t->model.cfg.vocab_pad;
-    const int n = (int)t->o.sample_len;
-    int32_t *ctx = calloc((size_t)n + 1, sizeof *ctx);
-    float *row = malloc((size_t)Vp * sizeof *row);
-    if (!ctx || !row) {
-        free(ctx);
-        free(row);
-        return fsdp_err(err, "sample: out of memory");
-    }
-    struct fsdp_rng rng = {t->sample_rng};
-    ctx[0] = DATA_EOT;
-    int rc = 0;
-    if (t->comm.rank == 0)
-        printf("--- sample (%d tokens) ---\n", n);
-    for (int i = 1; i <= n; i++) {
-        int len = i < T ? i : T;
-        memset(t->in, 0, (size_t)t->micro * T * sizeof *t->in);
-        memcpy(t->in, ctx + i - len, (size_t)len * sizeof *ctx);
-        fsdp_set_batch(&t->eng, t->in, NULL);
-        if ((rc = fsdp_forward(&t->eng, 1, len, NULL, err)))
-            break;
-        fsdp_logits_row(&t->eng, len - 1, row);
-        float mx = -INFINITY;
-        for (int v = 0; v < V; v++)
-            mx = fmaxf(mx, row[v]);
-        const double inv_temp = 1.0 / t->o.temperature;
-        double sum = 0;
-        for (int v = 0; v < V; v++)
-            sum += exp((double)(row[v] - mx) * inv_temp);
-        double u = fsdp_rng_uniform(&rng) * sum, acc = 0;
-        int tok = V - 1;
-        for (int v = 0; v < V; v++) {
-            acc += exp((double)(row[v] - mx) * inv_temp);
-            if (u < acc) {
-                tok = v;
-                break;
-            }
-        }
-        ctx[i] = tok;
-        if (t->comm.rank == 0) {
-            if (V <= 256)
-                putchar(tok == DATA_EOT ? '\n' : tok);
-            else
-                printf("%d ", tok);
-        }
-    }
-    fsdp_release(&t->eng);
-    if (t->comm.rank == 0) {
-        printf("\n--- end of sample ---\n");
-        fflush(stdout);
-    }
-    free(ctx);
-    free(row);
-    return rc;
-}
-
 /* --log-samples: every rank's indices of the step, on rank 0, in global
  * order (rank r's slice follows rank r-1's). */
 static int gather_samples(struct trainer *t, json_t **out, char *err)
@@ -304,135 +172,6 @@ static void log_step(struct trainer *t, long long step, double loss, double lr, 
     }
 }
 
-static json_t *trainer_state(const struct trainer *t, long long step)
-{
-    const struct train_opts *o = &t->o;
-    char rng[24];
-    snprintf(rng, sizeof rng, "%016llx", (unsigned long long)t->sample_rng);
-    return json_pack(
-        "{s:I, s:I, s:I, s:I, s:s, s:I, s:i, s:{s:f, s:f, s:I, s:I}, "
-        "s:{s:s, s:f, s:f, s:f, s:f, s:I}}",
-        "step", (json_int_t)step, "tokens_seen", (json_int_t)(t->cursor * (uint64_t)o->cfg.seq),
-        "data_cursor", (json_int_t)t->cursor, "seed", (json_int_t)o->seed, "rng_state", rng,
-        "global_batch", (json_int_t)o->global_batch, "seq", o->cfg.seq, "schedule", "lr", o->lr,
-        "min_lr_frac", o->min_lr_frac, "warmup", (json_int_t)o->warmup, "total_steps",
-        (json_int_t)o->steps, "optimizer", "name", "adamw", "beta1", o->beta1, "beta2", o->beta2,
-        "eps", o->eps, "weight_decay", o->weight_decay, "t", (json_int_t)step);
-}
-
-static int restore_state(struct trainer *t, json_t *j, uint64_t step, char *err)
-{
-    json_int_t s = -1, cursor = -1;
-    const char *rng = NULL;
-    char *end = NULL;
-    if (json_unpack(j, "{s:I, s:I, s:s}", "step", &s, "data_cursor", &cursor, "rng_state", &rng) ||
-        s < 0 || cursor < 0 || (uint64_t)s != step)
-        return fsdp_err(err,
-                        "checkpoint step %llu: trainer state lacks step, data_cursor or "
-                        "rng_state",
-                        (unsigned long long)step);
-    unsigned long long r = strtoull(rng, &end, 16);
-    if (!*rng || *end)
-        return fsdp_err(err, "checkpoint step %llu: rng_state '%s' is not hexadecimal",
-                        (unsigned long long)step, rng);
-    t->start_step = s;
-    t->cursor = (uint64_t)cursor;
-    t->sample_rng = (uint64_t)r;
-    return 0;
-}
-
-static int save(struct trainer *t, long long step, char *err)
-{
-    json_t *state = trainer_state(t, step);
-    if (!state)
-        return fsdp_err(err, "checkpoint: out of memory");
-    double t0 = fsdp_now();
-    int rc = tckpt_save(&t->ck, (uint64_t)step, state, err);
-    json_decref(state);
-    if (rc) {
-        t->agreed_error = 1;
-        char msg[FSDP_ERR_LEN];
-        snprintf(msg, sizeof msg, "%s", err);
-        if (t->ck.newest_committed == (uint64_t)step) /* the commit held; retention failed */
-            return fsdp_err(err,
-                            "checkpoint step %lld is committed, but removing older "
-                            "checkpoints (--keep) failed: %s",
-                            step, msg);
-        if (t->ck.newest_committed)
-            return fsdp_err(err,
-                            "checkpoint of step %lld failed: %s (the newest committed "
-                            "checkpoint is step %llu)",
-                            step, msg, (unsigned long long)t->ck.newest_committed);
-        return fsdp_err(err, "checkpoint of step %lld failed: %s", step, msg);
-    }
-    t->ckpt_s += fsdp_now() - t0;
-    if (fsdp_now() - t0 > t->save_max)
-        t->save_max = fsdp_now() - t0;
-    if (t->comm.rank == 0 && !t->ck.skipped)
-        fprintf(stderr, "fsdp-train: checkpoint step %lld committed in %.2f s\n", step,
-                fsdp_now() - t0);
-    return 0;
-}
-
-/* Collective: waits for this rank's background write, then commits. */
-static int finish_async(struct trainer *t, const char *why, char *err)
-{
-    double t0 = fsdp_now();
-    uint64_t step = tckpt_async_step(&t->ck);
-    int rc = tckpt_async_finish(&t->ck, err);
-    t->async_pending = 0;
-    if (rc) {
-        t->agreed_error = 1;
-        char msg[FSDP_ERR_LEN];
-        snprintf(msg, sizeof msg, "%s", err);
-        if (!t->ck.newest_committed)
-            return fsdp_err(err,
-                            "background checkpoint of step %llu failed: %s (no checkpoint "
-                            "is committed yet)",
-                            (unsigned long long)step, msg);
-        return fsdp_err(err,
-                        "background checkpoint of step %llu failed: %s (the newest "
-                        "committed checkpoint is step %llu)",
-                        (unsigned long long)step, msg, (unsigned long long)t->ck.newest_committed);
-    }
-    t->ckpt_s += fsdp_now() - t0;
-    if (fsdp_now() - t->async_t0 > t->save_max) /* a whole save, had it been waited for */
-        t->save_max = fsdp_now() - t->async_t0;
-    if (t->comm.rank == 0 && !t->ck.skipped) {
-        if (why)
-            fprintf(stderr, "fsdp-train: %s: waited %.2f s for checkpoint step %llu\n", why,
-                    fsdp_now() - t0, (unsigned long long)step);
-        fprintf(stderr,
-                "fsdp-train: checkpoint step %llu committed (async, %.2f s after its "
-                "step boundary)\n",
-                (unsigned long long)step, fsdp_now() - t->async_t0);
-    }
-    return 0;
-}
-
-static int save_async(struct trainer *t, long long step, char *err)
-{
-    if (t->async_pending && finish_async(t, "a checkpoint is due", err))
-        return -1;
-    json_t *state = trainer_state(t, step);
-    if (!state)
-        return fsdp_err(err, "checkpoint: out of memory");
-    double t0 = fsdp_now();
-    int rc = tckpt_save_async(&t->ck, (uint64_t)step, state, err);
-    json_decref(state);
-    if (rc)
-        return -1;
-    t->async_pending = 1;
-    t->async_t0 = fsdp_now();
-    t->ckpt_s += t->async_t0 - t0;
-    if (t->comm.rank == 0)
-        fprintf(stderr,
-                "fsdp-train: checkpoint step %lld: snapshot and write in the "
-                "background\n",
-                step);
-    return 0;
-}
-
 /* What every rank learns at each step from one allreduce (sums over ranks),
  * riding on the loss's reduction: no extra collective anywhere else. */
 enum step_vote {
@@ -471,9 +210,9 @@ static int stop_early(struct trainer *t, long long step, const char *why, int ph
     if (t->comm.rank == 0)
         fprintf(stderr, "fsdp-train: %s: %s at step %lld\n", why,
                 t->have_ckpt ? "checkpoint" : "stopping without a checkpoint (no --ckpt)", step);
-    if (t->async_pending && finish_async(t, why, err))
+    if (t->async_pending && train_finish_async(t, why, err))
         return -1;
-    if (t->have_ckpt && save(t, step, err))
+    if (t->have_ckpt && train_save(t, step, err))
         return -1;
     if (t->comm.rank == 0 && phase == HB_PREEMPTED)
         hb_event("emergency_checkpoint step=%lld", step);
@@ -563,7 +302,7 @@ static int validate_if_due(struct trainer *t, long long step, double *val, char 
     if (!o->val_data || !((o->val_every && (step + 1) % o->val_every == 0) || last))
         return 0;
     double v0 = fsdp_now();
-    if (validate(t, val, err))
+    if (train_validate(t, val, err))
         return -1;
     t->val_max = fsdp_now() - v0 > t->val_max ? fsdp_now() - v0 : t->val_max;
     return 0;
@@ -579,7 +318,8 @@ static int end_of_step(struct trainer *t, long long step, const double vote[VOTE
     static char limit_why[96];
     int last = step + 1 == o->steps;
     int due = (o->ckpt.every && (step + 1) % o->ckpt.every == 0) || last;
-    if (t->async_pending && vote[VOTE_WRITES_ENDED] == t->comm.world && finish_async(t, NULL, err))
+    if (t->async_pending && vote[VOTE_WRITES_ENDED] == t->comm.world &&
+        train_finish_async(t, NULL, err))
         return -1;
     if (vote[VOTE_PREEMPTED] > 0) { /* an emergency checkpoint, then stop */
         t->preempted = 1;
@@ -593,7 +333,7 @@ static int end_of_step(struct trainer *t, long long step, const double vote[VOTE
     if (step + 1 == o->stop_at_step && !last)
         return stop_early(t, step + 1, "--stop-at-step", HB_STOPPED, err) ? -1 : 1;
     if (t->have_ckpt && due &&
-        (o->ckpt.async ? save_async(t, step + 1, err) : save(t, step + 1, err)))
+        (o->ckpt.async ? train_save_async(t, step + 1, err) : train_save(t, step + 1, err)))
         return -1;
     return 0;
 }
@@ -630,7 +370,7 @@ static int train(struct trainer *t, char *err)
             return rc < 0 ? -1 : 0;
     }
     /* the final checkpoint is waited for */
-    if (t->async_pending && finish_async(t, NULL, err))
+    if (t->async_pending && train_finish_async(t, NULL, err))
         return -1;
     hb_set((uint64_t)o->steps, HB_DONE);
     return 0;
@@ -727,44 +467,6 @@ static int setup(struct trainer *t, char *err)
         return fsdp_err(err, "%s: cannot open the log for writing", o->log_path);
     if (t->comm.rank == 0)
         print_banner(t);
-    return 0;
-}
-
-/* Collective: opens the checkpoint store and resumes from it. */
-static int setup_checkpoints(struct trainer *t, char *err)
-{
-    if (!t->o.ckpt.uri)
-        return 0;
-    t->agreed_error = 1; /* everything here is agreed on by all ranks */
-    t->o.ckpt.load_threads = t->threads;
-    if (tckpt_open(&t->ck, &t->o.ckpt, &t->eng, &t->comm, &t->model, err))
-        return -1;
-    t->have_ckpt = 1;
-    if (t->o.ckpt.async && tckpt_async_start(&t->ck, err))
-        return -1;
-    json_t *state;
-    uint64_t step;
-    int rc = tckpt_resume(&t->ck, &state, &step, err);
-    if (rc)
-        return rc;
-    if (state) {
-        rc = restore_state(t, state, step, err);
-        json_decref(state);
-        if (rc)
-            return rc;
-        if (t->comm.rank == 0) {
-            fprintf(stderr, "fsdp-train: resumed from checkpoint step %llu in %s\n",
-                    (unsigned long long)step, t->ck.st->uri);
-            hb_event("resumed step=%llu world=%d", (unsigned long long)step, t->comm.world);
-        }
-        hb_set(step, HB_TRAIN);
-    } else {
-        fsdp_init_params(&t->eng, t->o.seed); /* a failed attempt may have written */
-        if (t->comm.rank == 0)
-            hb_event("resumed step=0 world=%d", t->comm.world);
-        hb_set(0, HB_TRAIN);
-    }
-    t->agreed_error = 0;
     return 0;
 }
 
@@ -973,11 +675,11 @@ int main(int argc, char **argv)
         return 1;
     }
     if (!rc)
-        rc = setup_checkpoints(&t, err);
+        rc = train_setup_checkpoints(&t, err);
     if (!rc)
         rc = train(&t, err);
     if (!rc && t.o.sample_len > 0 && !t.stopped)
-        rc = generate(&t, err);
+        rc = train_generate(&t, err);
     if (rc)
         return end_after_failure(&t, rc, err);
     report_peak_memory(&t);

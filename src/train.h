@@ -1,0 +1,65 @@
+/*
+ * train.h - inside fsdp-train: the trainer's state, and what the training
+ * loop (train.c) asks of its checkpoints (train_ckpt.c) and of its
+ * validation and sampling (train_eval.c). Not for other programs.
+ */
+#ifndef FSDP_TRAIN_H
+#define FSDP_TRAIN_H
+
+#include "checkpoint.h"
+#include "data.h"
+#include "fsdp.h"
+#include "train_opts.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+struct trainer {
+    struct train_opts o;
+    struct fsdp_comm comm;
+    struct model_layout model;
+    struct fsdp_engine eng;
+    struct token_file train_file, val_file;
+    struct sample_stream stream;
+    int threads, micro, accum; /* micro: sequences per rank per forward */
+    int bf16;                  /* --precision bf16, on every rank (agree_precision) */
+    char precision[160];       /* what the banner says of it */
+    uint64_t cursor;           /* samples of the stream consumed so far */
+    int32_t *in, *tgt;         /* host batch, micro * T each */
+    uint64_t *consumed;        /* sample indices this rank used in the step */
+    FILE *log;
+    struct tckpt ck;
+    int have_ckpt;
+    long long start_step;   /* steps already done when this process started */
+    uint64_t sample_rng;    /* state of the sampling generator */
+    int agreed_error;       /* every rank knows: rank 0 reports, nobody aborts */
+    int preempted;          /* an emergency checkpoint was written; exit 0 */
+    const char *stopped;    /* why the run stopped before --steps (NULL: it did not) */
+    long long stopped_at;   /* and after which step */
+    double start;           /* when main began (--time-limit counts from here) */
+    double limit;           /* the time limit, a monotonic time (0: none; deadline()) */
+    const char *limit_from; /* and what set it */
+    double step_max;        /* the longest step, validation and checkpoint save of this */
+    double val_max;         /* process: the margin kept before a time limit */
+    double save_max;
+    int async_pending; /* an async checkpoint is being written (same on every rank) */
+    double async_t0;
+    double train_t0; /* when the training loop began (the log's elapsed_s) */
+    double ckpt_s;   /* time the loop spent in checkpoint work (the log's ckpt_s) */
+};
+
+/* train_ckpt.c. Collective, every one: opens the checkpoint store and
+ * resumes from it; writes step's checkpoint (save: now; save_async: in the
+ * background, committed by finish_async, which waits for this rank's write
+ * first; why, when not NULL, says what made it wait). */
+int train_setup_checkpoints(struct trainer *t, char *err);
+int train_save(struct trainer *t, long long step, char *err);
+int train_save_async(struct trainer *t, long long step, char *err);
+int train_finish_async(struct trainer *t, const char *why, char *err);
+
+/* train_eval.c. Collective: the mean validation loss over the first
+ * --val-samples sequences; --sample's tokens, which rank 0 prints. */
+int train_validate(struct trainer *t, double *out, char *err);
+int train_generate(struct trainer *t, char *err);
+
+#endif
