@@ -225,13 +225,35 @@ int tckpt_write_own_shard(struct tckpt *c, uint64_t step, float *const bases[CKP
     return *json_out ? 0 : fsdp_err(err, "checkpoint: out of memory");
 }
 
+/* Is the manifest's model this run's? Compared as configurations, not as
+ * JSON text: a checkpoint written before families existed (no "arch") is
+ * GPT-2's and still resumes. */
+static int same_model(const struct tckpt *c, const json_t *model, char *why)
+{
+    struct model_config saved;
+    char sub[FSDP_ERR_LEN];
+    if (model_ckpt_parse(model, &saved, sub)) {
+        snprintf(why, FSDP_ERR_LEN, "has a model this build cannot read (%.300s)", sub);
+        return 0;
+    }
+    if (!model_config_equal(&saved, &c->m->cfg)) {
+        char a[256], b[256];
+        snprintf(why, FSDP_ERR_LEN, "was written for model %s, this run is %s",
+                 model_config_describe(&saved, a, sizeof a),
+                 model_config_describe(&c->m->cfg, b, sizeof b));
+        return 0;
+    }
+    return 1;
+}
+
 /* Is the step another launch already committed a point of this same run's
  * trajectory (an earlier launch's step this run skipped at resume)? Then
  * it stands for ours. Anything else - a newer launch, another model, other
  * data or seed - is not ours to sit beside. */
 static int same_run(const struct tckpt *c, const struct ckpt_manifest *other, json_t *trainer)
 {
-    if (other->generation >= c->generation || !json_equal(other->model, c->model_json))
+    char why[FSDP_ERR_LEN];
+    if (other->generation >= c->generation || !same_model(c, other->model, why))
         return 0;
     static const char *const keys[] = {"step", "data_cursor", "seed", "global_batch"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
@@ -456,21 +478,27 @@ static int clean_for_start(struct tckpt *c, char *err)
 
 static int check_model(struct tckpt *c, const struct ckpt_manifest *man, char *err)
 {
-    if (json_equal(man->model, c->model_json) && man->nunits == c->m->nunits) {
-        for (int u = 0; u < man->nunits; u++)
-            if (man->units[u].numel != c->m->units[u].numel)
-                goto differ;
-        return 0;
+    char why[FSDP_ERR_LEN];
+    if (!same_model(c, man->model, why))
+        goto differ;
+    if (man->nunits != c->m->nunits) {
+        snprintf(why, sizeof why, "has %d units where this run's model has %d", man->nunits,
+                 c->m->nunits);
+        goto differ;
     }
-differ:;
-    char *have = json_dumps(man->model, JSON_COMPACT | JSON_SORT_KEYS);
-    char *want = json_dumps(c->model_json, JSON_COMPACT | JSON_SORT_KEYS);
+    for (int u = 0; u < man->nunits; u++)
+        if (man->units[u].numel != c->m->units[u].numel) {
+            snprintf(why, sizeof why,
+                     "has %zu parameters in unit %s where this run's model has %zu",
+                     man->units[u].numel, man->units[u].name, c->m->units[u].numel);
+            goto differ;
+        }
+    return 0;
+differ:
     fsdp_err(err,
-             "checkpoint step %llu in %s was written for model %s, this run is %s: refusing "
-             "to resume (use the same model flags, or another --ckpt)",
-             (unsigned long long)man->step, c->st->uri, have ? have : "?", want ? want : "?");
-    free(have);
-    free(want);
+             "checkpoint step %llu in %s %s: refusing to resume (use the same model flags, or "
+             "another --ckpt)",
+             (unsigned long long)man->step, c->st->uri, why);
     return TCKPT_REFUSED;
 }
 

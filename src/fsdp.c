@@ -5,6 +5,7 @@
  * fsdp_pass.c; fsdp_units.h is what the two files share.
  */
 #include "fsdp.h"
+#include "fsdp_family.h"
 #include "fsdp_units.h"
 
 #include "util.h"
@@ -130,14 +131,15 @@ static void set_options(struct fsdp_engine *e, const struct model_layout *m,
     const enum fsdp_shard shard = o->shard;
     e->m = m;
     e->k = k;
+    e->passes = fsdp_family_passes(m->cfg.arch);
     e->comm = comm;
     e->shard = shard;
     e->B = o->micro_batch;
     e->T = m->cfg.seq;
     e->recompute_every = o->recompute_every;
     e->bf16 = o->bf16;
-    e->flash = e->bf16 && k->attention_forward_bf16 && k->matmul_forward_to_bf16 &&
-               m->cfg.dim / m->cfg.heads <= k->attention_bf16_max_hs;
+    e->flash = e->bf16 && e->passes->flash && k->attention_forward_bf16 &&
+               k->matmul_forward_to_bf16 && m->cfg.dim / m->cfg.heads <= k->attention_bf16_max_hs;
     e->reduce_bf16 = o->reduce_bf16;
     e->prefetch =
         o->prefetch && shard != FSDP_SHARD_NONE && comm->start; /* else nothing overlaps */
@@ -313,12 +315,12 @@ static int out_of_memory(char *err)
  * block's widest (the head's goes in chunks). */
 static int alloc_batch(struct fsdp_engine *e, char *err)
 {
-    const size_t BT = (size_t)e->B * e->T, C = (size_t)e->m->cfg.dim;
+    const size_t BT = (size_t)e->B * e->T, W = e->m->widest_row;
     if (e->bf16) {
-        size_t held = e->k->bf16_scratch(BT * 4 * C);
+        size_t held = e->k->bf16_scratch(BT * W);
         if (!held)
             return fsdp_err(err, "fsdp: out of memory for %zu MiB of bf16 scratch",
-                            (BT * 4 * C * 2) >> 20);
+                            (BT * W * 2) >> 20);
         e->mem.act_bytes += held;
     }
     e->inputs = e->k->alloc(BT * sizeof(int32_t));
@@ -379,6 +381,7 @@ void fsdp_free(struct fsdp_engine *e)
     free(e->segs);
     free(e->buckets);
     free(e->a.slot);
+    free(e->a.family);
     memset(e, 0, sizeof *e);
 }
 

@@ -105,24 +105,21 @@ struct fsdp_segment {
     int decay;
 };
 
-/* Activations. A block's inner activations (ln1 ... fch_gelu) live in a
- * slot: every kept block has its own, all recomputed blocks share the last
- * one. Block outputs (residual3) are kept for every block. In bf16 the
- * matmuls' inputs (ln1, atty, ln2, fch_gelu, lnf) are needed again only as
- * the bf16 operands of the backward's products: those bf16 copies (x16)
- * are what the slots keep, and the fp32 ones are one shared layer's worth. */
+/* Activations the engine's passes share with every family (fsdp_family.h);
+ * a family's own (a block's inner activations) are in its struct at
+ * `family`. Blocks' inner activations live in slots: every kept block has
+ * its own, all recomputed blocks share the last one. Block outputs
+ * (residual3) are kept for every block. In bf16 the head's input is kept
+ * only in bf16 (lnf16; lnf NULL). */
 struct fsdp_acts {
-    float *encoded, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *residual2, *ln2, *ln2_mean,
-        *ln2_rstd, *fch, *fch_gelu, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
-    float *loss_lse; /* each row's log-sum-exp of its logits (the loss's backward) */
-    float *scratch, *dres, *dbtc, *d4c, *datt; /* one layer's worth, reused */
-    /* bf16 only: the products' inputs, written in bf16 by their producers;
-     * ln1, ln2, fch_gelu and lnf are then NULL, and atty one shared slot.
-     * With flash, qkv is bf16 too (qkv16; qkv and atty NULL). */
-    uint16_t *ln1_16, *atty16, *ln2_16, *fch_gelu16, *lnf16, *qkv16;
+    float *encoded, *residual3, *lnf, *lnf_mean, *lnf_rstd, *logits, *losses;
+    float *loss_lse;              /* each row's log-sum-exp of its logits (the loss's backward) */
+    float *scratch, *dres, *dbtc; /* (B*T, C) each, reused by every layer */
+    uint16_t *lnf16;
     /* bf16 with the backend's crossentropy_backward_bf16: the head's
      * gradient, written in bf16 for its product (else NULL) */
     uint16_t *dlogits16;
+    void *family; /* the family's activations (its plan() allocates the struct) */
     int nslots;
     int *slot;       /* per block: its slot */
     int slot_holder; /* the recomputed block whose activations the shared slot holds, or -1 */
@@ -135,9 +132,12 @@ struct fsdp_mem {
     size_t act_bytes;
 };
 
+struct fsdp_family_passes;
+
 struct fsdp_engine {
     const struct model_layout *m;
     const struct fsdp_kernels *k;
+    const struct fsdp_family_passes *passes; /* the model family's (fsdp_family.h) */
     struct fsdp_comm *comm;
     enum fsdp_shard shard;
     int B, T;
@@ -187,7 +187,7 @@ int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct 
               struct fsdp_comm *comm, const struct fsdp_opts *o, char *err);
 void fsdp_free(struct fsdp_engine *e);
 
-/* GPT-2 initialisation of this rank's shard, optimizer moments zeroed;
+/* The family's initialisation of this rank's shard, optimizer moments zeroed;
  * identical values for any world size (each element is a function of seed,
  * tensor and index only). */
 void fsdp_init_params(struct fsdp_engine *e, uint64_t seed);

@@ -39,7 +39,8 @@ struct fsdp_kernels {
     void (*upload)(void *dst, const void *src, size_t bytes);
     void (*download)(void *dst, const void *src, size_t bytes);
 
-    /* out[b,t,:] = wte[tok[b,t],:] + wpe[t,:] */
+    /* out[b,t,:] = wte[tok[b,t],:] + wpe[t,:]; wpe (and dwpe) NULL: no
+     * position embedding (Llama) */
     void (*encoder_forward)(float *out, const int32_t *tok, const float *wte, const float *wpe,
                             int B, int T, int C);
     void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int32_t *tok, int B,
@@ -79,16 +80,19 @@ struct fsdp_kernels {
      * n elements (a larger dout goes through it in chunks of rows on the
      * CPU; the GPU grows it). Returns the bytes held, 0 when out of memory. */
     size_t (*bf16_scratch)(size_t n);
-    /* causal multi-head attention on qkv (B,T,3C); att (B,NH,T,T) keeps the
-     * softmax for the backward pass; out (B,T,C) */
-    void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,
-                              int NH);
-    /* datt is scratch of (B,NH,T,T) */
+    /* causal grouped-query attention: NH query heads of HS channels, KVH
+     * K/V heads (query head h reads K/V head h / (NH/KVH); KVH = NH is
+     * multi-head attention). qkv (B,T,(NH+2KVH)HS) holds each row as [q |
+     * k | v]; att (B,NH,T,T) keeps the softmax for the backward pass; out
+     * (B,T,NH*HS) */
+    void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int NH,
+                              int KVH, int HS);
+    /* datt is scratch of (B,NH,T,T); dqkv (B,T,(NH+2KVH)HS) is overwritten */
     void (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int C, int NH);
+                               const float *att, int B, int T, int NH, int KVH, int HS);
     /* bf16 runs (optional: NULL where the backend has none): causal
-     * attention flash-style on bf16 operands, fp32 accumulation and softmax,
-     * for heads up to attention_bf16_max_hs wide. qkv16 is qkv in bf16,
+     * multi-head attention (qkv (B,T,3C), out (B,T,C)) flash-style on bf16 operands, fp32
+     * accumulation and softmax, for heads up to attention_bf16_max_hs wide. qkv16 is qkv in bf16,
      * written so by matmul_forward_to_bf16; out16, the output in bf16, is
      * the next product's input and all the backward needs of it. Instead of
      * the softmax the forward keeps lse (B,NH,T), each row's log-sum-exp of
@@ -112,6 +116,31 @@ struct fsdp_kernels {
     void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
     /* out = a + b */
     void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+
+    /* The Llama family's (fp32 math; the bf16 forms round the output as
+     * they write it, bit for bit what to_bf16 makes of the fp32 output).
+     * RMSNorm: out = inp * rstd * w, rstd[i] = 1 / sqrt(mean(inp_i^2) +
+     * eps); its backward accumulates dinp (the residual stream's gradient)
+     * and dw. */
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *w, size_t N,
+                            int C, float eps);
+    void (*rmsnorm_forward_bf16)(uint16_t *out16, float *rstd, const float *inp, const float *w,
+                                 size_t N, int C, float eps);
+    void (*rmsnorm_backward)(float *dinp, float *dw, const float *dout, const float *inp,
+                             const float *w, const float *rstd, size_t N, int C);
+    /* Rotary position embedding, in place, on the first NROT heads of HS
+     * channels of each row of x (B*T rows, `stride` floats apart; row b*T+t
+     * is at position t): Hugging Face's half-split form, channel i < HS/2
+     * paired with i + HS/2 and turned by angle t * freq[i], cos and sin from
+     * tables (T, HS/2). inverse turns back (the backward: the rotation's
+     * transpose). */
+    void (*rope)(float *x, const float *cos, const float *sin, int B, int T, int NROT, int HS,
+                 int stride, int inverse);
+    /* SwiGLU on inp (N, 2F), each row [gate | up]: out (N, F) = silu(gate)
+     * * up; the backward writes dinp (N, 2F) from dout (N, F). */
+    void (*swiglu_forward)(float *out, const float *inp, size_t N, int F);
+    void (*swiglu_forward_bf16)(uint16_t *out16, const float *inp, size_t N, int F);
+    void (*swiglu_backward)(float *dinp, const float *inp, const float *dout, size_t N, int F);
     /* The loss over the first V of each row's Vp logits, which stay as they
      * are: lse[i] = log sum_j exp(logits[i,j]) (what the backward needs of
      * the softmax: one value a row), losses[i] = lse[i] - logits[i,target] */

@@ -1,26 +1,115 @@
 /*
- * model.c - presets and the parameter layout (names, shapes, units, init).
+ * model.c - the families' registry, the presets, the checks every family
+ * shares, and the layout's allocation (the families add the tensors:
+ * model_gpt2.c, model_llama.c).
  */
 #include "model.h"
 
 #include "util.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+extern const struct model_family model_gpt2, model_llama;
+
+/* Adding a family: its struct here, in enum model_arch's order. */
+static const struct model_family *const families[MODEL_NARCH] = {
+    [MODEL_GPT2] = &model_gpt2,
+    [MODEL_LLAMA] = &model_llama,
+};
+
+const struct model_family *model_family_of(int arch)
+{
+    return arch >= 0 && arch < MODEL_NARCH ? families[arch] : NULL;
+}
+
+int model_arch_parse(const char *name)
+{
+    for (int a = 0; a < MODEL_NARCH; a++)
+        if (strcmp(name, families[a]->name) == 0)
+            return a;
+    return -1;
+}
+
+const char *model_arch_name(int arch)
+{
+    const struct model_family *f = model_family_of(arch);
+    return f ? f->name : "?";
+}
+
+#define FIELD(name, real)                                                                          \
+    {                                                                                              \
+#name, real, offsetof(struct model_config, name)                                           \
+    }
+const struct model_field model_common_fields[] = {
+    FIELD(layers, 0), FIELD(dim, 0),   FIELD(heads, 0),
+    FIELD(seq, 0),    FIELD(vocab, 0), FIELD(vocab_pad, 0),
+};
+const int model_ncommon_fields = sizeof model_common_fields / sizeof model_common_fields[0];
+
+static const struct {
+    const char *name;
+    struct model_config cfg;
+} presets[] = {
+    {"tiny", {.layers = 4, .dim = 128, .heads = 4, .seq = 128, .vocab = 256, .vocab_pad = 256}},
+    {"small", {.layers = 6, .dim = 384, .heads = 6, .seq = 256, .vocab = 256, .vocab_pad = 256}},
+    {"gpt2-124m",
+     {.layers = 12, .dim = 768, .heads = 12, .seq = 1024, .vocab = 50257, .vocab_pad = 50304}},
+    /* for the CPU tests: grouped-query attention (2 query heads per K/V
+     * head) and an untied head */
+    {"llama-tiny",
+     {.arch = MODEL_LLAMA,
+      .layers = 4,
+      .dim = 128,
+      .heads = 4,
+      .kv_heads = 2,
+      .ffn_dim = 384,
+      .seq = 128,
+      .vocab = 256,
+      .vocab_pad = 256,
+      .rope_theta = 10000,
+      .norm_eps = 1e-5}},
+    /* HuggingFaceTB/SmolLM-135M's shapes */
+    {"smollm-135m",
+     {.arch = MODEL_LLAMA,
+      .layers = 30,
+      .dim = 576,
+      .heads = 9,
+      .kv_heads = 3,
+      .ffn_dim = 1536,
+      .seq = 2048,
+      .vocab = 49152,
+      .vocab_pad = 49152,
+      .tie_embeddings = 1,
+      .rope_theta = 10000,
+      .norm_eps = 1e-5}},
+    /* meta-llama/Llama-3.2-1B's shapes, its RoPE scaling included */
+    {"llama-1b",
+     {.arch = MODEL_LLAMA,
+      .layers = 16,
+      .dim = 2048,
+      .heads = 32,
+      .kv_heads = 8,
+      .ffn_dim = 8192,
+      .seq = 2048,
+      .vocab = 128256,
+      .vocab_pad = 128256,
+      .tie_embeddings = 1,
+      .rope_theta = 500000,
+      .norm_eps = 1e-5,
+      .rope_factor = 32,
+      .rope_low_freq = 1,
+      .rope_high_freq = 4,
+      .rope_orig_ctx = 8192}},
+};
+enum { NPRESETS = sizeof presets / sizeof presets[0] };
+
 int model_preset(const char *name, struct model_config *cfg)
 {
-    static const struct {
-        const char *name;
-        struct model_config cfg;
-    } presets[] = {
-        {"tiny", {4, 128, 4, 128, 256, 256}},
-        {"small", {6, 384, 6, 256, 256, 256}},
-        {"gpt2-124m", {12, 768, 12, 1024, 50257, 50304}},
-    };
-    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+    for (int i = 0; i < NPRESETS; i++) {
         if (strcmp(name, presets[i].name) == 0) {
             *cfg = presets[i].cfg;
             return 0;
@@ -29,10 +118,25 @@ int model_preset(const char *name, struct model_config *cfg)
     return -1;
 }
 
+const char *model_preset_names(void)
+{
+    static char list[256];
+    if (!list[0])
+        for (int i = 0; i < NPRESETS; i++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
+                     presets[i].name);
+    return list;
+}
+
 int model_vocab_pad(int vocab) { return vocab <= 256 ? vocab : (vocab + 63) / 64 * 64; }
+
+#define MODEL_MAX_VOCAB (1 << 24)
 
 int model_config_check(const struct model_config *c, char *err)
 {
+    const struct model_family *f = model_family_of(c->arch);
+    if (!f)
+        return fsdp_err(err, "model: unknown family %d", c->arch);
     if (c->layers < 1 || c->layers > 256)
         return fsdp_err(err, "model: --layers %d is out of range 1..256", c->layers);
     if (c->dim < 1 || c->dim > 16384)
@@ -41,16 +145,53 @@ int model_config_check(const struct model_config *c, char *err)
         return fsdp_err(err, "model: --heads %d must divide --dim %d", c->heads, c->dim);
     if (c->seq < 1 || c->seq > 65536)
         return fsdp_err(err, "model: --seq %d is out of range 1..65536", c->seq);
-    if (c->vocab < 2 || c->vocab > 65536)
-        return fsdp_err(err, "model: vocabulary %d is out of range 2..65536", c->vocab);
-    if (c->vocab_pad < c->vocab)
+    if (c->vocab < 2 || c->vocab > MODEL_MAX_VOCAB)
+        return fsdp_err(err, "model: vocabulary %d is out of range 2..%d", c->vocab,
+                        MODEL_MAX_VOCAB);
+    if (c->vocab_pad < c->vocab || c->vocab_pad > MODEL_MAX_VOCAB + 64)
         return fsdp_err(err, "model: padded vocabulary %d is below vocabulary %d", c->vocab_pad,
                         c->vocab);
-    return 0;
+    return f->check(c, err);
 }
 
-static void add_tensor(struct model_layout *m, int unit, const char *name, size_t rows, size_t cols,
-                       int decay, float std, float value)
+static int field_equal(const struct model_config *a, const struct model_config *b,
+                       const struct model_field *f)
+{
+    const char *pa = (const char *)a + f->offset, *pb = (const char *)b + f->offset;
+    if (f->real)
+        return *(const double *)(const void *)pa == *(const double *)(const void *)pb;
+    return *(const int *)(const void *)pa == *(const int *)(const void *)pb;
+}
+
+int model_config_equal(const struct model_config *a, const struct model_config *b)
+{
+    const struct model_family *f = model_family_of(a->arch);
+    if (a->arch != b->arch || !f)
+        return 0;
+    for (int i = 0; i < model_ncommon_fields; i++)
+        if (!field_equal(a, b, &model_common_fields[i]))
+            return 0;
+    for (int i = 0; i < f->nfields; i++)
+        if (!field_equal(a, b, &f->fields[i]))
+            return 0;
+    return 1;
+}
+
+const char *model_config_describe(const struct model_config *c, char *buf, size_t len)
+{
+    const struct model_family *f = model_family_of(c->arch);
+    if (!f) {
+        snprintf(buf, len, "unknown family %d", c->arch);
+        return buf;
+    }
+    int n = snprintf(buf, len, "%s ", f->name);
+    if (n >= 0 && (size_t)n < len)
+        f->describe(c, buf + n, len - (size_t)n);
+    return buf;
+}
+
+void model_add_tensor(struct model_layout *m, int unit, const char *name, size_t rows, size_t cols,
+                      int decay, float std, float value)
 {
     struct model_tensor *t = &m->tensors[m->ntensors++];
     struct model_unit *u = &m->units[unit];
@@ -72,56 +213,22 @@ static void add_tensor(struct model_layout *m, int unit, const char *name, size_
     m->numel += t->numel;
 }
 
-/* A tensor of block `layer`, named "h.LAYER.SUFFIX" as GPT-2's are. */
-static void add_block_tensor(struct model_layout *m, int layer, const char *suffix, size_t rows,
-                             size_t cols, int decay, float std, float value)
-{
-    char name[MODEL_MAX_NAME];
-    snprintf(name, sizeof name, "h.%d.%s", layer, suffix);
-    add_tensor(m, model_unit_block(layer), name, rows, cols, decay, std, value);
-}
-
 int model_layout_init(struct model_layout *m, const struct model_config *cfg, char *err)
 {
     memset(m, 0, sizeof *m);
     if (model_config_check(cfg, err))
         return -1;
+    const struct model_family *f = model_family_of(cfg->arch);
     m->cfg = *cfg;
     const int L = cfg->layers;
-    const size_t C = (size_t)cfg->dim;
     m->nunits = L + 2;
     m->units = calloc((size_t)m->nunits, sizeof *m->units);
-    m->tensors = calloc((size_t)(2 + L * BT_COUNT + 2), sizeof *m->tensors);
+    m->tensors = calloc((size_t)(L * f->tensors_per_block + f->other_tensors), sizeof *m->tensors);
     if (!m->units || !m->tensors) {
         model_layout_free(m);
         return fsdp_err(err, "model: out of memory for the layout");
     }
-    /* GPT-2 initialisation: N(0, 0.02), residual projections scaled by
-     * 1/sqrt(2L), biases 0, LayerNorm gains 1. */
-    const float std = 0.02f, res_std = 0.02f / sqrtf(2.0f * (float)L);
-    snprintf(m->units[0].name, MODEL_MAX_NAME, "embed");
-    add_tensor(m, 0, "wte.weight", (size_t)cfg->vocab_pad, C, 1, std, 0);
-    m->tensors[0].init_numel = (size_t)cfg->vocab * C; /* the padded rows: zero */
-    add_tensor(m, 0, "wpe.weight", (size_t)cfg->seq, C, 1, std, 0);
-    for (int l = 0; l < L; l++) {
-        snprintf(m->units[model_unit_block(l)].name, MODEL_MAX_NAME, "h.%d", l);
-        add_block_tensor(m, l, "ln_1.weight", C, 0, 0, 0, 1);
-        add_block_tensor(m, l, "ln_1.bias", C, 0, 0, 0, 0);
-        add_block_tensor(m, l, "attn.c_attn.weight", 3 * C, C, 1, std, 0);
-        add_block_tensor(m, l, "attn.c_attn.bias", 3 * C, 0, 0, 0, 0);
-        add_block_tensor(m, l, "attn.c_proj.weight", C, C, 1, res_std, 0);
-        add_block_tensor(m, l, "attn.c_proj.bias", C, 0, 0, 0, 0);
-        add_block_tensor(m, l, "ln_2.weight", C, 0, 0, 0, 1);
-        add_block_tensor(m, l, "ln_2.bias", C, 0, 0, 0, 0);
-        add_block_tensor(m, l, "mlp.c_fc.weight", 4 * C, C, 1, std, 0);
-        add_block_tensor(m, l, "mlp.c_fc.bias", 4 * C, 0, 0, 0, 0);
-        add_block_tensor(m, l, "mlp.c_proj.weight", C, 4 * C, 1, res_std, 0);
-        add_block_tensor(m, l, "mlp.c_proj.bias", C, 0, 0, 0, 0);
-    }
-    int lnf = model_unit_lnf(m);
-    snprintf(m->units[lnf].name, MODEL_MAX_NAME, "ln_f");
-    add_tensor(m, lnf, "ln_f.weight", C, 0, 0, 0, 1);
-    add_tensor(m, lnf, "ln_f.bias", C, 0, 0, 0, 0);
+    f->layout(m);
     return 0;
 }
 
@@ -131,12 +238,4 @@ void model_layout_free(struct model_layout *m)
     free(m->units);
     m->tensors = NULL;
     m->units = NULL;
-}
-
-void model_block_params(const struct model_layout *m, float *unit_base, struct block_params *p)
-{
-    /* Every block has the same layout, so block 0's offsets serve all. */
-    const struct model_unit *u = &m->units[model_unit_block(0)];
-    for (int i = 0; i < BT_COUNT; i++)
-        p->t[i] = unit_base + m->tensors[u->first_tensor + i].offset;
 }

@@ -418,8 +418,12 @@ int hf_read_config(const char *dir, struct model_config *cfg, char *err)
     json_decref(c);
     if (rc)
         return -1;
-    *cfg = (struct model_config){(int)v[0], (int)v[1], (int)v[2],
-                                 (int)v[3], (int)v[4], model_vocab_pad((int)v[4])};
+    *cfg = (struct model_config){.layers = (int)v[0],
+                                 .dim = (int)v[1],
+                                 .heads = (int)v[2],
+                                 .seq = (int)v[3],
+                                 .vocab = (int)v[4],
+                                 .vocab_pad = model_vocab_pad((int)v[4])};
     return model_config_check(cfg, err);
 }
 

@@ -160,7 +160,12 @@ static int open_file(const char *path, struct llmc_file *f, struct model_config 
                  path, h[2], h[3], h[4], h[5], h[6], h[7]);
         return -1;
     }
-    *cfg = (struct model_config){h[4], h[6], h[5], h[2], h[3], model_vocab_pad(h[3])};
+    *cfg = (struct model_config){.layers = h[4],
+                                 .dim = h[6],
+                                 .heads = h[5],
+                                 .seq = h[2],
+                                 .vocab = h[3],
+                                 .vocab_pad = model_vocab_pad(h[3])};
     if (model_config_check(cfg, err))
         return -1;
     uint64_t C = (uint64_t)h[6], L = (uint64_t)h[4],

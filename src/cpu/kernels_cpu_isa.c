@@ -127,6 +127,12 @@ static inline uint16_t bf16_rne(float f)
 static void cpu_encoder_forward(float *out, const int32_t *tok, const float *wte, const float *wpe,
                                 int B, int T, int C)
 {
+    if (!wpe) { /* the token embedding alone */
+#pragma omp parallel for schedule(static)
+        for (int bt = 0; bt < B * T; bt++)
+            memcpy(out + (size_t)bt * C, wte + (size_t)tok[bt] * C, (size_t)C * sizeof *out);
+        return;
+    }
 #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
         const float *we = wte + (size_t)tok[bt] * C, *pe = wpe + (size_t)(bt % T) * C;
@@ -152,7 +158,7 @@ static void cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, co
             for (int c = c0; c < c1; c++)
                 dw[c] += d[c];
         }
-        for (int t = 0; t < T; t++) {
+        for (int t = 0; dwpe && t < T; t++) {
             float *dp = dwpe + (size_t)t * C;
             for (int b = 0; b < B; b++) {
                 const float *d = dout + ((size_t)b * T + t) * C;
@@ -387,22 +393,26 @@ static void cpu_matmul_backward_bf16(float *dinp, float *dw, float *dbias, const
  * 10 of the 16 blocks at T = 256. */
 #define ATT_BLOCK 64
 
-static void cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
-                                  int NH)
+/* Query head h of a row of qkv, [q (NH heads) | k (KVH) | v (KVH)], reads
+ * K/V head h / (NH / KVH); rows are S = (NH + 2 KVH) HS floats apart. With
+ * KVH = NH (GPT-2) these are the products of plain multi-head attention. */
+static void cpu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
+                                  int KVH, int hs)
 {
-    const int hs = C / NH, C3 = 3 * C;
+    const int Cq = NH * hs, Ckv = KVH * hs, S = Cq + 2 * Ckv, grp = NH / KVH;
     const float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
-            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs;
-            const float *k = q + C, *v = q + 2 * C;
+            const float *row = qkv + (size_t)b * T * S;
+            const float *q = row + (size_t)h * hs;
+            const float *k = row + Cq + (size_t)(h / grp) * hs, *v = k + Ckv;
             float *A = att + ((size_t)b * NH + h) * T * T;
-            float *o = out + (size_t)b * T * C + (size_t)h * hs;
+            float *o = out + (size_t)b * T * Cq + (size_t)h * hs;
             for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
                 int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-                fsdp_gemm_small('N', 'T', r1 - r0, r1, hs, scale, q + (size_t)r0 * C3, C3, k, C3,
-                                0.0f, A + (size_t)r0 * T, T);
+                fsdp_gemm_small('N', 'T', r1 - r0, r1, hs, scale, q + (size_t)r0 * S, S, k, S, 0.0f,
+                                A + (size_t)r0 * T, T);
             }
             for (int t = 0; t < T; t++) {
                 float *a = A + (size_t)t * T;
@@ -424,60 +434,69 @@ static void cpu_attention_forward(float *out, float *att, const float *qkv, int 
             }
             for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
                 int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-                fsdp_gemm_small('N', 'N', r1 - r0, hs, r1, 1.0f, A + (size_t)r0 * T, T, v, C3, 0.0f,
-                                o + (size_t)r0 * C, C);
+                fsdp_gemm_small('N', 'N', r1 - r0, hs, r1, 1.0f, A + (size_t)r0 * T, T, v, S, 0.0f,
+                                o + (size_t)r0 * Cq, Cq);
             }
         }
     }
 }
 
+/* One thread per (sequence, K/V head): the query heads that share a K/V
+ * head add their dK and dV in order (the first overwrites), so the sums do
+ * not depend on the threads. */
 static void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
-                                   const float *att, int B, int T, int C, int NH)
+                                   const float *att, int B, int T, int NH, int KVH, int hs)
 {
-    const int hs = C / NH, C3 = 3 * C;
+    const int Cq = NH * hs, Ckv = KVH * hs, S = Cq + 2 * Ckv, grp = NH / KVH;
     const float scale = 1.0f / sqrtf((float)hs);
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
-        for (int h = 0; h < NH; h++) {
-            const size_t qo = (size_t)b * T * C3 + (size_t)h * hs;
-            const float *q = qkv + qo, *k = q + C, *v = q + 2 * C;
-            float *dq = dqkv + qo, *dk = dq + C, *dv = dq + 2 * C;
-            const float *A = att + ((size_t)b * NH + h) * T * T;
-            float *dA = datt + ((size_t)b * NH + h) * T * T;
-            const float *d = dout + (size_t)b * T * C + (size_t)h * hs;
-            /* dA = dout V^T (lower blocks only) */
-            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-                int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-                fsdp_gemm_small('N', 'T', r1 - r0, r1, hs, 1.0f, d + (size_t)r0 * C, C, v, C3, 0.0f,
-                                dA + (size_t)r0 * T, T);
-            }
-            /* dV = A^T dout: key block [c0, c1) gets queries c0 .. T-1 only */
-            for (int c0 = 0; c0 < T; c0 += ATT_BLOCK) {
-                int c1 = c0 + ATT_BLOCK < T ? c0 + ATT_BLOCK : T;
-                fsdp_gemm_small('T', 'N', c1 - c0, hs, T - c0, 1.0f, A + (size_t)c0 * T + c0, T,
-                                d + (size_t)c0 * C, C, 0.0f, dv + (size_t)c0 * C3, C3);
-            }
-            /* softmax backward, in place: dpre = A * (dA - sum(A * dA)) * scale */
-            for (int t = 0; t < T; t++) {
-                const float *a = A + (size_t)t * T;
-                float *g = dA + (size_t)t * T;
-                float dot = 0.0f;
+        for (int kh = 0; kh < KVH; kh++) {
+            for (int j = 0; j < grp; j++) {
+                const int h = kh * grp + j;
+                const float acc = j ? 1.0f : 0.0f; /* dK, dV: the group's sum */
+                const size_t ro = (size_t)b * T * S;
+                const float *q = qkv + ro + (size_t)h * hs;
+                const float *k = qkv + ro + Cq + (size_t)kh * hs, *v = k + Ckv;
+                float *dq = dqkv + ro + (size_t)h * hs;
+                float *dk = dqkv + ro + Cq + (size_t)kh * hs, *dv = dk + Ckv;
+                const float *A = att + ((size_t)b * NH + h) * T * T;
+                float *dA = datt + ((size_t)b * NH + h) * T * T;
+                const float *d = dout + (size_t)b * T * Cq + (size_t)h * hs;
+                /* dA = dout V^T (lower blocks only) */
+                for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+                    int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
+                    fsdp_gemm_small('N', 'T', r1 - r0, r1, hs, 1.0f, d + (size_t)r0 * Cq, Cq, v, S,
+                                    0.0f, dA + (size_t)r0 * T, T);
+                }
+                /* dV = A^T dout: key block [c0, c1) gets queries c0 .. T-1 only */
+                for (int c0 = 0; c0 < T; c0 += ATT_BLOCK) {
+                    int c1 = c0 + ATT_BLOCK < T ? c0 + ATT_BLOCK : T;
+                    fsdp_gemm_small('T', 'N', c1 - c0, hs, T - c0, 1.0f, A + (size_t)c0 * T + c0, T,
+                                    d + (size_t)c0 * Cq, Cq, acc, dv + (size_t)c0 * S, S);
+                }
+                /* softmax backward, in place: dpre = A * (dA - sum(A * dA)) * scale */
+                for (int t = 0; t < T; t++) {
+                    const float *a = A + (size_t)t * T;
+                    float *g = dA + (size_t)t * T;
+                    float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-                for (int t2 = 0; t2 <= t; t2++)
-                    dot += a[t2] * g[t2];
+                    for (int t2 = 0; t2 <= t; t2++)
+                        dot += a[t2] * g[t2];
 #pragma omp simd
-                for (int t2 = 0; t2 <= t; t2++)
-                    g[t2] = a[t2] * (g[t2] - dot) * scale;
-                for (int t2 = t + 1; t2 < T; t2++)
-                    g[t2] = 0.0f;
-            }
-            /* dQ = dpre K, dK = dpre^T Q, over the lower triangle's blocks */
-            for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-                int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-                fsdp_gemm_small('N', 'N', r1 - r0, hs, r1, 1.0f, dA + (size_t)r0 * T, T, k, C3,
-                                0.0f, dq + (size_t)r0 * C3, C3);
-                fsdp_gemm_small('T', 'N', r1 - r0, hs, T - r0, 1.0f, dA + (size_t)r0 * T + r0, T,
-                                q + (size_t)r0 * C3, C3, 0.0f, dk + (size_t)r0 * C3, C3);
+                    for (int t2 = 0; t2 <= t; t2++)
+                        g[t2] = a[t2] * (g[t2] - dot) * scale;
+                    for (int t2 = t + 1; t2 < T; t2++)
+                        g[t2] = 0.0f;
+                }
+                /* dQ = dpre K, dK = dpre^T Q, over the lower triangle's blocks */
+                for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+                    int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
+                    fsdp_gemm_small('N', 'N', r1 - r0, hs, r1, 1.0f, dA + (size_t)r0 * T, T, k, S,
+                                    0.0f, dq + (size_t)r0 * S, S);
+                    fsdp_gemm_small('T', 'N', r1 - r0, hs, T - r0, 1.0f, dA + (size_t)r0 * T + r0,
+                                    T, q + (size_t)r0 * S, S, acc, dk + (size_t)r0 * S, S);
+                }
             }
         }
     }
@@ -525,6 +544,148 @@ static void cpu_residual_forward(float *out, const float *a, const float *b, siz
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++)
         out[i] = a[i] + b[i];
+}
+
+/* ---- the Llama family's ------------------------------------------------------ */
+
+/* RMSNorm's rows into out, or (out NULL) rounded into out16, as ln_rows */
+static inline void rms_rows(float *out, uint16_t *out16, float *rstd, const float *inp,
+                            const float *w, size_t N, int C, float eps)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < N; i++) {
+        const float *x = inp + i * C;
+        float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+        for (int c = 0; c < C; c++)
+            ss += x[c] * x[c];
+        float s = 1.0f / sqrtf(ss / (float)C + eps);
+        if (out) {
+            float *o = out + i * C;
+#pragma omp simd
+            for (int c = 0; c < C; c++)
+                o[c] = x[c] * s * w[c];
+        } else {
+            uint16_t *o = out16 + i * C;
+#pragma omp simd
+            for (int c = 0; c < C; c++)
+                o[c] = bf16_rne(x[c] * s * w[c]);
+        }
+        rstd[i] = s;
+    }
+}
+
+static void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, size_t N,
+                                int C, float eps)
+{
+    rms_rows(out, NULL, rstd, inp, w, N, C, eps);
+}
+
+static void cpu_rmsnorm_forward_bf16(uint16_t *out16, float *rstd, const float *inp, const float *w,
+                                     size_t N, int C, float eps)
+{
+    rms_rows(NULL, out16, rstd, inp, w, N, C, eps);
+}
+
+/* y = x s w with s = (mean(x^2) + eps)^-1/2: dx = s (w d) - x s^3 mean(w d x) */
+static void cpu_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                                 const float *w, const float *rstd, size_t N, int C)
+{
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (size_t i = 0; i < N; i++) {
+            const float *x = inp + i * C, *d = dout + i * C;
+            const float s = rstd[i];
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int c = 0; c < C; c++)
+                dot += w[c] * d[c] * x[c];
+            const float k = s * s * s * dot / (float)C;
+            float *di = dinp + i * C;
+#pragma omp simd
+            for (int c = 0; c < C; c++)
+                di[c] += s * w[c] * d[c] - x[c] * k;
+        }
+        /* the weight's gradient: each thread owns a slice of channels */
+        int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        int c0 = (int)((long)C * id / nt), c1 = (int)((long)C * (id + 1) / nt);
+        for (size_t i = 0; i < N; i++) {
+            const float *x = inp + i * C, *d = dout + i * C;
+            const float s = rstd[i];
+            for (int c = c0; c < c1; c++)
+                dw[c] += x[c] * s * d[c];
+        }
+    }
+}
+
+static void cpu_rope(float *x, const float *cs, const float *sn, int B, int T, int NROT, int HS,
+                     int stride, int inverse)
+{
+    const int half = HS / 2;
+    const float sign = inverse ? -1.0f : 1.0f;
+#pragma omp parallel for schedule(static)
+    for (size_t r = 0; r < (size_t)B * T; r++) {
+        const size_t t = r % (size_t)T;
+        const float *c = cs + t * half, *s = sn + t * half;
+        float *row = x + r * (size_t)stride;
+        for (int h = 0; h < NROT; h++) {
+            float *a = row + (size_t)h * HS, *b = a + half;
+#pragma omp simd
+            for (int i = 0; i < half; i++) {
+                const float x1 = a[i], x2 = b[i], si = sign * s[i];
+                a[i] = x1 * c[i] - x2 * si;
+                b[i] = x2 * c[i] + x1 * si;
+            }
+        }
+    }
+}
+
+static inline float sigmoid(float x) { return 1.0f / (1.0f + fexp(-x)); }
+
+static inline void swiglu_rows(float *out, uint16_t *out16, const float *inp, size_t N, int F)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < N; i++) {
+        const float *g = inp + i * 2 * F, *u = g + F;
+        if (out) {
+            float *o = out + i * F;
+#pragma omp simd
+            for (int j = 0; j < F; j++)
+                o[j] = g[j] * sigmoid(g[j]) * u[j];
+        } else {
+            uint16_t *o = out16 + i * F;
+#pragma omp simd
+            for (int j = 0; j < F; j++)
+                o[j] = bf16_rne(g[j] * sigmoid(g[j]) * u[j]);
+        }
+    }
+}
+
+static void cpu_swiglu_forward(float *out, const float *inp, size_t N, int F)
+{
+    swiglu_rows(out, NULL, inp, N, F);
+}
+
+static void cpu_swiglu_forward_bf16(uint16_t *out16, const float *inp, size_t N, int F)
+{
+    swiglu_rows(NULL, out16, inp, N, F);
+}
+
+/* d silu(g)/dg = s (1 + g (1 - s)), s = sigmoid(g) */
+static void cpu_swiglu_backward(float *dinp, const float *inp, const float *dout, size_t N, int F)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < N; i++) {
+        const float *g = inp + i * 2 * F, *u = g + F, *d = dout + i * F;
+        float *dg = dinp + i * 2 * F, *du = dg + F;
+#pragma omp simd
+        for (int j = 0; j < F; j++) {
+            const float s = sigmoid(g[j]);
+            du[j] = d[j] * g[j] * s;
+            dg[j] = d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
+        }
+    }
 }
 
 static void cpu_add(float *dst, const float *src, size_t n)
@@ -642,6 +803,13 @@ static const struct fsdp_kernels cpu_kernels = {
     .gelu_forward_bf16 = cpu_gelu_forward_bf16,
     .gelu_backward = cpu_gelu_backward,
     .residual_forward = cpu_residual_forward,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_forward_bf16 = cpu_rmsnorm_forward_bf16,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .rope = cpu_rope,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_forward_bf16 = cpu_swiglu_forward_bf16,
+    .swiglu_backward = cpu_swiglu_backward,
     .crossentropy_forward = cpu_crossentropy_forward,
     .crossentropy_backward = cpu_crossentropy_backward,
     .adamw = cpu_adamw,

@@ -418,7 +418,7 @@ __global__ static void encoder_forward_k(float *out, const int32_t *tok, const f
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)BT * C;
     for (; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t bt = i / C, c = i % C;
-        out[i] = wte[(size_t)tok[bt] * C + c] + wpe[(bt % T) * C + c];
+        out[i] = wte[(size_t)tok[bt] * C + c] + (wpe ? wpe[(bt % T) * C + c] : 0.0f);
     }
 }
 
@@ -477,6 +477,8 @@ static void cu_encoder_backward(float *dwte, float *dwpe, const float *dout, con
     encoder_backward_wte<<<dim3((C + 31) / 32, ENC_BUCKETS / 8), dim3(32, 8), 0, g.stream>>>(
         dwte, dout, tok, B * T, C);
     LAUNCHED();
+    if (!dwpe) /* no position embedding (Llama) */
+        return;
     size_t n = (size_t)T * C;
     encoder_backward_wpe<<<(unsigned)((n + 255) / 256), 256, 0, g.stream>>>(dwpe, dout, B, T, C);
     LAUNCHED();
@@ -849,14 +851,14 @@ static void cu_matmul_backward_bf16(float *dinp, float *dw, float *dbias, const 
 
 /* ---- attention --------------------------------------------------------------------- */
 
-/* Strided batched products over the NH heads of one sequence, on qkv in
- * place (head h of q starts at column h * hs, rows C3 apart). TF32 only
- * when a bf16 run allowed it. */
+/* Strided batched products over heads of one sequence, on qkv in place
+ * (head h of q starts at column h * hs, rows S apart). TF32 only when a
+ * bf16 run allowed it. beta 1 adds to Cm (the K/V heads' gradients, summed
+ * over the query heads that share them). */
 static void att_gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
                      const float *A, int lda, long long sa, const float *B, int ldb, long long sb,
-                     float *Cm, int ldc, long long sc, int batch)
+                     float beta, float *Cm, int ldc, long long sc, int batch)
 {
-    float beta = 0.0f;
     CB(cublasGemmStridedBatchedEx(g.blas, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, sa, B,
                                   CUDA_R_32F, ldb, sb, &beta, Cm, CUDA_R_32F, ldc, sc, batch,
                                   g.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F,
@@ -907,54 +909,87 @@ __global__ static void att_softmax_backward_k(float *dA, const float *att, int r
         gr[j] = j <= t ? a[j] * (gr[j] - dot) * scale : 0.0f;
 }
 
-static void cu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
-                                 int NH)
+/* Grouped-query attention as KVH-head batches: for each j < grp = NH/KVH,
+ * the query heads kv * grp + j (kv < KVH) each with K/V head kv, so every
+ * batch has one stride per operand; with KVH = NH (GPT-2) one batch of all
+ * heads. Rows of qkv are S = (NH + 2 KVH) hs apart, of out Cq = NH hs. */
+struct att_dims {
+    int hs, Cq, Ckv, S, grp;
+    float scale;
+    long long TT;
+};
+
+static struct att_dims att_dims(int T, int NH, int KVH, int hs)
+{
+    struct att_dims d;
+    d.hs = hs;
+    d.Cq = NH * hs;
+    d.Ckv = KVH * hs;
+    d.S = d.Cq + 2 * d.Ckv;
+    d.grp = NH / KVH;
+    d.scale = 1.0f / sqrtf((float)hs);
+    d.TT = (long long)T * T;
+    return d;
+}
+
+static void cu_attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH,
+                                 int KVH, int hs)
 {
     PROF("attention_forward");
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
-    const long long TT = (long long)T * T;
-    for (int b = 0; b < B; b++) { /* pre-softmax scores: A = scale Q K^T */
-        const float *q = qkv + (size_t)b * T * C3, *k = q + C;
-        att_gemm(CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, k, C3, hs, q, C3, hs,
-                 att + (size_t)b * NH * TT, T, TT, NH);
-    }
+    const struct att_dims d = att_dims(T, NH, KVH, hs);
+    const long long qs = (long long)d.grp * hs, as = (long long)d.grp * d.TT;
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < d.grp; j++) { /* pre-softmax scores: A = scale Q K^T */
+            const float *row = qkv + (size_t)b * T * d.S, *k = row + d.Cq;
+            att_gemm(CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, d.scale, k, d.S, hs, row + j * hs, d.S, qs,
+                     0.0f, att + ((size_t)b * NH + j) * d.TT, T, as, KVH);
+        }
     int rows = B * NH * T;
     att_softmax_k<<<(rows + 7) / 8, 256, 0, g.stream>>>(att, rows, T);
     LAUNCHED();
-    for (int b = 0; b < B; b++) { /* out = A V */
-        const float *v = qkv + (size_t)b * T * C3 + 2 * C;
-        att_gemm(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, C3, hs, att + (size_t)b * NH * TT, T,
-                 TT, out + (size_t)b * T * C, C, hs, NH);
-    }
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < d.grp; j++) { /* out = A V */
+            const float *v = qkv + (size_t)b * T * d.S + d.Cq + d.Ckv;
+            att_gemm(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, v, d.S, hs,
+                     att + ((size_t)b * NH + j) * d.TT, T, as, 0.0f,
+                     out + (size_t)b * T * d.Cq + j * hs, d.Cq, qs, KVH);
+        }
 }
 
 static void cu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
-                                  const float *att, int B, int T, int C, int NH)
+                                  const float *att, int B, int T, int NH, int KVH, int hs)
 {
     PROF("attention_backward");
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
-    const long long TT = (long long)T * T;
-    for (int b = 0; b < B; b++) {
-        const float *q = qkv + (size_t)b * T * C3, *v = q + 2 * C;
-        const float *A = att + (size_t)b * NH * TT, *d = dout + (size_t)b * T * C;
-        float *dA = datt + (size_t)b * NH * TT, *dv = dqkv + (size_t)b * T * C3 + 2 * C;
-        /* dA = dout V^T; dV = A^T dout */
-        att_gemm(CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, v, C3, hs, d, C, hs, dA, T, TT, NH);
-        att_gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, d, C, hs, A, T, TT, dv, C3, hs, NH);
-    }
+    const struct att_dims d = att_dims(T, NH, KVH, hs);
+    const long long qs = (long long)d.grp * hs, as = (long long)d.grp * d.TT;
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < d.grp; j++) {
+            const size_t ro = (size_t)b * T * d.S;
+            const float *v = qkv + ro + d.Cq + d.Ckv;
+            const float *A = att + ((size_t)b * NH + j) * d.TT;
+            const float *dj = dout + (size_t)b * T * d.Cq + j * hs;
+            float *dA = datt + ((size_t)b * NH + j) * d.TT, *dv = dqkv + ro + d.Cq + d.Ckv;
+            /* dA = dout V^T; dV = A^T dout, summed over the group */
+            att_gemm(CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, v, d.S, hs, dj, d.Cq, qs, 0.0f, dA,
+                     T, as, KVH);
+            att_gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dj, d.Cq, qs, A, T, as,
+                     j ? 1.0f : 0.0f, dv, d.S, hs, KVH);
+        }
     int rows = B * NH * T;
-    att_softmax_backward_k<<<(rows + 7) / 8, 256, 0, g.stream>>>(datt, att, rows, T, scale);
+    att_softmax_backward_k<<<(rows + 7) / 8, 256, 0, g.stream>>>(datt, att, rows, T, d.scale);
     LAUNCHED();
-    for (int b = 0; b < B; b++) {
-        const float *q = qkv + (size_t)b * T * C3, *k = q + C;
-        const float *dA = datt + (size_t)b * NH * TT;
-        float *dq = dqkv + (size_t)b * T * C3, *dk = dq + C;
-        /* dQ = dpre K; dK = dpre^T Q */
-        att_gemm(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, k, C3, hs, dA, T, TT, dq, C3, hs, NH);
-        att_gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, q, C3, hs, dA, T, TT, dk, C3, hs, NH);
-    }
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < d.grp; j++) {
+            const size_t ro = (size_t)b * T * d.S;
+            const float *q = qkv + ro + j * hs, *k = qkv + ro + d.Cq;
+            const float *dA = datt + ((size_t)b * NH + j) * d.TT;
+            float *dq = dqkv + ro + j * hs, *dk = dqkv + ro + d.Cq;
+            /* dQ = dpre K; dK = dpre^T Q, summed over the group */
+            att_gemm(CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, k, d.S, hs, dA, T, as, 0.0f, dq, d.S,
+                     qs, KVH);
+            att_gemm(CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, q, d.S, qs, dA, T, as,
+                     j ? 1.0f : 0.0f, dk, d.S, hs, KVH);
+        }
 }
 
 /* bf16 runs: flash.cu's kernels, the T x T matrices never stored */
@@ -1052,6 +1087,173 @@ static void cu_add(float *dst, const float *src, size_t n)
 {
     PROF("add");
     add_k<<<blocks_for(n, 256), 256, 0, g.stream>>>(dst, src, n);
+    LAUNCHED();
+}
+
+/* ---- the Llama family's ------------------------------------------------------------ */
+
+/* RMSNorm: one warp per row; O: float, or uint16_t for the bf16 copy */
+template <typename O>
+__global__ static void rmsnorm_forward_k(O *out, float *rstd, const float *inp, const float *w,
+                                         size_t N, int C, float eps)
+{
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= N)
+        return;
+    const float *x = inp + row * C;
+    float ss = 0.0f;
+    for (int c = lane; c < C; c += 32)
+        ss += x[c] * x[c];
+    float s = rsqrtf(warp_sum(ss) / (float)C + eps);
+    O *o = out + row * C;
+    for (int c = lane; c < C; c += 32)
+        put(&o[c], x[c] * s * w[c]);
+    if (lane == 0)
+        rstd[row] = s;
+}
+
+static void cu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, size_t N,
+                               int C, float eps)
+{
+    PROF("rmsnorm_forward");
+    rmsnorm_forward_k<<<(unsigned)((N + 7) / 8), 256, 0, g.stream>>>(out, rstd, inp, w, N, C, eps);
+    LAUNCHED();
+}
+
+static void cu_rmsnorm_forward_bf16(uint16_t *out16, float *rstd, const float *inp, const float *w,
+                                    size_t N, int C, float eps)
+{
+    PROF("rmsnorm_forward_bf16");
+    rmsnorm_forward_k<<<(unsigned)((N + 7) / 8), 256, 0, g.stream>>>(out16, rstd, inp, w, N, C,
+                                                                     eps);
+    LAUNCHED();
+}
+
+__global__ static void rmsnorm_backward_dinp(float *dinp, const float *dout, const float *inp,
+                                             const float *w, const float *rstd, size_t N, int C)
+{
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= N)
+        return;
+    const float *x = inp + row * C, *d = dout + row * C;
+    const float s = rstd[row];
+    float dot = 0.0f;
+    for (int c = lane; c < C; c += 32)
+        dot += w[c] * d[c] * x[c];
+    const float k = s * s * s * warp_sum(dot) / (float)C;
+    float *di = dinp + row * C;
+    for (int c = lane; c < C; c += 32)
+        di[c] += s * w[c] * d[c] - x[c] * k;
+}
+
+/* dw's partial column sums over S row ranges (colsum_finish adds them) */
+__global__ static void rmsnorm_backward_partial(float *pw, const float *dout, const float *inp,
+                                                const float *rstd, size_t N, int C, int S)
+{
+    __shared__ float aw[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x, s = blockIdx.y;
+    size_t r0 = N * s / S, r1 = N * (s + 1) / S;
+    float vw = 0.0f;
+    if (c < C)
+        for (size_t r = r0 + threadIdx.y; r < r1; r += 8)
+            vw += inp[r * C + c] * rstd[r] * dout[r * C + c];
+    aw[threadIdx.y][threadIdx.x] = vw;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float tw = 0.0f;
+        for (int y = 0; y < 8; y++)
+            tw += aw[y][threadIdx.x];
+        pw[(size_t)s * C + c] = tw;
+    }
+}
+
+static void cu_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                                const float *w, const float *rstd, size_t N, int C)
+{
+    PROF("rmsnorm_backward");
+    rmsnorm_backward_dinp<<<(unsigned)((N + 7) / 8), 256, 0, g.stream>>>(dinp, dout, inp, w, rstd,
+                                                                         N, C);
+    LAUNCHED();
+    int S = col_splits(N);
+    float *pw = (float *)scratch(S_PARTIAL, (size_t)S * C * sizeof(float));
+    rmsnorm_backward_partial<<<dim3((C + 31) / 32, S), dim3(32, 8), 0, g.stream>>>(pw, dout, inp,
+                                                                                   rstd, N, C, S);
+    LAUNCHED();
+    colsum_finish<<<(C + 255) / 256, 256, 0, g.stream>>>(dw, pw, S, C);
+    LAUNCHED();
+}
+
+/* one thread per (row, rotated head, channel pair) */
+__global__ static void rope_k(float *x, const float *cs, const float *sn, size_t rows, int T,
+                              int NROT, int half, int stride, float sign)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = rows * NROT * half;
+    for (; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / ((size_t)NROT * half);
+        int rest = (int)(i % ((size_t)NROT * half)), h = rest / half, p = rest % half;
+        size_t t = r % (size_t)T;
+        float *a = x + r * stride + (size_t)h * 2 * half;
+        float c = cs[t * half + p], s = sign * sn[t * half + p];
+        float x1 = a[p], x2 = a[p + half];
+        a[p] = x1 * c - x2 * s;
+        a[p + half] = x2 * c + x1 * s;
+    }
+}
+
+static void cu_rope(float *x, const float *cos, const float *sin, int B, int T, int NROT, int HS,
+                    int stride, int inverse)
+{
+    PROF("rope");
+    size_t n = (size_t)B * T * NROT * (HS / 2);
+    rope_k<<<blocks_for(n, 256), 256, 0, g.stream>>>(x, cos, sin, (size_t)B * T, T, NROT, HS / 2,
+                                                     stride, inverse ? -1.0f : 1.0f);
+    LAUNCHED();
+}
+
+template <typename O>
+__global__ static void swiglu_forward_k(O *out, const float *inp, size_t N, int F)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = N * F;
+    for (; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / F, j = i % F;
+        float gt = inp[r * 2 * F + j], up = inp[r * 2 * F + F + j];
+        put(&out[i], gt / (1.0f + expf(-gt)) * up);
+    }
+}
+
+static void cu_swiglu_forward(float *out, const float *inp, size_t N, int F)
+{
+    PROF("swiglu_forward");
+    swiglu_forward_k<<<blocks_for(N * F, 256), 256, 0, g.stream>>>(out, inp, N, F);
+    LAUNCHED();
+}
+
+static void cu_swiglu_forward_bf16(uint16_t *out16, const float *inp, size_t N, int F)
+{
+    PROF("swiglu_forward_bf16");
+    swiglu_forward_k<<<blocks_for(N * F, 256), 256, 0, g.stream>>>(out16, inp, N, F);
+    LAUNCHED();
+}
+
+__global__ static void swiglu_backward_k(float *dinp, const float *inp, const float *dout, size_t N,
+                                         int F)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = N * F;
+    for (; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / F, j = i % F;
+        float gt = inp[r * 2 * F + j], up = inp[r * 2 * F + F + j], d = dout[i];
+        float s = 1.0f / (1.0f + expf(-gt));
+        dinp[r * 2 * F + F + j] = d * gt * s;
+        dinp[r * 2 * F + j] = d * up * s * (1.0f + gt * (1.0f - s));
+    }
+}
+
+static void cu_swiglu_backward(float *dinp, const float *inp, const float *dout, size_t N, int F)
+{
+    PROF("swiglu_backward");
+    swiglu_backward_k<<<blocks_for(N * F, 256), 256, 0, g.stream>>>(dinp, inp, dout, N, F);
     LAUNCHED();
 }
 
@@ -1228,6 +1430,13 @@ static void fill_table(int flash)
     k->gelu_forward_bf16 = cu_gelu_forward_bf16;
     k->gelu_backward = cu_gelu_backward;
     k->residual_forward = cu_residual_forward;
+    k->rmsnorm_forward = cu_rmsnorm_forward;
+    k->rmsnorm_forward_bf16 = cu_rmsnorm_forward_bf16;
+    k->rmsnorm_backward = cu_rmsnorm_backward;
+    k->rope = cu_rope;
+    k->swiglu_forward = cu_swiglu_forward;
+    k->swiglu_forward_bf16 = cu_swiglu_forward_bf16;
+    k->swiglu_backward = cu_swiglu_backward;
     k->crossentropy_forward = cu_crossentropy_forward;
     k->crossentropy_backward = cu_crossentropy_backward;
     k->crossentropy_backward_bf16 = cu_crossentropy_backward_bf16;

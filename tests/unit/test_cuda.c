@@ -208,12 +208,12 @@ static void attention_matches_the_cpu(void)
     float *dout = randv(no, 41, 1), *dqkv = calloc(nq, 4), *datt = calloc(na, 4);
     float *gqkv = dev(qkv, nq * 4), *gatt = dev(NULL, na * 4), *gout = dev(NULL, no * 4);
     float *gdout = dev(dout, no * 4), *gdqkv = dev(NULL, nq * 4), *gdatt = dev(NULL, na * 4);
-    cpu->attention_forward(out, att, qkv, B, T, C, NH);
-    gpu->attention_forward(gout, gatt, gqkv, B, T, C, NH);
+    cpu->attention_forward(out, att, qkv, B, T, NH, NH, C / NH);
+    gpu->attention_forward(gout, gatt, gqkv, B, T, NH, NH, C / NH);
     EXPECT_CLOSE(gatt, att, na, 1e-5, "attention_forward att (the stored softmax)");
     EXPECT_CLOSE(gout, out, no, 1e-4, "attention_forward out");
-    cpu->attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
-    gpu->attention_backward(gdqkv, gdatt, gdout, gqkv, gatt, B, T, C, NH);
+    cpu->attention_backward(dqkv, datt, dout, qkv, att, B, T, NH, NH, C / NH);
+    gpu->attention_backward(gdqkv, gdatt, gdout, gqkv, gatt, B, T, NH, NH, C / NH);
     EXPECT_CLOSE(gdqkv, dqkv, nq, 1e-4, "attention_backward dqkv");
     float *h[] = {qkv, att, out, dout, dqkv, datt};
     float *d[] = {gqkv, gatt, gout, gdout, gdqkv, gdatt};
@@ -257,8 +257,8 @@ static void flash_attention_matches_the_reference(void)
         flash_ref_forward(out16, lse, qkv16, B, T, C, NH);
         cpu->from_bf16(out, out16, no);
         flash_ref_backward(dqkv, d, dout, out16, qkv16, lse, B, T, C, NH);
-        cpu->attention_forward(out32, att, qkv, B, T, C, NH);
-        cpu->attention_backward(dqkv32, datt, dout, qkv, att, B, T, C, NH);
+        cpu->attention_forward(out32, att, qkv, B, T, NH, NH, C / NH);
+        cpu->attention_backward(dqkv32, datt, dout, qkv, att, B, T, NH, NH, C / NH);
         uint16_t *gqkv = dev(qkv16, nq * 2), *gout = dev(NULL, no * 2);
         float *gdout = dev(dout, no * 4);
         float *glse = dev(NULL, nl * 4), *gd = dev(NULL, nl * 4), *gdqkv = dev(NULL, nq * 4);

@@ -37,8 +37,8 @@ static void compare(int B, int T, int C, int NH, uint64_t seed, double *eo, doub
     float *rout = calloc(no, 4), *lse = calloc(nl, 4), *d = calloc(nl, 4);
     float *rdqkv = calloc(nq, 4);
     uint16_t *out16 = calloc(no, 2), *qkv16 = calloc(nq, 2);
-    k->attention_forward(out, att, qkv, B, T, C, NH);
-    k->attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+    k->attention_forward(out, att, qkv, B, T, NH, NH, C / NH);
+    k->attention_backward(dqkv, datt, dout, qkv, att, B, T, NH, NH, C / NH);
     k->to_bf16(qkv16, qkv, nq); /* what the qkv product writes */
     flash_ref_forward(out16, lse, qkv16, B, T, C, NH);
     k->from_bf16(rout, out16, no);
@@ -80,7 +80,7 @@ static void lse_gives_back_the_softmax(void)
     uint16_t *out16 = malloc((size_t)B * T * C * 2);
     k->to_bf16(tmp, qkv, (size_t)B * T * 3 * C);
     k->from_bf16(q16, tmp, (size_t)B * T * 3 * C);
-    k->attention_forward(out, att, q16, B, T, C, NH);
+    k->attention_forward(out, att, q16, B, T, NH, NH, C / NH);
     flash_ref_forward(out16, lse, tmp, B, T, C, NH);
     double worst = 0;
     for (int h = 0; h < NH; h++)
@@ -255,7 +255,8 @@ enum { DB = 4, DT = 128, DSTEPS = 20 };
 static int drift_run(const struct fsdp_kernels *k, int bf16, double *losses)
 {
     char err[FSDP_ERR_LEN];
-    struct model_config cfg = {4, 128, 4, DT, 256, 256};
+    struct model_config cfg = {
+        .layers = 4, .dim = 128, .heads = 4, .seq = DT, .vocab = 256, .vocab_pad = 256};
     struct model_layout m;
     struct fsdp_comm comm;
     struct fsdp_engine e;

@@ -349,8 +349,8 @@ static void attention_backward_matches_naive_products(void)
         qkv[i] = fsdp_normal_at(21, (uint64_t)i);
     for (int i = 0; i < AB * AT * AC; i++)
         dout[i] = fsdp_normal_at(22, (uint64_t)i);
-    k->attention_forward(out, att, qkv, AB, AT, AC, NH);
-    k->attention_backward(dqkv, datt, dout, qkv, att, AB, AT, AC, NH);
+    k->attention_forward(out, att, qkv, AB, AT, NH, NH, AC / NH);
+    k->attention_backward(dqkv, datt, dout, qkv, att, AB, AT, NH, NH, AC / NH);
     const double scale = 1.0 / sqrt((double)HS);
     for (int b = 0; b < AB; b++)
         for (int h = 0; h < NH; h++) {

@@ -57,7 +57,12 @@ static int model_by_name(const char *name, struct model_config *c)
         return 0;
     for (size_t i = 0; i < sizeof big / sizeof big[0]; i++)
         if (strcmp(name, big[i].name) == 0) {
-            *c = (struct model_config){big[i].layers, big[i].dim, big[i].heads, 2048, 50257, 50304};
+            *c = (struct model_config){.layers = big[i].layers,
+                                       .dim = big[i].dim,
+                                       .heads = big[i].heads,
+                                       .seq = 2048,
+                                       .vocab = 50257,
+                                       .vocab_pad = 50304};
             return 0;
         }
     return -1;
