@@ -60,7 +60,10 @@ static void print_banner(const struct trainer *t)
 {
     const struct model_config *c = &t->model.cfg;
     const struct fsdp_mem *m = &t->eng.mem;
-    char ac[32], buckets[48] = "";
+    char ac[32], buckets[48] = "", shape[256];
+    /* "tiny (L4 C128 H4 T128 V256)"; other families name themselves */
+    model_config_describe(c, shape, sizeof shape);
+    const char *desc = c->arch == MODEL_GPT2 ? strchr(shape, ' ') + 1 : shape;
     size_t full = 0;
     if (t->eng.nbuckets) /* none on several ranks */
         snprintf(buckets, sizeof buckets, ", gradients all-reduced in %d bucket%s", t->eng.nbuckets,
@@ -68,11 +71,10 @@ static void print_banner(const struct trainer *t)
     for (int u = 0; u < t->model.nunits; u++)
         full += t->model.units[u].numel * sizeof(float);
     fprintf(stderr,
-            "fsdp-train: model %s (L%d C%d H%d T%d V%d), %.2fM parameters; %d rank%s, shard %s, "
+            "fsdp-train: model %s (%s), %.2fM parameters; %d rank%s, shard %s, "
             "%s%s, prefetch %s, %d block%s per unit%s, %d thread%s per rank; %s kernels; %s\n",
-            t->o.model_label, c->layers, c->dim, c->heads, c->seq, c->vocab,
-            (double)t->model.numel / 1e6, t->comm.world, t->comm.world > 1 ? "s" : "",
-            fsdp_shard_name(t->o.shard), t->precision,
+            t->o.model_label, desc, (double)t->model.numel / 1e6, t->comm.world,
+            t->comm.world > 1 ? "s" : "", fsdp_shard_name(t->o.shard), t->precision,
             t->o.reduce_bf16 ? ", gradients reduced in bf16" : "", t->eng.prefetch ? "on" : "off",
             t->eng.unit_blocks, t->eng.unit_blocks > 1 ? "s" : "", buckets, t->threads,
             t->threads > 1 ? "s" : "", t->eng.k->name,

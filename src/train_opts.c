@@ -5,8 +5,11 @@
  * field); --help prints that table. What the table cannot say is checked
  * after it: the model, and flags that only make sense together.
  *
- * Model shape: --model picks a preset; --layers/--dim/--heads/--seq/--vocab
- * override single fields, in any order relative to --model.
+ * Model shape: --model picks a preset (its family with it); --arch alone
+ * picks that family's smallest preset; --layers/--dim/--heads/--seq/--vocab
+ * and the llama family's --kv-heads/--ffn-dim/--rope-theta/--norm-eps/
+ * --tie-embeddings/--attn-bias override single fields, in any order
+ * relative to --model.
  */
 #include "train_opts.h"
 
@@ -22,6 +25,9 @@
 struct given {
     struct train_opts o;
     long long layers, dim, heads, seq, vocab, seed, chunk_kib; /* 0: not given (but seed) */
+    long long kv_heads, ffn_dim;                               /* 0: not given */
+    double rope_theta, norm_eps;                               /* 0: not given */
+    int arch, tie_embeddings, attn_bias;                       /* -1: not given */
     const char *s3_endpoint;
 };
 
@@ -57,13 +63,33 @@ static const struct opt train_flags[] = {
      .help = "training tokens (llm.c format; fsdp-data prepare)"},
     {"--val-data", OPT_STR, AT(o.val_data), .arg = "FILE", .help = "validation tokens"},
     {"--model", OPT_STR, AT(o.model_name), .arg = "NAME", /* checked after the loop */
-     .help = "tiny | small | gpt2-124m (default tiny)"},
+     .help = "a preset: tiny | small | gpt2-124m (gpt2);\n"
+             "llama-tiny | smollm-135m | llama-1b (llama; shapes of\n"
+             "SmolLM-135M and Llama 3.2 1B) (default tiny)"},
+    {"--arch", OPT_WORD, AT(arch), .words = {"gpt2", "llama"}, .arg = "gpt2|llama",
+     .help = "the model family: gpt2 (LayerNorm, GELU MLP, learned\n"
+             "positions, tied head) or llama (RMSNorm, RoPE, SwiGLU,\n"
+             "grouped-query attention); alone it picks tiny or\n"
+             "llama-tiny (default: the preset's family)"},
     {"--layers", OPT_LLONG, AT(layers), .min = 1, .max = 256,
      .arg = "N --dim N --heads N --seq N --vocab N", .help = "override the preset"},
     {"--dim", OPT_LLONG, AT(dim), .min = 1, .max = 16384},
     {"--heads", OPT_LLONG, AT(heads), .min = 1, .max = 1024},
     {"--seq", OPT_LLONG, AT(seq), .min = 1, .max = 65536},
-    {"--vocab", OPT_LLONG, AT(vocab), .min = 2, .max = 65536},
+    {"--vocab", OPT_LLONG, AT(vocab), .min = 2, .max = 1 << 24},
+    {"--kv-heads", OPT_LLONG, AT(kv_heads), .min = 1, .max = 1024, .arg = "N",
+     .help = "llama: heads of K and V, dividing --heads (grouped-query\n"
+             "attention; --heads N is multi-head attention)"},
+    {"--ffn-dim", OPT_LLONG, AT(ffn_dim), .min = 1, .max = 1 << 18, .arg = "N",
+     .help = "llama: the SwiGLU MLP's hidden width"},
+    {"--rope-theta", OPT_NUM, AT(rope_theta), .lo = 1, .hi = 1e12, .arg = "X",
+     .help = "llama: RoPE's base (llama-tiny 10000, llama-1b 500000)"},
+    {"--norm-eps", OPT_NUM, AT(norm_eps), .lo = 0, .hi = 0.1, .open = 1, .arg = "X",
+     .help = "llama: RMSNorm's epsilon (default 1e-5)"},
+    {"--tie-embeddings", OPT_WORD, AT(tie_embeddings), .words = {"off", "on"}, .arg = "on|off",
+     .help = "llama: the output head is the token embedding"},
+    {"--attn-bias", OPT_WORD, AT(attn_bias), .words = {"off", "on"}, .arg = "on|off",
+     .help = "llama: biases on the q, k and v projections (Qwen2)"},
 
     {.kind = OPT_SECTION, .help = "training:"},
     {"--global-batch", OPT_LLONG, AT(o.global_batch), .min = 1, .max = 1 << 20, .arg = "G",
@@ -201,7 +227,7 @@ static void set_defaults(struct given *g)
 {
     struct train_opts *o = &g->o;
     memset(g, 0, sizeof *g);
-    o->model_name = "tiny";
+    g->arch = g->tie_embeddings = g->attn_bias = -1;
     o->cpu_kernels = "auto";
     o->matmul = "auto";
     o->global_batch = 8;
@@ -227,25 +253,43 @@ static void set_defaults(struct given *g)
     g->seed = 1337;
 }
 
-/* --model and its overrides: the model config and its label */
+/* --model, --arch and the overrides: the model config and its label */
 static int set_model(struct given *g, char *err)
 {
     struct train_opts *o = &g->o;
+    if (!o->model_name)
+        o->model_name = g->arch == MODEL_LLAMA ? "llama-tiny" : "tiny";
     if (model_preset(o->model_name, &o->cfg))
-        return fsdp_err(err, "--model '%s' is not one of tiny, small, gpt2-124m", o->model_name);
-    if (g->layers)
-        o->cfg.layers = (int)g->layers;
-    if (g->dim)
-        o->cfg.dim = (int)g->dim;
-    if (g->heads)
-        o->cfg.heads = (int)g->heads;
-    if (g->seq)
-        o->cfg.seq = (int)g->seq;
+        return fsdp_err(err, "--model '%s' is not one of %s", o->model_name, model_preset_names());
+    if (g->arch >= 0 && g->arch != o->cfg.arch)
+        return fsdp_err(err, "--arch %s and --model %s (a %s preset) disagree: give one",
+                        model_arch_name(g->arch), o->model_name, model_arch_name(o->cfg.arch));
+    const char *llama_flag = g->kv_heads              ? "--kv-heads"
+                             : g->ffn_dim             ? "--ffn-dim"
+                             : g->rope_theta          ? "--rope-theta"
+                             : g->norm_eps            ? "--norm-eps"
+                             : g->tie_embeddings >= 0 ? "--tie-embeddings"
+                             : g->attn_bias >= 0      ? "--attn-bias"
+                                                      : NULL;
+    if (llama_flag && o->cfg.arch != MODEL_LLAMA)
+        return fsdp_err(err, "%s is the llama family's; --model %s is %s (use --arch llama)",
+                        llama_flag, o->model_name, model_arch_name(o->cfg.arch));
+    struct model_config *c = &o->cfg;
+    c->layers = g->layers ? (int)g->layers : c->layers;
+    c->dim = g->dim ? (int)g->dim : c->dim;
+    c->heads = g->heads ? (int)g->heads : c->heads;
+    c->seq = g->seq ? (int)g->seq : c->seq;
     if (g->vocab) {
-        o->cfg.vocab = (int)g->vocab;
-        o->cfg.vocab_pad = model_vocab_pad((int)g->vocab);
+        c->vocab = (int)g->vocab;
+        c->vocab_pad = model_vocab_pad((int)g->vocab);
     }
-    int custom = g->layers || g->dim || g->heads || g->seq || g->vocab;
+    c->kv_heads = g->kv_heads ? (int)g->kv_heads : c->kv_heads;
+    c->ffn_dim = g->ffn_dim ? (int)g->ffn_dim : c->ffn_dim;
+    c->rope_theta = g->rope_theta ? g->rope_theta : c->rope_theta;
+    c->norm_eps = g->norm_eps ? g->norm_eps : c->norm_eps;
+    c->tie_embeddings = g->tie_embeddings >= 0 ? g->tie_embeddings : c->tie_embeddings;
+    c->attn_bias = g->attn_bias >= 0 ? g->attn_bias : c->attn_bias;
+    int custom = g->layers || g->dim || g->heads || g->seq || g->vocab || llama_flag;
     snprintf(o->model_label, sizeof o->model_label, "%s", custom ? "custom" : o->model_name);
     return 0;
 }

@@ -23,8 +23,42 @@
 #include <string.h>
 
 enum { B = 2, T = 8 };
-static const struct model_config cfg = {
+static const struct model_config gpt2 = {
     .layers = 2, .dim = 16, .heads = 2, .seq = T, .vocab = 30, .vocab_pad = 32};
+/* Llama: grouped-query attention (4 heads share 2 K/V heads), an untied
+ * head; and a variant with Qwen2's q/k/v biases, a tied head, plain MHA and
+ * llama3 RoPE scaling (with a short original context, so all three of its
+ * frequency bands occur) */
+static const struct model_config llama = {.arch = MODEL_LLAMA,
+                                          .layers = 2,
+                                          .dim = 16,
+                                          .heads = 4,
+                                          .seq = T,
+                                          .vocab = 30,
+                                          .vocab_pad = 32,
+                                          .kv_heads = 2,
+                                          .ffn_dim = 24,
+                                          .rope_theta = 10000,
+                                          .norm_eps = 1e-5};
+static const struct model_config llama_tied_bias = {.arch = MODEL_LLAMA,
+                                                    .layers = 2,
+                                                    .dim = 16,
+                                                    .heads = 2,
+                                                    .seq = T,
+                                                    .vocab = 30,
+                                                    .vocab_pad = 32,
+                                                    .kv_heads = 2,
+                                                    .ffn_dim = 20,
+                                                    .tie_embeddings = 1,
+                                                    .attn_bias = 1,
+                                                    .rope_theta = 500000,
+                                                    .norm_eps = 1e-5,
+                                                    .rope_factor = 8,
+                                                    .rope_low_freq = 1,
+                                                    .rope_high_freq = 4,
+                                                    .rope_orig_ctx = 64};
+/* the model every check below runs on (the tests at the bottom switch it) */
+static const struct model_config *cfg = &gpt2;
 #define TOL 5e-3
 #define EPS 5e-3f
 
@@ -44,7 +78,7 @@ static int rig_init_opts(struct rig *r, const struct fsdp_kernels *k, enum fsdp_
                          const struct rig_opts *ro)
 {
     char err[FSDP_ERR_LEN];
-    if (model_layout_init(&r->m, &cfg, err) != 0)
+    if (model_layout_init(&r->m, cfg, err) != 0)
         return -1;
     fsdp_comm_local_init(&r->comm);
     const struct fsdp_opts o = {
@@ -54,8 +88,8 @@ static int rig_init_opts(struct rig *r, const struct fsdp_kernels *k, enum fsdp_
         return -1;
     struct fsdp_rng rng = {42};
     for (int i = 0; i < B * T; i++) {
-        r->in[i] = (int32_t)fsdp_rng_below(&rng, (uint64_t)cfg.vocab);
-        r->tgt[i] = (int32_t)fsdp_rng_below(&rng, (uint64_t)cfg.vocab);
+        r->in[i] = (int32_t)fsdp_rng_below(&rng, (uint64_t)cfg->vocab);
+        r->tgt[i] = (int32_t)fsdp_rng_below(&rng, (uint64_t)cfg->vocab);
     }
     /* parameters ~ N(init_value, 0.3^2): norms near 1, everything else near 0 */
     for (int ti = 0; ti < r->m.ntensors; ti++) {
@@ -134,7 +168,7 @@ static void check_all_tensors(enum fsdp_shard shard)
 {
     struct model_layout m;
     char err[FSDP_ERR_LEN];
-    REQUIRE(model_layout_init(&m, &cfg, err) == 0, "%s", err);
+    REQUIRE(model_layout_init(&m, cfg, err) == 0, "%s", err);
     double *rel = calloc((size_t)m.ntensors, sizeof *rel);
     gradcheck(fsdp_kernels_cpu(), shard, rel);
     const char *verbose = getenv("GRADCHECK_VERBOSE");
@@ -312,7 +346,7 @@ static double worst_with(struct fsdp_kernels *k)
 {
     struct model_layout m;
     char err[FSDP_ERR_LEN];
-    model_layout_init(&m, &cfg, err);
+    model_layout_init(&m, cfg, err);
     double *rel = calloc((size_t)m.ntensors, sizeof *rel);
     double worst = gradcheck(k, FSDP_SHARD_FULL, rel);
     free(rel);
@@ -400,6 +434,90 @@ static void unit_groups_give_the_same_gradient_bits(void)
         }
 }
 
+/* ---- the llama family -------------------------------------------------------- */
+
+/* SwiGLU's backward that forgets the gate's own derivative (d silu = s, not
+ * s (1 + g (1 - s))). */
+static void swiglu_backward_wrong(float *dinp, const float *inp, const float *dout, size_t N, int F)
+{
+    for (size_t i = 0; i < N; i++)
+        for (int j = 0; j < F; j++) {
+            const float g = inp[i * 2 * F + j], u = inp[i * 2 * F + F + j];
+            const float s = 1.0f / (1.0f + expf(-g));
+            dinp[i * 2 * F + F + j] = dout[i * F + j] * g * s;
+            dinp[i * 2 * F + j] = dout[i * F + j] * u * s;
+        }
+}
+
+/* RMSNorm's backward as if rstd did not depend on the input. */
+static void rmsnorm_backward_wrong(float *dinp, float *dw, const float *dout, const float *inp,
+                                   const float *w, const float *rstd, size_t N, int C)
+{
+    for (size_t i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) {
+            dinp[i * C + c] += w[c] * dout[i * C + c] * rstd[i];
+            dw[c] += inp[i * C + c] * rstd[i] * dout[i * C + c];
+        }
+}
+
+/* RoPE whose backward turns the same way as the forward (not back). */
+static void (*rope_real)(float *, const float *, const float *, int, int, int, int, int, int);
+static void rope_backward_wrong(float *x, const float *cos, const float *sin, int B, int T,
+                                int NROT, int HS, int stride, int inverse)
+{
+    (void)inverse;
+    rope_real(x, cos, sin, B, T, NROT, HS, stride, 0);
+}
+
+static void llama_gradients_match_finite_differences(void)
+{
+    const struct model_config *configs[] = {&llama, &llama_tied_bias};
+    for (int i = 0; i < 2; i++) {
+        cfg = configs[i];
+        check_all_tensors(FSDP_SHARD_FULL);
+        check_all_tensors(FSDP_SHARD_NONE);
+    }
+    cfg = &gpt2;
+}
+
+/* Recompute, bf16 on every strategy, bf16 reduction and unit groups: the
+ * engine's promises hold for llama's passes as for GPT-2's. */
+static void llama_keeps_the_engines_equivalences(void)
+{
+    const struct model_config *configs[] = {&llama, &llama_tied_bias};
+    for (int i = 0; i < 2; i++) {
+        cfg = configs[i];
+        recomputing_blocks_gives_the_same_gradient_bits();
+        bf16_gives_the_same_gradients_for_every_strategy();
+        bf16_reduction_rounds_the_gradient_and_nothing_else();
+        unit_groups_give_the_same_gradient_bits();
+    }
+    cfg = &gpt2;
+}
+
+static void llama_gradcheck_catches_wrong_kernels(void)
+{
+    const struct fsdp_kernels *real = fsdp_kernels_cpu();
+    cfg = &llama;
+    for (int which = 0; which < 3; which++) {
+        struct fsdp_kernels k = *real;
+        const char *name = which == 0 ? "swiglu" : which == 1 ? "rmsnorm" : "rope";
+        if (which == 0)
+            k.swiglu_backward = swiglu_backward_wrong;
+        else if (which == 1)
+            k.rmsnorm_backward = rmsnorm_backward_wrong;
+        rope_real = real->rope;
+        if (which == 2)
+            k.rope = rope_backward_wrong; /* the forward's calls pass inverse 0: unchanged */
+        double worst = worst_with(&k);
+        if (getenv("GRADCHECK_VERBOSE"))
+            printf("  llama, wrong %s backward: worst relative error %.3g\n", name, worst);
+        CHECK(worst > 10 * TOL, "a wrong %s backward: worst relative error %.3g should exceed %g",
+              name, worst, 10 * TOL);
+    }
+    cfg = &gpt2;
+}
+
 CHECK_MAIN(TEST(every_tensor_gradient_matches_finite_differences_full_shard),
            TEST(unit_groups_give_the_same_gradient_bits),
            TEST(bf16_reduction_rounds_the_gradient_and_nothing_else),
@@ -408,4 +526,6 @@ CHECK_MAIN(TEST(every_tensor_gradient_matches_finite_differences_full_shard),
            TEST(the_recompute_option_parses_and_names_itself),
            TEST(every_tensor_gradient_matches_finite_differences_no_shard),
            TEST(gradcheck_catches_a_wrong_gelu_backward),
-           TEST(gradcheck_catches_a_wrong_layernorm_backward))
+           TEST(gradcheck_catches_a_wrong_layernorm_backward),
+           TEST(llama_gradients_match_finite_differences),
+           TEST(llama_keeps_the_engines_equivalences), TEST(llama_gradcheck_catches_wrong_kernels))
