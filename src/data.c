@@ -73,35 +73,43 @@ int token_file_open(struct token_file *f, const char *path, int vocab, char *err
     const unsigned char *b = map;
     uint32_t magic = le32(b), version = le32(b + 4), count = le32(b + 8);
     int rc = 0;
-    if (magic != DATA_MAGIC)
-        rc = fsdp_err(err, "%s: not a token file: magic %u, expected %d", path, magic, DATA_MAGIC);
-    else if (version != DATA_VERSION)
-        rc = fsdp_err(err, "%s: unsupported token file version %u (expected %d: uint16 tokens)",
-                      path, version, DATA_VERSION);
+    const size_t w = magic == DATA_MAGIC_U32 ? 4 : 2;
+    if (magic != DATA_MAGIC && magic != DATA_MAGIC_U32)
+        rc = fsdp_err(err,
+                      "%s: not a token file: magic %u, expected %d (uint16 tokens) or %d "
+                      "(uint32 tokens)",
+                      path, magic, DATA_MAGIC, DATA_MAGIC_U32);
+    else if (version != (w == 4 ? DATA_VERSION_U32 : DATA_VERSION))
+        rc = fsdp_err(err,
+                      "%s: unsupported token file version %u for magic %u (expected %d: %s "
+                      "tokens)",
+                      path, version, magic, w == 4 ? DATA_VERSION_U32 : DATA_VERSION,
+                      w == 4 ? "uint32" : "uint16");
     else if (count > INT32_MAX)
         rc = fsdp_err(err, "%s: corrupt header: token count %u is negative as int32", path, count);
-    else if (len - hdr < (size_t)count * 2)
+    else if ((len - hdr) / w < (size_t)count)
         rc = fsdp_err(err, "%s: truncated: header says %u tokens, file holds %zu", path, count,
-                      (len - hdr) / 2);
-    else if (len - hdr > (size_t)count * 2)
+                      (len - hdr) / w);
+    else if (len - hdr > (size_t)count * w)
         rc = fsdp_err(err, "%s: %zu bytes after the %u tokens the header declares", path,
-                      len - hdr - (size_t)count * 2, count);
+                      len - hdr - (size_t)count * w, count);
     if (rc) {
         munmap(map, len);
         return rc;
     }
-    const uint16_t *tok = (const uint16_t *)(b + hdr);
+    f->tokens = b + hdr;
+    f->width = (int)w;
     for (size_t i = 0; i < count; i++) {
-        if (tok[i] >= vocab) {
-            unsigned bad = tok[i];
+        const uint32_t t = token_file_at(f, i);
+        if (t >= (uint32_t)vocab) {
             munmap(map, len);
+            memset(f, 0, sizeof *f);
             return fsdp_err(err,
                             "%s: token %u at index %zu is outside the model's vocabulary of %d "
                             "(use --vocab or a model whose vocabulary covers it)",
-                            path, bad, i, vocab);
+                            path, t, i, vocab);
         }
     }
-    f->tokens = tok;
     f->ntokens = count;
     f->map = map;
     f->map_len = len;
@@ -146,7 +154,7 @@ static int create_tmp(const char *tmp, char *err)
     return fd;
 }
 
-int token_file_write(const char *path, const uint16_t *tokens, size_t n, char *err)
+int token_file_write(const char *path, const uint16_t *tokens, size_t n, int width, char *err)
 {
     if (n > INT32_MAX)
         return fsdp_err(err, "%s: %zu tokens do not fit the format's int32 count", path, n);
@@ -158,11 +166,23 @@ int token_file_write(const char *path, const uint16_t *tokens, size_t n, char *e
     int fd = create_tmp(tmp, err);
     if (fd < 0)
         return -1;
-    int32_t header[DATA_HEADER_INTS] = {DATA_MAGIC, DATA_VERSION, (int32_t)n};
+    int32_t header[DATA_HEADER_INTS] = {width == 4 ? DATA_MAGIC_U32 : DATA_MAGIC,
+                                        width == 4 ? DATA_VERSION_U32 : DATA_VERSION, (int32_t)n};
     /* The format is little-endian; so is every machine this builds for. */
     _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "little-endian host");
-    if (fsdp_write_all(fd, header, sizeof header) ||
-        fsdp_write_all(fd, tokens, n * sizeof *tokens) || fsync(fd)) {
+    int bad = fsdp_write_all(fd, header, sizeof header);
+    if (width == 4) { /* widened a block at a time */
+        uint32_t wide[4096];
+        for (size_t i = 0; i < n && !bad; i += 4096) {
+            size_t k = n - i < 4096 ? n - i : 4096;
+            for (size_t j = 0; j < k; j++)
+                wide[j] = tokens[i + j];
+            bad = fsdp_write_all(fd, wide, k * sizeof *wide);
+        }
+    } else if (!bad) {
+        bad = fsdp_write_all(fd, tokens, n * sizeof *tokens);
+    }
+    if (bad || fsync(fd)) {
         int e = errno;
         close(fd);
         unlink(tmp);
@@ -234,9 +254,9 @@ uint64_t sample_stream_index(struct sample_stream *s, uint64_t k)
 void sample_stream_fetch(const struct sample_stream *s, uint64_t i, int32_t *inputs,
                          int32_t *targets)
 {
-    const uint16_t *p = s->file->tokens + i * (uint64_t)s->T;
+    const size_t first = i * (uint64_t)s->T;
     for (int t = 0; t < s->T; t++) {
-        inputs[t] = p[t];
-        targets[t] = p[t + 1];
+        inputs[t] = (int32_t)token_file_at(s->file, first + (size_t)t);
+        targets[t] = (int32_t)token_file_at(s->file, first + (size_t)t + 1);
     }
 }

@@ -1,8 +1,10 @@
 /*
  * data.h - token files (llm.c's format) and the sample stream.
  *
- * A token file is a 256 x int32 little-endian header (magic 20240520,
- * version 1, header[2] = token count) followed by that many uint16 tokens.
+ * A token file is a 256 x int32 little-endian header (header[2] = token
+ * count) followed by that many tokens: llm.c's GPT-2 files (magic 20240520,
+ * version 1) hold uint16 tokens, its Llama 3 files (magic 20240801,
+ * version 7) uint32 tokens, for vocabularies over 65,536.
  * A sample is T+1 consecutive tokens starting at a multiple of T: inputs are
  * the first T, targets the last T. The order of samples is a seeded
  * permutation per epoch of the global sample indices, the same for any world
@@ -15,13 +17,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DATA_MAGIC       20240520
+#define DATA_MAGIC       20240520 /* uint16 tokens */
 #define DATA_VERSION     1
+#define DATA_MAGIC_U32   20240801 /* uint32 tokens */
+#define DATA_VERSION_U32 7
 #define DATA_HEADER_INTS 256
 #define DATA_EOT         0 /* byte-level end-of-text token (NUL never occurs in text) */
 
 struct token_file {
-    const uint16_t *tokens;
+    const void *tokens; /* ntokens of width bytes each, little-endian */
+    int width;          /* 2 (uint16) or 4 (uint32) */
     size_t ntokens;
     void *map;
     size_t map_len;
@@ -32,9 +37,16 @@ struct token_file {
 int token_file_open(struct token_file *f, const char *path, int vocab, char *err);
 void token_file_close(struct token_file *f);
 
-/* Writes tokens to path atomically (temporary file, fsync, rename); path
- * must be absent or a regular file (token_file_check_output). */
-int token_file_write(const char *path, const uint16_t *tokens, size_t n, char *err);
+/* Token i of an open file. */
+static inline uint32_t token_file_at(const struct token_file *f, size_t i)
+{
+    return f->width == 4 ? ((const uint32_t *)f->tokens)[i] : ((const uint16_t *)f->tokens)[i];
+}
+
+/* Writes tokens to path atomically (temporary file, fsync, rename) as
+ * uint16 (width 2) or uint32 (width 4) tokens; path must be absent or a
+ * regular file (token_file_check_output). */
+int token_file_write(const char *path, const uint16_t *tokens, size_t n, int width, char *err);
 /* 0 when path is absent or a regular file; an error naming it when it is
  * anything else (device node, FIFO, directory, symbolic link), which a
  * write would replace. */

@@ -2,7 +2,7 @@
  * data_main.c - fsdp-data: turns UTF-8 text into token files.
  *
  *   fsdp-data prepare --out FILE [--val-out FILE] [--val-fraction F]
- *                     [--doc-sep LINE] INPUT...
+ *                     [--doc-sep LINE] [--token-dtype uint16|uint32] INPUT...
  *
  * Tokens are bytes (vocabulary 256). Each input file is one document, or
  * several when --doc-sep names a line that separates documents (fortune
@@ -170,6 +170,7 @@ static int split_file(struct split *s, const char *path, const char *sep, char *
 struct data_opts {
     const char *out, *val_out, *sep;
     double frac;
+    int wide; /* --token-dtype uint32 */
 };
 
 static const struct opt data_flags[] = {
@@ -180,13 +181,18 @@ static const struct opt data_flags[] = {
      .arg = "F", .help = "share of documents for validation (default 0.05)"},
     {"--doc-sep", OPT_STR, offsetof(struct data_opts, sep), .arg = "LINE",
      .help = "a line that separates documents inside a file (e.g. %)"},
+    {"--token-dtype", OPT_WORD, offsetof(struct data_opts, wide), .words = {"uint16", "uint32"},
+     .arg = "uint16|uint32",
+     .help = "uint16: llm.c's GPT-2 files (magic 20240520); uint32:\n"
+             "its Llama 3 files (magic 20240801), the layout\n"
+             "vocabularies over 65,536 need (default uint16)"},
     {"--help", OPT_HELP, .help = NULL},
 };
 
 static void usage(void)
 {
     printf("usage: fsdp-data prepare --out FILE [--val-out FILE] [--val-fraction F]\n"
-           "                         [--doc-sep LINE] INPUT...\n"
+           "                         [--doc-sep LINE] [--token-dtype uint16|uint32] INPUT...\n"
            "\n"
            "Turns UTF-8 text files into byte-level token files in llm.c's format\n"
            "(vocabulary 256, token 0 = end of text before every document).\n");
@@ -246,9 +252,9 @@ int main(int argc, char **argv)
                       "inputs or a larger --val-fraction)",
                       s.docs);
     if (!rc)
-        rc = token_file_write(out, s.train.v, s.train.n, err);
+        rc = token_file_write(out, s.train.v, s.train.n, o.wide ? 4 : 2, err);
     if (!rc && val_out)
-        rc = token_file_write(val_out, s.val.v, s.val.n, err);
+        rc = token_file_write(val_out, s.val.v, s.val.n, o.wide ? 4 : 2, err);
     if (!rc)
         fprintf(stderr, "fsdp-data: %zu documents: %zu tokens -> %s", s.docs, s.train.n, out);
     if (!rc && val_out)

@@ -58,12 +58,26 @@ static void token_file_round_trips_body(const char *dir)
     uint16_t toks[] = {0, 72, 105, 0, 255};
     char path[256], err[FSDP_ERR_LEN];
     snprintf(path, sizeof path, "%s/rt.bin", dir);
-    REQUIRE(token_file_write(path, toks, 5, err) == 0, "%s", err);
+    REQUIRE(token_file_write(path, toks, 5, 2, err) == 0, "%s", err);
     struct token_file f;
     REQUIRE(token_file_open(&f, path, 256, err) == 0, "%s", err);
     CHECK(f.ntokens == 5, "%zu tokens", f.ntokens);
-    CHECK(memcmp(f.tokens, toks, sizeof toks) == 0, "tokens differ");
+    CHECK(f.width == 2 && memcmp(f.tokens, toks, sizeof toks) == 0, "tokens differ");
     token_file_close(&f);
+    /* uint32 tokens: llm.c's Llama 3 layout, byte for byte */
+    REQUIRE(token_file_write(path, toks, 5, 4, err) == 0, "%s", err);
+    REQUIRE(token_file_open(&f, path, 256, err) == 0, "%s", err);
+    const uint32_t *wide = f.tokens;
+    const int32_t *head = (const int32_t *)f.map;
+    CHECK(f.width == 4 && f.ntokens == 5 && head[0] == 20240801 && head[1] == 7 && head[2] == 5,
+          "uint32 header: width %d, magic %d, version %d, count %d", f.width, head[0], head[1],
+          head[2]);
+    CHECK(f.map_len == 1024 + 5 * 4, "uint32 file of %zu bytes", f.map_len);
+    for (int i = 0; i < 5; i++)
+        CHECK(wide[i] == toks[i] && token_file_at(&f, (size_t)i) == toks[i], "token %d", i);
+    token_file_close(&f);
+    REQUIRE(token_file_open(&f, path, 255, err) != 0 && strstr(err, "token 255 at index 4"),
+            "a uint32 token outside the vocabulary: %s", err);
 }
 
 static void token_file_round_trips(void) { check_in_tmpdir("data", token_file_round_trips_body); }
@@ -73,6 +87,9 @@ static void bad_token_files_are_refused_naming_the_problem_body(const char *dir)
     CHECK(open_fails_with(write_raw(dir, "tiny.bin", "abc", 3), 256, "shorter than the 1024-byte"),
           "short file");
     CHECK(open_fails_with(write_tokens(dir, "magic.bin", 10, 10, 42), 256, "magic 42"), "magic");
+    CHECK(open_fails_with(write_tokens(dir, "u32v1.bin", 10, 10, DATA_MAGIC_U32), 256,
+                          "version 1 for magic 20240801"),
+          "a uint32 magic with the uint16 version");
     CHECK(open_fails_with(write_tokens(dir, "trunc.bin", 10, 11, DATA_MAGIC), 256, "truncated"),
           "truncated");
     CHECK(open_fails_with(write_tokens(dir, "extra.bin", 10, 9, DATA_MAGIC), 256, "2 bytes after"),
@@ -114,7 +131,7 @@ static int write_refused(const char *path, mode_t type)
     uint16_t toks[] = {0, 1, 2};
     char err[FSDP_ERR_LEN] = "";
     struct stat st;
-    int rc = token_file_write(path, toks, 3, err);
+    int rc = token_file_write(path, toks, 3, 2, err);
     if (rc == 0 || !strstr(err, path) || !strstr(err, "not a regular file; refusing to replace"))
         fprintf(stderr, "  %s: rc %d: %s\n", path, rc, err);
     return rc != 0 && strstr(err, path) && strstr(err, "refusing to replace") &&
@@ -156,7 +173,7 @@ static void stream_is_a_seeded_permutation_per_epoch_body(const char *dir)
     uint16_t *toks = calloc(n, sizeof *toks);
     char path[256], err[FSDP_ERR_LEN];
     snprintf(path, sizeof path, "%s/stream.bin", dir);
-    REQUIRE(token_file_write(path, toks, n, err) == 0, "%s", err);
+    REQUIRE(token_file_write(path, toks, n, 2, err) == 0, "%s", err);
     struct token_file f;
     REQUIRE(token_file_open(&f, path, 256, err) == 0, "%s", err);
     struct sample_stream a, b, c;
