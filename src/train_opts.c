@@ -28,6 +28,7 @@ struct given {
     long long kv_heads, ffn_dim;                               /* 0: not given */
     double rope_theta, norm_eps;                               /* 0: not given */
     int arch, tie_embeddings, attn_bias;                       /* -1: not given */
+    double rope_scaling[4]; /* --rope-scaling llama3:...; [0] -1: none, 0: not given */
     const char *s3_endpoint;
 };
 
@@ -43,6 +44,24 @@ static int parse_recompute(void *field, const char *v, char *err)
 {
     (void)err;
     return fsdp_recompute_parse(v, field);
+}
+
+/* none, or llama3:FACTOR,LOW_FREQ_FACTOR,HIGH_FREQ_FACTOR,ORIGINAL_CONTEXT
+ * (the four numbers of config.json's rope_scaling); model_config_check
+ * bounds them */
+static int parse_rope_scaling(void *field, const char *v, char *err)
+{
+    double *r = field;
+    (void)err;
+    if (strcmp(v, "none") == 0) {
+        r[0] = -1;
+        return 0;
+    }
+    int n = -1;
+    if (sscanf(v, "llama3:%lf,%lf,%lf,%lf%n", &r[0], &r[1], &r[2], &r[3], &n) != 4 ||
+        n != (int)strlen(v) || !(r[0] > 0) || r[3] != (double)(int)r[3])
+        return -1;
+    return 0;
 }
 
 static int parse_hash(void *field, const char *v, char *err)
@@ -88,6 +107,12 @@ static const struct opt train_flags[] = {
      .help = "llama: RMSNorm's epsilon (default 1e-5)"},
     {"--tie-embeddings", OPT_WORD, AT(tie_embeddings), .words = {"off", "on"}, .arg = "on|off",
      .help = "llama: the output head is the token embedding"},
+    {"--rope-scaling", OPT_PARSE, AT(rope_scaling), .parse = parse_rope_scaling,
+     .expect = "none or llama3:FACTOR,LOW,HIGH,ORIGINAL_CONTEXT", .arg = "S",
+     .help = "llama: none, or Llama 3.1's frequency scaling\n"
+             "llama3:FACTOR,LOW,HIGH,ORIGINAL_CONTEXT (config.json's\n"
+             "factor, low_freq_factor, high_freq_factor and\n"
+             "original_max_position_embeddings; llama-1b: 32,1,4,8192)"},
     {"--attn-bias", OPT_WORD, AT(attn_bias), .words = {"off", "on"}, .arg = "on|off",
      .help = "llama: biases on the q, k and v projections (Qwen2)"},
 
@@ -270,6 +295,7 @@ static int set_model(struct given *g, char *err)
                              : g->norm_eps            ? "--norm-eps"
                              : g->tie_embeddings >= 0 ? "--tie-embeddings"
                              : g->attn_bias >= 0      ? "--attn-bias"
+                             : g->rope_scaling[0]     ? "--rope-scaling"
                                                       : NULL;
     if (llama_flag && o->cfg.arch != MODEL_LLAMA)
         return fsdp_err(err, "%s is the llama family's; --model %s is %s (use --arch llama)",
@@ -289,6 +315,15 @@ static int set_model(struct given *g, char *err)
     c->norm_eps = g->norm_eps ? g->norm_eps : c->norm_eps;
     c->tie_embeddings = g->tie_embeddings >= 0 ? g->tie_embeddings : c->tie_embeddings;
     c->attn_bias = g->attn_bias >= 0 ? g->attn_bias : c->attn_bias;
+    if (g->rope_scaling[0]) {
+        const int on = g->rope_scaling[0] > 0;
+        c->rope_factor = on ? g->rope_scaling[0] : 0;
+        c->rope_low_freq = on ? g->rope_scaling[1] : 0;
+        c->rope_high_freq = on ? g->rope_scaling[2] : 0;
+        c->rope_orig_ctx = on && g->rope_scaling[3] < (1 << 25) ? (int)g->rope_scaling[3] : 0;
+        if (on && !c->rope_orig_ctx)
+            return fsdp_err(err, "--rope-scaling: the original context must be 1..2^24");
+    }
     int custom = g->layers || g->dim || g->heads || g->seq || g->vocab || llama_flag;
     snprintf(o->model_label, sizeof o->model_label, "%s", custom ? "custom" : o->model_name);
     return 0;

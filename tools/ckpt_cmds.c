@@ -353,19 +353,17 @@ int cmd_export(const char *src_arg, const char *out, const struct export_opts *x
 int cmd_import(const char *in, const char *dst_uri, const char *preset, const int *dims, int layout,
                int world, const struct ckpt_write_opts *o)
 {
-    char err[FSDP_ERR_LEN], tmp[4096] = "";
+    char err[FSDP_ERR_LEN], tmp[4096] = "", desc[256];
     struct model_config cfg;
     struct model_layout m;
-    if (layout == LAYOUT_HF && hf_read_config(in, &cfg, err))
+    if (layout == LAYOUT_HF && hf_read_config(in, dims[3], &cfg, err))
         return report_failure(err);
     if (layout == LAYOUT_LLMC && llmc_read_config(in, &cfg, err))
         return report_failure(err);
-    int custom = dims[0] || dims[1] || dims[2] || dims[3] || dims[4];
+    int custom = layout != LAYOUT_HF && (dims[0] || dims[1] || dims[2] || dims[3] || dims[4]);
     if (layout == LAYOUT_NATIVE && model_preset(preset ? preset : "tiny", &cfg)) {
-        fprintf(stderr,
-                "fsdp-ckpt: --model '%s' is not one of tiny, small, gpt2-124m "
-                "(see fsdp-ckpt --help)\n",
-                preset);
+        fprintf(stderr, "fsdp-ckpt: --model '%s' is not one of %s (see fsdp-ckpt --help)\n", preset,
+                model_preset_names());
         return 2;
     }
     if (custom) { /* fsdp-train's overrides of a preset */
@@ -406,9 +404,8 @@ int cmd_import(const char *in, const char *dst_uri, const char *preset, const in
         rc = st_import(path, in, &m, name, dst, world, o, err);
         progress_stop(&p);
         if (!rc)
-            printf("%s -> %s: step 0 for %d ranks, model %s (%d layers, dim %d, %d heads, seq "
-                   "%d, vocab %d), fresh optimizer state\n",
-                   in, dst->uri, world, name, cfg.layers, cfg.dim, cfg.heads, cfg.seq, cfg.vocab);
+            printf("%s -> %s: step 0 for %d ranks, model %s (%s), fresh optimizer state\n", in,
+                   dst->uri, world, name, model_config_describe(&cfg, desc, sizeof desc));
         storage_close(dst);
     }
     if (fd >= 0)

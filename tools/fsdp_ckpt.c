@@ -338,9 +338,11 @@ static int convert_import(const struct convert_args *a)
     if (!a->model && !custom && a->x.layout == LAYOUT_NATIVE)
         return bad_usage("--model PRESET (and/or --layers, --dim, --heads, --seq, --vocab) is "
                          "required, or --layout hf or llmc: the model IN describes");
-    if ((a->model || custom) && a->x.layout != LAYOUT_NATIVE)
+    int sizes = dims[0] || dims[1] || dims[2] || dims[4] || (dims[3] && a->x.layout != LAYOUT_HF);
+    if ((a->model || sizes) && a->x.layout != LAYOUT_NATIVE)
         return bad_usage("--model and the model's sizes: with --layout hf or llmc the model is "
-                         "the one IN describes");
+                         "the one IN describes (--layout hf takes --seq: a llama model's "
+                         "training length)");
     return cmd_import(a->pos[0], a->pos[1], a->model, dims, a->x.layout, (int)a->world, &a->w.o);
 }
 

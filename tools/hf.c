@@ -1,5 +1,6 @@
 /*
- * hf.c - export to Hugging Face's GPT-2 layout (see hf.h).
+ * hf.c - export to and import from Hugging Face's GPT-2 and Llama layouts
+ * (see hf.h).
  *
  * Each tensor is read whole through the checkpoint reader (verified
  * chunks, any world size), put in the layout (transposed, the vocabulary
@@ -9,6 +10,7 @@
  */
 #include "hf.h"
 
+#include "model_ckpt.h"
 #include "outfile.h"
 #include "safetensors.h"
 #include "util.h"
@@ -82,10 +84,24 @@ static int is_conv1d(const char *name)
            ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_proj.weight");
 }
 
-static long long cfg_int(const struct ckpt_manifest *m, const char *key)
+/* Our tensor's name in the layout: GPT-2's get "transformer.", Llama's are
+ * Hugging Face's already. */
+static const char *hf_prefix(const struct model_config *c)
 {
-    json_t *v = json_object_get(m->model, key);
-    return json_is_integer(v) ? (long long)json_integer_value(v) : -1;
+    return c->arch == MODEL_GPT2 ? "transformer." : "";
+}
+
+/* Stored (in, out), the transpose of ours: GPT-2's Conv1D weights, by name. */
+static int hf_transposed(const struct model_config *c, const struct model_tensor *t)
+{
+    return c->arch == MODEL_GPT2 && t->ndim == 2 && is_conv1d(t->name);
+}
+
+/* The rows the layout holds: the real vocabulary's for the embedding and
+ * an untied head (the padded rows stay behind), all of them elsewhere. */
+static uint64_t hf_rows(const struct model_tensor *t)
+{
+    return t->init_numel < t->numel ? t->init_numel / t->shape[1] : t->shape[0];
 }
 
 static int write_json(const char *dir, const char *name, json_t *doc, char *err)
@@ -179,16 +195,50 @@ static int write_shard(struct ckpt_reader *r, const char *dir, const char *file,
     return outfile_close(&o, !rc, err);
 }
 
-int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_shard, char *err)
+/* config.json: what from_pretrained needs to build the same model. */
+static json_t *hf_config(const struct model_config *c, int dtype)
 {
-    const struct ckpt_manifest *m = r->m;
-    long long layers = cfg_int(m, "layers"), dim = cfg_int(m, "dim"), heads = cfg_int(m, "heads"),
-              seq = cfg_int(m, "seq"), vocab = cfg_int(m, "vocab");
-    if (layers < 1 || dim < 1 || heads < 1 || seq < 1 || vocab < 1) {
-        fsdp_err(err, "export --layout hf: the manifest's model lacks layers, dim, "
-                      "heads, seq or vocab");
-        return -1;
-    }
+    if (c->arch == MODEL_GPT2)
+        return json_pack(
+            "{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:s, s:b, s:s, s:f, s:f, s:f, s:f}",
+            "architectures", "GPT2LMHeadModel", "model_type", "gpt2", "n_layer", c->layers,
+            "n_head", c->heads, "n_embd", c->dim, "n_positions", c->seq, "n_ctx", c->seq,
+            "vocab_size", c->vocab, "layer_norm_epsilon", 1e-5, "activation_function", "gelu_new",
+            "tie_word_embeddings", 1, "torch_dtype", dtypes[dtype].torch, "initializer_range", 0.02,
+            "attn_pdrop", 0.0, "embd_pdrop", 0.0, "resid_pdrop", 0.0);
+    /* q/k/v biases are Qwen2's (Llama's attention_bias would bias o_proj too) */
+    const int qwen = c->attn_bias;
+    json_t *j = json_pack(
+        "{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:s, s:s, s:f, "
+        "s:f}",
+        "architectures", qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM", "model_type",
+        qwen ? "qwen2" : "llama", "num_hidden_layers", c->layers, "hidden_size", c->dim,
+        "num_attention_heads", c->heads, "num_key_value_heads", c->kv_heads, "head_dim",
+        c->dim / c->heads, "intermediate_size", c->ffn_dim, "max_position_embeddings", c->seq,
+        "vocab_size", c->vocab, "rms_norm_eps", c->norm_eps, "rope_theta", c->rope_theta,
+        "tie_word_embeddings", c->tie_embeddings, "hidden_act", "silu", "torch_dtype",
+        dtypes[dtype].torch, "initializer_range", 0.02, "attention_dropout", 0.0);
+    if (!j)
+        return NULL;
+    if (qwen)
+        json_object_set_new(j, "use_sliding_window", json_false());
+    else
+        json_object_set_new(j, "attention_bias", json_false()),
+            json_object_set_new(j, "mlp_bias", json_false());
+    json_object_set_new(j, "rope_scaling",
+                        c->rope_factor
+                            ? json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3",
+                                        "factor", c->rope_factor, "low_freq_factor",
+                                        c->rope_low_freq, "high_freq_factor", c->rope_high_freq,
+                                        "original_max_position_embeddings", c->rope_orig_ctx)
+                            : json_null());
+    return j;
+}
+
+/* dir, created if missing, as a new empty directory: nothing is
+ * overwritten, no stale shard left beside new ones. */
+static int new_dir(const char *dir, char *err)
+{
     if (mkdir(dir, 0755) && errno != EEXIST) {
         fsdp_err(err, "%s: cannot create: %s", dir, strerror(errno));
         return -1;
@@ -212,39 +262,60 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
                  dir);
         return -1;
     }
+    return 0;
+}
+
+int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_shard, char *err)
+{
+    const struct ckpt_manifest *m = r->m;
+    struct model_config cfg;
+    struct model_layout lay;
+    char sub[FSDP_ERR_LEN];
+    if (model_ckpt_parse(m->model, &cfg, sub)) {
+        fsdp_err(err, "export --layout hf: the manifest's model: %s", sub);
+        return -1;
+    }
+    if (new_dir(dir, err))
+        return -1;
+    if (model_layout_init(&lay, &cfg, err))
+        return -1;
+    int same = lay.nunits == m->nunits;
+    for (int u = 0; same && u < m->nunits; u++)
+        same = lay.units[u].numel == m->units[u].numel;
+    if (!same) {
+        model_layout_free(&lay);
+        fsdp_err(err, "export --layout hf: the manifest's units are not its model's");
+        return -1;
+    }
     int nt = 0, nshards = 1;
-    for (int u = 0; u < m->nunits; u++)
-        nt += m->units[u].ntensors;
-    struct hf_tensor *ts = calloc((size_t)nt + 1, sizeof *ts);
+    struct hf_tensor *ts = calloc((size_t)lay.ntensors + 1, sizeof *ts);
     if (!ts) {
+        model_layout_free(&lay);
         fsdp_err(err, "export: out of memory");
         return -1;
     }
     uint64_t largest = 0, in_shard = 0, total = 0;
-    nt = 0;
-    for (int u = 0; u < m->nunits; u++)
-        for (int i = 0; i < m->units[u].ntensors; i++) {
-            const struct ckpt_tensor *ct = &m->units[u].tensors[i];
-            struct hf_tensor *t = &ts[nt++];
-            snprintf(t->name, sizeof t->name, "transformer.%s", ct->name);
-            t->unit = u;
-            t->offset = ct->offset;
-            t->rows = ct->shape[0];
-            t->cols = ct->ndim == 2 ? ct->shape[1] : 0;
-            if (strcmp(ct->name, "wte.weight") == 0 && (uint64_t)vocab < t->rows)
-                t->rows = (uint64_t)vocab; /* the padded rows stay behind */
-            t->transpose = ct->ndim == 2 && is_conv1d(ct->name);
-            uint64_t n = t->rows * (t->cols ? t->cols : 1);
-            t->bytes = n * (uint64_t)dtypes[dtype].size;
-            largest = n > largest ? n : largest;
-            if (in_shard > 0 && in_shard + t->bytes > max_shard) {
-                nshards++;
-                in_shard = 0;
-            }
-            t->shard = nshards - 1;
-            in_shard += t->bytes;
-            total += t->bytes;
+    for (int i = 0; i < lay.ntensors; i++) {
+        const struct model_tensor *mt = &lay.tensors[i];
+        struct hf_tensor *t = &ts[nt++];
+        snprintf(t->name, sizeof t->name, "%s%s", hf_prefix(&cfg), mt->name);
+        t->unit = mt->unit;
+        t->offset = mt->offset;
+        t->rows = hf_rows(mt);
+        t->cols = mt->ndim == 2 ? mt->shape[1] : 0;
+        t->transpose = hf_transposed(&cfg, mt);
+        uint64_t n = t->rows * (t->cols ? t->cols : 1);
+        t->bytes = n * (uint64_t)dtypes[dtype].size;
+        largest = n > largest ? n : largest;
+        if (in_shard > 0 && in_shard + t->bytes > max_shard) {
+            nshards++;
+            in_shard = 0;
         }
+        t->shard = nshards - 1;
+        in_shard += t->bytes;
+        total += t->bytes;
+    }
+    model_layout_free(&lay);
     float *src = malloc((size_t)largest * 4 + 4), *tr = malloc((size_t)largest * 4 + 4);
     unsigned char *bytes = malloc((size_t)largest * 4 + 4);
     int rc = src && tr && bytes ? 0 : -1;
@@ -272,17 +343,10 @@ int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_sh
         json_decref(index);
     }
     if (!rc) {
-        json_t *cfg = json_pack(
-            "{s:[s], s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:s, s:b, s:s, s:f, s:f, s:f, "
-            "s:f}",
-            "architectures", "GPT2LMHeadModel", "model_type", "gpt2", "n_layer", (json_int_t)layers,
-            "n_head", (json_int_t)heads, "n_embd", (json_int_t)dim, "n_positions", (json_int_t)seq,
-            "n_ctx", (json_int_t)seq, "vocab_size", (json_int_t)vocab, "layer_norm_epsilon", 1e-5,
-            "activation_function", "gelu_new", "tie_word_embeddings", 1, "torch_dtype",
-            dtypes[dtype].torch, "initializer_range", 0.02, "attn_pdrop", 0.0, "embd_pdrop", 0.0,
-            "resid_pdrop", 0.0);
-        rc = cfg ? write_json(dir, "config.json", cfg, err) : -1;
-        json_decref(cfg);
+        json_t *doc = hf_config(&cfg, dtype);
+        rc =
+            doc ? write_json(dir, "config.json", doc, err) : fsdp_err(err, "export: out of memory");
+        json_decref(doc);
     }
     if (rc) { /* a failed export leaves the directory as it found it: empty */
         const char *k;
@@ -358,17 +422,9 @@ static json_t *read_json(int dfd, const char *dir, const char *name, char *err)
     return doc;
 }
 
-int hf_read_config(const char *dir, struct model_config *cfg, char *err)
+/* GPT2Config's keys. */
+static int read_gpt2_config(const char *dir, json_t *c, struct model_config *cfg, char *err)
 {
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) {
-        fsdp_err(err, "%s: not a directory: %s", dir, strerror(errno));
-        return -1;
-    }
-    json_t *c = read_json(dfd, dir, "config.json", err);
-    close(dfd);
-    if (!c)
-        return -1;
     static const char *keys[] = {"n_layer", "n_embd", "n_head", "n_positions", "vocab_size"};
     static const long long hi[] = {256, 16384, 1024, 65536, 65536};
     long long v[5];
@@ -380,12 +436,9 @@ int hf_read_config(const char *dir, struct model_config *cfg, char *err)
             rc = -1,
             fsdp_err(err, "%s/config.json: %s must be an integer in 1..%lld", dir, keys[i], hi[i]);
     }
-    const char *type = json_string_value(json_object_get(c, "model_type"));
     const char *act = json_string_value(json_object_get(c, "activation_function"));
     json_t *eps = json_object_get(c, "layer_norm_epsilon"),
            *tie = json_object_get(c, "tie_word_embeddings");
-    if (!rc && type && strcmp(type, "gpt2") != 0)
-        rc = -1, fsdp_err(err, "%s/config.json: model_type '%.40s', not gpt2", dir, type);
     if (!rc && act && strcmp(act, "gelu_new") != 0) /* absent: GPT2Config's gelu_new */
         rc = -1, fsdp_err(err,
                           "%s/config.json: activation_function '%.40s'; this "
@@ -415,7 +468,6 @@ int hf_read_config(const char *dir, struct model_config *cfg, char *err)
                           "%s/config.json: tie_word_embeddings false; this "
                           "trainer's head is tied to wte",
                           dir);
-    json_decref(c);
     if (rc)
         return -1;
     *cfg = (struct model_config){.layers = (int)v[0],
@@ -424,13 +476,177 @@ int hf_read_config(const char *dir, struct model_config *cfg, char *err)
                                  .seq = (int)v[3],
                                  .vocab = (int)v[4],
                                  .vocab_pad = model_vocab_pad((int)v[4])};
-    return model_config_check(cfg, err);
+    return 0;
 }
 
-/* Names Hugging Face stores that are not parameters of this layout: the
- * causal-mask buffers of older checkpoints and the head tied to wte. */
-static int ignorable(const char *name)
+/* An optional number in [lo, hi] (absent: def). */
+static int cfg_number(const char *dir, json_t *c, const char *key, double def, double lo, double hi,
+                      double *out, char *err)
 {
+    json_t *x = json_object_get(c, key);
+    *out = x ? json_number_value(x) : def;
+    if (x && (!json_is_number(x) || !(*out >= lo && *out <= hi)))
+        return fsdp_err(err, "%s/config.json: %s must be a number in %g..%g", dir, key, lo, hi);
+    return 0;
+}
+
+/* An integer in 1..hi; absent: def (0: required). */
+static int cfg_count(const char *dir, json_t *c, const char *key, long long def, long long hi,
+                     int *out, char *err)
+{
+    json_t *x = json_object_get(c, key);
+    long long v = x && json_is_integer(x) ? (long long)json_integer_value(x) : x ? -1 : def;
+    if (v < 1 || v > hi)
+        return fsdp_err(err, "%s/config.json: %s must be an integer in 1..%lld%s", dir, key, hi,
+                        x ? "" : " (it is missing)");
+    *out = (int)v;
+    return 0;
+}
+
+/* The "rope_scaling" object: none, "default", or Llama 3.1's "llama3". */
+static int read_rope_scaling(const char *dir, json_t *c, struct model_config *cfg, char *err)
+{
+    json_t *rs = json_object_get(c, "rope_scaling");
+    if (!rs || json_is_null(rs))
+        return 0;
+    json_t *t = json_object_get(rs, "rope_type");
+    t = t ? t : json_object_get(rs, "type"); /* the older spelling */
+    const char *type = json_string_value(t);
+    if (!json_is_object(rs) || !type)
+        return fsdp_err(err,
+                        "%s/config.json: rope_scaling must be null or an object with a "
+                        "rope_type",
+                        dir);
+    if (strcmp(type, "default") == 0)
+        return 0;
+    if (strcmp(type, "llama3") != 0)
+        return fsdp_err(err,
+                        "%s/config.json: rope_scaling type '%.40s' is not supported (only "
+                        "llama3 and default)",
+                        dir, type);
+    if (cfg_number(dir, rs, "factor", -1, 1, 1024, &cfg->rope_factor, err) ||
+        cfg_number(dir, rs, "low_freq_factor", -1, 1e-6, 1024, &cfg->rope_low_freq, err) ||
+        cfg_number(dir, rs, "high_freq_factor", -1, 1e-6, 1024, &cfg->rope_high_freq, err) ||
+        cfg_count(dir, rs, "original_max_position_embeddings", 0, 1 << 24, &cfg->rope_orig_ctx,
+                  err))
+        return -1;
+    return 0;
+}
+
+/* LlamaConfig's keys (Qwen2Config's and MistralConfig's are the same with
+ * their own defaults); what this trainer's llama family does not compute is
+ * refused by name. */
+static int read_llama_config(const char *dir, json_t *c, const char *type, int seq,
+                             struct model_config *cfg, char *err)
+{
+    const int qwen = strcmp(type, "qwen2") == 0, mistral = strcmp(type, "mistral") == 0;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->arch = MODEL_LLAMA;
+    cfg->attn_bias = qwen; /* Qwen2's q, k and v projections always have biases */
+    if (cfg_count(dir, c, "num_hidden_layers", 0, 256, &cfg->layers, err) ||
+        cfg_count(dir, c, "hidden_size", 0, 16384, &cfg->dim, err) ||
+        cfg_count(dir, c, "num_attention_heads", 0, 1024, &cfg->heads, err) ||
+        cfg_count(dir, c, "num_key_value_heads", cfg->heads, 1024, &cfg->kv_heads, err) ||
+        cfg_count(dir, c, "intermediate_size", 0, 1 << 18, &cfg->ffn_dim, err) ||
+        cfg_count(dir, c, "vocab_size", 0, 1 << 24, &cfg->vocab, err) ||
+        cfg_count(dir, c, "max_position_embeddings", mistral ? 32768 : 2048, 1 << 24, &cfg->seq,
+                  err) ||
+        cfg_number(dir, c, "rms_norm_eps", 1e-6, 1e-12, 0.1, &cfg->norm_eps, err) ||
+        cfg_number(dir, c, "rope_theta", mistral ? 1e6 : 1e4, 1, 1e12, &cfg->rope_theta, err) ||
+        read_rope_scaling(dir, c, cfg, err))
+        return -1;
+    json_t *tie = json_object_get(c, "tie_word_embeddings");
+    if (tie && !json_is_boolean(tie))
+        return fsdp_err(err, "%s/config.json: tie_word_embeddings must be true or false", dir);
+    cfg->tie_embeddings = tie ? json_is_true(tie) : 0; /* Llama's, Qwen2's, Mistral's default */
+    const char *act = json_string_value(json_object_get(c, "hidden_act"));
+    if (act && strcmp(act, "silu") != 0)
+        return fsdp_err(err,
+                        "%s/config.json: hidden_act '%.40s'; this trainer's SwiGLU gates "
+                        "with silu",
+                        dir, act);
+    json_t *hd = json_object_get(c, "head_dim");
+    if (hd && !json_is_null(hd) &&
+        (!json_is_integer(hd) || json_integer_value(hd) * cfg->heads != cfg->dim))
+        return fsdp_err(err,
+                        "%s/config.json: head_dim must be hidden_size / num_attention_heads "
+                        "(%d), as this trainer's heads are",
+                        dir, cfg->dim / cfg->heads);
+    static const char *const off[] = {"attention_bias", "mlp_bias", "use_sliding_window"};
+    static const char *const why[] = {"biases on o_proj as well as q, k and v (qwen2's q/k/v "
+                                      "biases are supported)",
+                                      "MLP biases", "sliding-window attention"};
+    for (int i = 0; i < 3; i++) {
+        json_t *x = json_object_get(c, off[i]);
+        if (x && !json_is_false(x))
+            return fsdp_err(err, "%s/config.json: %s is not false: %s are not supported", dir,
+                            off[i], why[i]);
+    }
+    json_t *sw = json_object_get(c, "sliding_window");
+    if (mistral && sw && !json_is_null(sw))
+        return fsdp_err(err,
+                        "%s/config.json: sliding_window %s: sliding-window attention is not "
+                        "supported (null is full attention)",
+                        dir, json_is_integer(sw) ? "is set" : "is not null");
+    json_t *prf = json_object_get(c, "partial_rotary_factor");
+    if (prf && !(json_is_number(prf) && json_number_value(prf) == 1.0))
+        return fsdp_err(err,
+                        "%s/config.json: partial_rotary_factor is not 1: RoPE on part of "
+                        "a head is not supported",
+                        dir);
+    if (seq)
+        cfg->seq = seq; /* the length the user will train at */
+    else if (cfg->seq > 65536)
+        return fsdp_err(err,
+                        "%s/config.json: max_position_embeddings %d is over this trainer's "
+                        "65536: give import --seq N, the length you will train at",
+                        dir, cfg->seq);
+    cfg->vocab_pad = model_vocab_pad(cfg->vocab);
+    return 0;
+}
+
+int hf_read_config(const char *dir, int seq, struct model_config *cfg, char *err)
+{
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        fsdp_err(err, "%s: not a directory: %s", dir, strerror(errno));
+        return -1;
+    }
+    json_t *c = read_json(dfd, dir, "config.json", err);
+    close(dfd);
+    if (!c)
+        return -1;
+    json_t *t = json_object_get(c, "model_type");
+    const char *type = t ? json_string_value(t) : "gpt2"; /* absent: GPT2Config's own files */
+    int rc;
+    if (!type)
+        rc = fsdp_err(err, "%s/config.json: model_type is not a string", dir);
+    else if (strcmp(type, "gpt2") == 0)
+        rc = read_gpt2_config(dir, c, cfg, err);
+    else if (strcmp(type, "llama") == 0 || strcmp(type, "qwen2") == 0 ||
+             strcmp(type, "mistral") == 0)
+        rc = read_llama_config(dir, c, type, seq, cfg, err);
+    else
+        rc = fsdp_err(err,
+                      "%s/config.json: model_type '%.40s' is not one this trainer reads (gpt2, "
+                      "llama, qwen2, mistral)",
+                      dir, type);
+    json_decref(c);
+    if (!rc && seq && cfg->arch == MODEL_GPT2 && seq != cfg->seq)
+        rc = fsdp_err(err, "import --seq: GPT-2's positions are parameters (n_positions %d)",
+                      cfg->seq);
+    return rc ? -1 : model_config_check(cfg, err);
+}
+
+/* Names Hugging Face stores that are not parameters of this layout: GPT-2's
+ * causal-mask buffers of older checkpoints and its head tied to wte; the
+ * rotary inverse frequencies older Llama checkpoints kept, and a tied
+ * model's copy of its head. */
+static int ignorable(const struct model_config *c, const char *name)
+{
+    if (c->arch != MODEL_GPT2)
+        return ends_with(name, ".self_attn.rotary_emb.inv_freq") ||
+               (c->tie_embeddings && strcmp(name, "lm_head.weight") == 0);
     return strcmp(name, "lm_head.weight") == 0 ||
            (ends_with(name, ".attn.bias") && !ends_with(name, ".c_attn.bias")) ||
            ends_with(name, ".attn.masked_bias");
@@ -562,10 +778,13 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
         for (int j = 0; j < f[i].h.n; j++) {
             const struct st_entry *e = &f[i].h.e[j];
             snprintf(path, sizeof path, "%s/%s", dir, f[i].name);
-            /* "transformer." is optional: GPT2LMHeadModel writes it, GPT2Model
-             * (and the Hub's gpt2 file) does not; both spellings of one
-             * tensor are "a second copy" below */
-            const char *bare = strncmp(e->name, "transformer.", 12) == 0 ? e->name + 12 : e->name;
+            /* GPT-2's "transformer." is optional: GPT2LMHeadModel writes it,
+             * GPT2Model (and the Hub's gpt2 file) does not; both spellings
+             * of one tensor are "a second copy" below */
+            const char *bare =
+                m->cfg.arch == MODEL_GPT2 && strncmp(e->name, "transformer.", 12) == 0
+                    ? e->name + 12
+                    : e->name;
             int ti = -1;
             for (int t = 0; ti < 0 && t < nt; t++)
                 if (strcmp(bare, m->tensors[t].name) == 0)
@@ -579,9 +798,12 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
                 problems++;
             }
             if (ti < 0) {
-                if (!ignorable(e->name)) {
-                    fprintf(stderr, "fsdp-ckpt: %s: %s: not a tensor of the GPT-2 layout\n", path,
-                            e->name);
+                if (!ignorable(&m->cfg, e->name)) {
+                    fprintf(stderr, "fsdp-ckpt: %s: %s: not a tensor of the %s layout%s\n", path,
+                            e->name, model_arch_name(m->cfg.arch),
+                            strcmp(e->name, "lm_head.weight") == 0
+                                ? " (config.json ties the head to the embedding)"
+                                : "");
                     problems++;
                 }
                 continue;
@@ -592,10 +814,8 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
                 continue;
             }
             const struct model_tensor *t = &m->tensors[ti];
-            uint64_t shape[2] = {t->shape[0], t->ndim > 1 ? t->shape[1] : 0};
-            if (strcmp(t->name, "wte.weight") == 0)
-                shape[0] = (uint64_t)m->cfg.vocab;    /* the real vocabulary's rows */
-            if (t->ndim == 2 && is_conv1d(t->name)) { /* Conv1D: (in, out) */
+            uint64_t shape[2] = {hf_rows(t), t->ndim > 1 ? t->shape[1] : 0}; /* real vocab */
+            if (hf_transposed(&m->cfg, t)) {                                 /* Conv1D: (in, out) */
                 uint64_t x = shape[0];
                 shape[0] = shape[1];
                 shape[1] = x;
@@ -607,10 +827,8 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
         }
     for (int t = 0; !rc && t < nt; t++)
         if (!at[t]) {
-            fprintf(stderr,
-                    "fsdp-ckpt: %s: transformer.%s: missing (config.json's model has "
-                    "it)\n",
-                    dir, m->tensors[t].name);
+            fprintf(stderr, "fsdp-ckpt: %s: %s%s: missing (config.json's model has it)\n", dir,
+                    hf_prefix(&m->cfg), m->tensors[t].name);
             problems++;
         }
     if (!rc && problems)
@@ -638,8 +856,8 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
         uint64_t n = bytes / (size_t)size;
         for (uint64_t i = 0; i < n; i++)
             tmp[i] = widen(raw + i * (uint64_t)size, size, f16);
-        memset(dst, 0, (size_t)mt->numel * 4); /* wte's padded rows */
-        if (mt->ndim == 2 && is_conv1d(mt->name)) {
+        memset(dst, 0, (size_t)mt->numel * 4); /* the embedding's padded rows */
+        if (hf_transposed(&m->cfg, mt)) {
             uint64_t rows = mt->shape[0],
                      cols = mt->shape[1]; /* ours (out, in); stored (in, out) */
             for (uint64_t i = 0; i < rows; i++)

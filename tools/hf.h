@@ -1,9 +1,19 @@
 /*
- * hf.h - a checkpoint as the directory Hugging Face's GPT2LMHeadModel
- * .from_pretrained(DIR) loads: config.json, model.safetensors (or shards
- * model-0000K-of-0000N.safetensors with model.safetensors.index.json).
+ * hf.h - a checkpoint as the directory Hugging Face's
+ * AutoModelForCausalLM.from_pretrained(DIR) loads: config.json,
+ * model.safetensors (or shards model-0000K-of-0000N.safetensors with
+ * model.safetensors.index.json). GPT-2 is GPT2LMHeadModel; the llama family
+ * is LlamaForCausalLM (Qwen2ForCausalLM with q/k/v biases; MistralConfig
+ * directories without a sliding window are read too).
  *
- * The layout's rules, against this trainer's own names (model.c):
+ * The llama layout's names are this trainer's own (model_llama.c), stored
+ * (out, in) as nn.Linear's; the untied lm_head is stored, a tied one not.
+ * q_proj and k_proj are not permuted: this trainer's RoPE is Hugging
+ * Face's half-split rotate_half, so its q/k rows are HF's as they are
+ * (Meta's original checkpoints interleave pairs; HF's conversion script
+ * permutes those once, and so would anyone converting them for us).
+ *
+ * GPT-2's rules, against this trainer's own names (model_gpt2.c):
  * - every name gets the "transformer." prefix (the tied lm_head is not
  *   stored: tie_word_embeddings);
  * - attn.c_attn, attn.c_proj, mlp.c_fc and mlp.c_proj weights are GPT-2's
@@ -29,9 +39,13 @@ int hf_parse_dtype(const char *s, int *dtype);
  * at most max_shard bytes (a larger tensor gets a shard of its own). */
 int hf_export(struct ckpt_reader *r, const char *dir, int dtype, uint64_t max_shard, char *err);
 
-/* The model of dir/config.json (n_layer, n_embd, n_head, n_positions,
- * vocab_size; gelu_new, epsilon 1e-5 and tied embeddings or refused). */
-int hf_read_config(const char *dir, struct model_config *cfg, char *err);
+/* The model of dir/config.json: GPT2Config's n_layer, n_embd, n_head,
+ * n_positions, vocab_size (gelu_new, epsilon 1e-5 and tied embeddings or
+ * refused), or LlamaConfig's (Qwen2Config's, MistralConfig's) sizes, RoPE
+ * (default or llama3 scaling) and RMSNorm epsilon; every option the llama
+ * family does not compute is refused by name. seq (0: none) is the length
+ * to train at, in place of a llama config's max_position_embeddings. */
+int hf_read_config(const char *dir, int seq, struct model_config *cfg, char *err);
 
 /* Writes dir's parameters to out_fd as a safetensors file in this trainer's
  * layout (import's input): F32, (out, in), wte's padded rows zero. Reads

@@ -9,6 +9,8 @@
  */
 #include "llmc.h"
 
+#include "model_ckpt.h"
+
 #include "outfile.h"
 #include "safetensors.h"
 #include "util.h"
@@ -65,6 +67,19 @@ static const struct ckpt_tensor *find(const struct ckpt_manifest *m, const char 
 int llmc_export(struct ckpt_reader *r, const char *path, int bf16, char *err)
 {
     const struct ckpt_manifest *m = r->m;
+    struct model_config cfg;
+    char sub[FSDP_ERR_LEN], desc[256];
+    if (model_ckpt_parse(m->model, &cfg, sub)) {
+        fsdp_err(err, "export --layout llmc: the manifest's model: %s", sub);
+        return -1;
+    }
+    if (cfg.arch != MODEL_GPT2) {
+        fsdp_err(err,
+                 "export --layout llmc: llm.c's model file holds GPT-2 models; this checkpoint "
+                 "is %s (--layout hf writes it)",
+                 model_config_describe(&cfg, desc, sizeof desc));
+        return -1;
+    }
     long long L = cfg_int(m, "layers"), C = cfg_int(m, "dim"), NH = cfg_int(m, "heads"),
               T = cfg_int(m, "seq"), V = cfg_int(m, "vocab"), Vp = cfg_int(m, "vocab_pad");
     if (L < 1 || C < 1 || NH < 1 || T < 1 || V < 1 || Vp < V || Vp > INT32_MAX) {

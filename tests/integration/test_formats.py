@@ -216,7 +216,7 @@ def hf_import_and_export_again_reproduce_the_directory(tmp):
             f"{tmp}/imp-{dtype}{len(extra)}"
         run([CKPT, "export", ck, src, "--layout", "hf", "--dtype", dtype] + extra)
         p = run([CKPT, "convert", src, imp, "--layout", "hf", "--world-size", "2"])
-        assert "2 layers, dim 64, 2 heads, seq 64, vocab 300" in p.stdout, p.stdout
+        assert "gpt2 L2 C64 H2 T64 V300" in p.stdout, p.stdout
         run([CKPT, "export", imp, again, "--layout", "hf", "--dtype", dtype] + extra)
         assert files_of(src) == files_of(again), f"{dtype} {extra}: the re-export differs"
     # the imported model trains on (2 ranks, the padded vocabulary rows zero)
@@ -360,7 +360,7 @@ def llmc_export_hashes_to_the_digest_and_imports_back(tmp):
     for name in ("m.bin", "h.bin"):
         imp, again = f"{tmp}/imp-{name}", f"{tmp}/again-{name}"
         p = run([CKPT, "import", f"{tmp}/{name}", imp, "--layout", "llmc", "--world-size", "3"])
-        assert "2 layers, dim 64, 2 heads, seq 64, vocab 300" in p.stdout, p.stdout
+        assert "gpt2 L2 C64 H2 T64 V300" in p.stdout, p.stdout
         run([CKPT, "export", imp, again, "--layout", "llmc"] +
             (["--dtype", "bf16"] if name == "h.bin" else []))
         assert open(f"{tmp}/{name}", "rb").read() == open(again, "rb").read(), name
@@ -390,7 +390,7 @@ def native_import_takes_any_model_shape(tmp):
     run([CKPT, "export", ck, f"{tmp}/m.safetensors"])
     p = run([CKPT, "convert", f"{tmp}/m.safetensors", f"{tmp}/imp", "--world-size", "2"] +
             MODEL)
-    assert "model custom (2 layers, dim 64, 2 heads, seq 64, vocab 300)" in p.stdout, p.stdout
+    assert "model custom (gpt2 L2 C64 H2 T64 V300)" in p.stdout, p.stdout
     want, got = digest(ck), digest(f"{tmp}/imp")
     assert all(got[k] == want[k] for k in want if k[1] == "param")
     p = run([CKPT, "import", f"{tmp}/m.safetensors", f"{tmp}/bad", "--world-size", "1"] +
