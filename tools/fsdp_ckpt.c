@@ -42,21 +42,25 @@ static const struct command {
      "SRC[@STEP] OUT [--all | --layout hf [--dtype D] [--max-shard-size S] | --layout llmc "
      "[--dtype D]]",
      "the parameters (--all: and both AdamW moments) as one safetensors file OUT; with\n"
-     "--layout hf, the directory OUT that GPT2LMHeadModel.from_pretrained(OUT) loads:\n"
-     "config.json and model.safetensors (transformer. names, Conv1D weights stored\n"
-     "(in, out), the real vocabulary's rows), in shards of at most S (default 5GB)\n"
+     "--layout hf, the directory OUT that GPT2LMHeadModel (a llama checkpoint:\n"
+     "LlamaForCausalLM, Qwen2ForCausalLM with q/k/v biases) .from_pretrained(OUT)\n"
+     "loads: config.json and model.safetensors (HF's names; GPT-2's Conv1D weights\n"
+     "stored (in, out); the real vocabulary's rows), in shards of at most S (default 5GB)\n"
      "listed by model.safetensors.index.json; D: f32 (default), bf16 or f16; with\n"
      "--layout llmc, llm.c's model file OUT (gpt2_124M.bin's format: version 3, f32, or 5,\n"
      "bf16)"},
     {"import",
-     "IN DST (--model PRESET [SIZES] | SIZES | --layout hf | --layout llmc) --world-size M "
+     "IN DST (--model PRESET [SIZES] | SIZES | --layout hf [--seq N] | --layout llmc) "
+     "--world-size M "
      "[--compress C] [--hash H]",
      "a safetensors file IN as a committed step for M ranks (every name and shape checked)\n"
      "for the preset, changed by SIZES as fsdp-train takes them (--layers N --dim N\n"
      "--heads N --seq N --vocab N; the preset tiny without --model);\n"
-     "with --layout hf, the Hugging Face GPT-2 directory IN (what export --layout hf\n"
-     "writes, or GPT2LMHeadModel.save_pretrained): its config.json gives the model,\n"
-     "F32, BF16 and F16 tensors are widened, Conv1D weights transposed by name; with\n"
+     "with --layout hf, the Hugging Face directory IN (gpt2, llama, qwen2 or mistral;\n"
+     "what export --layout hf writes, or save_pretrained): its config.json gives the\n"
+     "model (--seq N: a llama model's training length in place of its\n"
+     "max_position_embeddings), F32, BF16 and F16 tensors are widened, GPT-2's Conv1D\n"
+     "weights transposed by name; with\n"
      "--layout llmc, llm.c's model file IN (its header gives the model)"},
     {"cp", "SRC[@STEP] DST [--compress C] [--chunk-kib N] [--hash H]",
      "committed steps (or one) to another store, fs <-> s3, stored bytes as they are; a\n"
