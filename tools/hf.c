@@ -681,6 +681,16 @@ static int list_files(int dfd, const char *dir, struct hf_file **out, int *n, js
     struct stat sb;
     int single = fstatat(dfd, "model.safetensors", &sb, AT_SYMLINK_NOFOLLOW) == 0;
     json_t *map = NULL;
+    if (!single && fstatat(dfd, "model.safetensors.index.json", &sb, AT_SYMLINK_NOFOLLOW) != 0 &&
+        (fstatat(dfd, "pytorch_model.bin", &sb, 0) == 0 ||
+         fstatat(dfd, "pytorch_model.bin.index.json", &sb, 0) == 0)) {
+        fsdp_err(err,
+                 "%s: holds pickled PyTorch weights (pytorch_model.bin), which are not read "
+                 "(unpickling runs code): save with save_pretrained(..., "
+                 "safe_serialization=True) for model.safetensors",
+                 dir);
+        return -1;
+    }
     if (!single) {
         if (!(*index = read_json(dfd, dir, "model.safetensors.index.json", err)))
             return -1;
@@ -825,6 +835,22 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
             at[ti] = e;
             in[ti] = i;
         }
+    /* every name the index lists must be in the file it names */
+    const char *iname;
+    json_t *ifile;
+    json_object_foreach(rc || !index ? NULL : json_object_get(index, "weight_map"), iname, ifile)
+    {
+        int held = 0;
+        for (int i = 0; !held && i < nf; i++)
+            if (strcmp(f[i].name, json_string_value(ifile)) == 0)
+                for (int j = 0; !held && j < f[i].h.n; j++)
+                    held = strcmp(f[i].h.e[j].name, iname) == 0;
+        if (!held) {
+            fprintf(stderr, "fsdp-ckpt: %s/%s: %s: the index lists it, the file does not hold it\n",
+                    dir, json_string_value(ifile), iname);
+            problems++;
+        }
+    }
     for (int t = 0; !rc && t < nt; t++)
         if (!at[t]) {
             fprintf(stderr, "fsdp-ckpt: %s: %s%s: missing (config.json's model has it)\n", dir,

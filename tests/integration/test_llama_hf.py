@@ -11,7 +11,8 @@ silu(gate) * up, an untied or tied lm_head, every size from config.json):
   snapshot as Hugging Face's cache lays it out) trains, with learning rate
   0, to the numpy loss of its weights, and exports back the same values;
 - config.json options the family does not compute are refused by name,
-  nothing written."""
+  nothing written; a truncated file, one bad data_offsets entry, pickled
+  weights only and index entries no file holds are each named."""
 
 import json
 import os
@@ -268,6 +269,63 @@ def unsupported_options_are_refused_by_name(tmp):
     assert "q_proj.bias: not a tensor of the llama layout" in p.stderr, p.stderr
 
 
+def import_names_what_is_wrong(tmp):
+    """One line per problem, naming the entry at fault; nothing imported."""
+    w = qwen_weights(QWEN)
+
+    def attempt(d):
+        p = run([CKPT, "import", d, f"{tmp}/never", "--layout", "hf", "--seq", "64",
+                 "--world-size", "1"], check=False)
+        assert p.returncode != 0 and not os.path.exists(f"{tmp}/never"), p.stderr
+        return p.stderr
+
+    def fresh(name):
+        d = f"{tmp}/{name}"
+        os.makedirs(d)
+        json.dump(QWEN, open(f"{d}/config.json", "w"))
+        write_safetensors(f"{d}/model.safetensors", w)
+        return d
+
+    d = fresh("truncated")
+    size = os.path.getsize(f"{d}/model.safetensors")
+    os.truncate(f"{d}/model.safetensors", size - 100)
+    err = attempt(d)
+    assert "truncated: its data ends at byte" in err, err
+    # one entry's span is 2 bytes long: it, not its neighbour, is named
+    d = fresh("offset")
+    raw = open(f"{d}/model.safetensors", "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    head = json.loads(raw[8:8 + n])
+    victim = sorted((k for k in head if k != "__metadata__"),
+                    key=lambda k: head[k]["data_offsets"][0])[3]
+    head[victim]["data_offsets"][1] += 2
+    h = json.dumps(head).encode()
+    h += b" " * (-len(h) % 8)
+    open(f"{d}/model.safetensors", "wb").write(len(h).to_bytes(8, "little") + h + raw[8 + n:])
+    err = attempt(d)
+    named = [l for l in err.splitlines() if "data_offsets span" in l]
+    others = [l for l in err.splitlines() if victim not in l and "problem" not in l]
+    assert len(named) == 1 and victim in named[0] and not others, (victim, err)
+    # pickled weights only
+    d = f"{tmp}/pickled"
+    os.makedirs(d)
+    json.dump(QWEN, open(f"{d}/config.json", "w"))
+    open(f"{d}/pytorch_model.bin", "wb").write(b"PK\x03\x04")
+    err = attempt(d)
+    assert "pickled PyTorch weights (pytorch_model.bin)" in err and "safetensors" in err, err
+    # an index entry no file holds
+    d = f"{tmp}/index"
+    os.makedirs(d)
+    json.dump(QWEN, open(f"{d}/config.json", "w"))
+    write_safetensors(f"{d}/a.safetensors", w)
+    wm = {k: "a.safetensors" for k in w}
+    wm["model.layers.9.mlp.up_proj.weight"] = "a.safetensors"
+    json.dump({"weight_map": wm}, open(f"{d}/model.safetensors.index.json", "w"))
+    err = attempt(d)
+    assert "model.layers.9.mlp.up_proj.weight: the index lists it, the file does not hold it" \
+        in err, err
+
+
 if __name__ == "__main__":
     main([export_gives_the_trainers_validation_loss, import_trains_from_the_imported_weights,
-          unsupported_options_are_refused_by_name])
+          unsupported_options_are_refused_by_name, import_names_what_is_wrong])
