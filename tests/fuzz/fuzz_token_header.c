@@ -5,7 +5,8 @@
  * /proc/self/fd/N, as the trainer opens --data.
  *
  * An accepted file must be exactly what the reader promises (header, exact
- * length, every token below the vocabulary), and the sample stream built on
+ * length for its token width, uint16 or uint32, every token below the
+ * vocabulary), and the sample stream built on
  * it must stay inside the mapping.
  */
 #include "data.h"
@@ -27,9 +28,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 static void use(const struct token_file *f, size_t size, int vocab)
 {
-    FUZZ_CHECK(size == DATA_HEADER_INTS * 4 + f->ntokens * 2);
+    FUZZ_CHECK(f->width == 2 || f->width == 4);
+    FUZZ_CHECK(size == DATA_HEADER_INTS * 4 + f->ntokens * (size_t)f->width);
     for (size_t i = 0; i < f->ntokens; i++)
-        FUZZ_CHECK(f->tokens[i] < vocab);
+        FUZZ_CHECK(token_file_at(f, i) < (uint32_t)vocab);
     /* a short context, so that small files hold samples */
     struct sample_stream s;
     char err[FSDP_ERR_LEN];
@@ -47,7 +49,7 @@ static void use(const struct token_file *f, size_t size, int vocab)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fuzz_memfd_fill(fd, data, size, size);
-    static const int vocabs[] = {256, 50257};
+    static const int vocabs[] = {256, 50257, 128256};
     for (size_t v = 0; v < sizeof vocabs / sizeof vocabs[0]; v++) {
         struct token_file f;
         char err[FSDP_ERR_LEN];
