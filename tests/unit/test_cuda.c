@@ -393,6 +393,80 @@ static void fused_rounding_is_to_bf16_bit_for_bit(void)
         gpu->free(d[i]);
 }
 
+/* The llama family's kernels: RMSNorm, RoPE and SwiGLU as the pointwise
+ * and row kernels (1e-5), their bf16 forms the bits to_bf16 makes of the
+ * fp32 ones, and grouped-query attention (2 and 1 K/V heads) as attention. */
+static void llama_kernels_match_the_cpu(void)
+{
+    const size_t n = BT * C, hs = C / NH;
+    float *x = randv(n, 60, 2), *w = randv(C, 61, 1), *o = calloc(n, 4), *rs = calloc(BT, 4);
+    float *dout = randv(n, 62, 1), *dx = randv(n, 63, 1), *dw = randv(C, 64, 1);
+    float *gx = dev(x, n * 4), *gw = dev(w, C * 4), *go = dev(NULL, n * 4),
+          *grs = dev(NULL, BT * 4);
+    float *gdout = dev(dout, n * 4), *gdx = dev(dx, n * 4), *gdw = dev(dw, C * 4);
+    uint16_t *want = malloc(2 * n * 2), *got = malloc(2 * n * 2), *g16 = dev(NULL, 2 * n * 2);
+    cpu->rmsnorm_forward(o, rs, x, w, BT, C, 1e-5f);
+    gpu->rmsnorm_forward(go, grs, gx, gw, BT, C, 1e-5f);
+    EXPECT_CLOSE(go, o, n, 1e-5, "rmsnorm_forward out");
+    EXPECT_CLOSE(grs, rs, BT, 1e-5, "rmsnorm_forward rstd");
+    gpu->to_bf16(g16, go, n);
+    gpu->download(want, g16, n * 2);
+    gpu->rmsnorm_forward_bf16(g16, grs, gx, gw, BT, C, 1e-5f);
+    gpu->download(got, g16, n * 2);
+    CHECK(memcmp(got, want, n * 2) == 0, "rmsnorm_forward_bf16 is not to_bf16(out)");
+    cpu->rmsnorm_backward(dx, dw, dout, x, w, rs, BT, C);
+    gpu->rmsnorm_backward(gdx, gdw, gdout, gx, gw, grs, BT, C);
+    EXPECT_CLOSE(gdx, dx, n, 1e-5, "rmsnorm_backward dinp (accumulated)");
+    EXPECT_CLOSE(gdw, dw, C, 1e-5, "rmsnorm_backward dw");
+    /* RoPE on 3 of 4 heads of each row, then back */
+    float *cs = randv(T * hs / 2, 65, 1), *sn = randv(T * hs / 2, 66, 1);
+    float *gcs = dev(cs, T * hs / 2 * 4), *gsn = dev(sn, T * hs / 2 * 4);
+    memcpy(o, x, n * 4);
+    gpu->upload(go, x, n * 4);
+    cpu->rope(o, cs, sn, B, T, NH - 1, (int)hs, C, 0);
+    gpu->rope(go, gcs, gsn, B, T, NH - 1, (int)hs, C, 0);
+    EXPECT_CLOSE(go, o, n, 1e-5, "rope");
+    cpu->rope(o, cs, sn, B, T, NH - 1, (int)hs, C, 1);
+    gpu->rope(go, gcs, gsn, B, T, NH - 1, (int)hs, C, 1);
+    EXPECT_CLOSE(go, o, n, 1e-5, "rope inverse");
+    /* SwiGLU: rows [gate | up] of 2 * (C / 2) */
+    const int F = C / 2;
+    float *gu = randv(BT * 2 * F, 67, 2), *ggu = dev(gu, BT * 2 * F * 4);
+    cpu->swiglu_forward(o, gu, BT, F);
+    gpu->swiglu_forward(go, ggu, BT, F);
+    EXPECT_CLOSE(go, o, BT * F, 1e-5, "swiglu_forward");
+    gpu->to_bf16(g16, go, BT * F);
+    gpu->download(want, g16, BT * F * 2);
+    gpu->swiglu_forward_bf16(g16, ggu, BT, F);
+    gpu->download(got, g16, BT * F * 2);
+    CHECK(memcmp(got, want, BT * F * 2) == 0, "swiglu_forward_bf16 is not to_bf16(out)");
+    float *dgu = calloc(BT * 2 * F, 4), *gdgu = dev(NULL, BT * 2 * F * 4);
+    cpu->swiglu_backward(dgu, gu, dout, BT, F);
+    gpu->swiglu_backward(gdgu, ggu, gdout, BT, F);
+    EXPECT_CLOSE(gdgu, dgu, BT * 2 * F, 1e-5, "swiglu_backward");
+    for (int kvh = 2; kvh >= 1; kvh--) { /* grouped, multi-query */
+        const size_t nq = BT * (NH + 2 * kvh) * hs, na = (size_t)B * NH * T * T, no = BT * C;
+        float *qkv = randv(nq, 70 + (uint64_t)kvh, 1), *att = calloc(na, 4), *out = calloc(no, 4);
+        float *dq = calloc(nq, 4), *datt = calloc(na, 4);
+        float *gq = dev(qkv, nq * 4), *gatt = dev(NULL, na * 4), *gout = dev(NULL, no * 4);
+        float *gdq = dev(NULL, nq * 4), *gdatt = dev(NULL, na * 4);
+        cpu->attention_forward(out, att, qkv, B, T, NH, kvh, (int)hs);
+        gpu->attention_forward(gout, gatt, gq, B, T, NH, kvh, (int)hs);
+        EXPECT_CLOSE(gatt, att, na, 1e-5, kvh == 2 ? "GQA forward att" : "MQA forward att");
+        EXPECT_CLOSE(gout, out, no, 1e-4, kvh == 2 ? "GQA forward out" : "MQA forward out");
+        cpu->attention_backward(dq, datt, dout, qkv, att, B, T, NH, kvh, (int)hs);
+        gpu->attention_backward(gdq, gdatt, gdout, gq, gatt, B, T, NH, kvh, (int)hs);
+        EXPECT_CLOSE(gdq, dq, nq, 1e-4, kvh == 2 ? "GQA backward dqkv" : "MQA backward dqkv");
+        free(qkv), free(att), free(out), free(dq), free(datt);
+        gpu->free(gq), gpu->free(gatt), gpu->free(gout), gpu->free(gdq), gpu->free(gdatt);
+    }
+    free(x), free(w), free(o), free(rs), free(dout), free(dx), free(dw), free(want), free(got);
+    free(cs), free(sn), free(gu), free(dgu);
+    void *d[] = {gx, gw, go, grs, gdout, gdx, gdw, g16, gcs, gsn, ggu, gdgu};
+    for (size_t k = 0; k < sizeof d / sizeof d[0]; k++)
+        gpu->free(d[k]);
+}
+
 /* The loss, lse and the gradient, in place and (bf16 runs) rounded as it
  * is written: the bits to_bf16 makes of the in-place one. */
 static void loss_matches_the_cpu(void)
@@ -448,8 +522,23 @@ static void adamw_matches_the_cpu(void)
 /* ---- the engine ---------------------------------------------------------------------- */
 
 enum { EB = 2, ET = 8 };
-static const struct model_config ecfg = {
+static const struct model_config gpt2_cfg = {
     .layers = 2, .dim = 16, .heads = 2, .seq = ET, .vocab = 30, .vocab_pad = 32};
+/* grouped-query attention, q/k/v biases, an untied head */
+static const struct model_config llama_cfg = {.arch = MODEL_LLAMA,
+                                              .layers = 2,
+                                              .dim = 16,
+                                              .heads = 4,
+                                              .seq = ET,
+                                              .vocab = 30,
+                                              .vocab_pad = 32,
+                                              .kv_heads = 2,
+                                              .ffn_dim = 24,
+                                              .attn_bias = 1,
+                                              .rope_theta = 10000,
+                                              .norm_eps = 1e-5};
+static const struct model_config *ecfg_p = &gpt2_cfg; /* the engine tests' model */
+#define ecfg (*ecfg_p)
 
 struct rig {
     struct model_layout m;
@@ -570,6 +659,16 @@ static void engine_gradients_match_the_cpu(int bf16)
 
 static void engine_gradients_match_the_cpu_fp32(void) { engine_gradients_match_the_cpu(0); }
 static void engine_gradients_match_the_cpu_bf16(void) { engine_gradients_match_the_cpu(1); }
+
+/* The llama family's passes on the GPU: the same loss and gradients as on
+ * the CPU, fp32 and bf16. */
+static void llama_engine_gradients_match_the_cpu(void)
+{
+    ecfg_p = &llama_cfg;
+    engine_gradients_match_the_cpu(0);
+    engine_gradients_match_the_cpu(1);
+    ecfg_p = &gpt2_cfg;
+}
 
 /* Central differences of the loss on the GPU itself, every element, the
  * same tolerance as the CPU's gradient check (test_gradcheck.c). */
@@ -729,6 +828,8 @@ int main(int argc, char **argv)
         TEST(adamw_matches_the_cpu),
         TEST(engine_gradients_match_the_cpu_fp32),
         TEST(engine_gradients_match_the_cpu_bf16),
+        TEST(llama_kernels_match_the_cpu),
+        TEST(llama_engine_gradients_match_the_cpu),
         TEST(every_gradient_matches_finite_differences_on_the_gpu),
         TEST(two_gpu_steps_give_the_same_bits_fp32),
         TEST(two_gpu_steps_give_the_same_bits_bf16),
