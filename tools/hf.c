@@ -573,9 +573,9 @@ static int read_llama_config(const char *dir, json_t *c, const char *type, int s
                         "(%d), as this trainer's heads are",
                         dir, cfg->dim / cfg->heads);
     static const char *const off[] = {"attention_bias", "mlp_bias", "use_sliding_window"};
-    static const char *const why[] = {"biases on o_proj as well as q, k and v (qwen2's q/k/v "
-                                      "biases are supported)",
-                                      "MLP biases", "sliding-window attention"};
+    static const char *const why[] = {
+        "biases on o_proj as well as q, k and v (qwen2's q/k/v biases are supported)", "MLP biases",
+        "sliding-window attention"};
     for (int i = 0; i < 3; i++) {
         json_t *x = json_object_get(c, off[i]);
         if (x && !json_is_false(x))

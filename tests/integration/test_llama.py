@@ -8,11 +8,10 @@ layout) train the same bits as uint16 ones and carry vocabularies over
 the family, are refused with one line naming both."""
 
 import os
-import shutil
 import struct
 
 from harness import (CKPT, DATA, TRAIN, committed_steps, digest, fortune_files, kill_job, launch,
-                     main, mpirun, prepare_corpus, read_log, run, wait_stopped_or_exit)
+                     main, mpirun, prepare_corpus, read_log, run, slow, wait_stopped_or_exit)
 
 G = 6  # divisible by 1, 2 and 3
 
@@ -33,6 +32,7 @@ def losses(log, first=1, last=None):
     return [by_step[i] for i in range(first, last + 1)]
 
 
+@slow
 def llama_tiny_learns(tmp):
     train, val = prepare_corpus(tmp)
     log = f"{tmp}/learn.jsonl"
