@@ -20,7 +20,7 @@ import os
 import numpy as np
 
 from harness import CKPT, TRAIN, main, mpirun, prepare_corpus, read_log, run
-from test_formats import load_hf, read_safetensors
+from test_formats import load_hf
 
 SIZES = ["--arch", "llama", "--layers", "2", "--dim", "64", "--heads", "4", "--kv-heads", "2",
          "--ffn-dim", "96", "--seq", "64", "--vocab", "300"]  # 300 -> 320 padded rows
