@@ -65,10 +65,10 @@ def corpus(tmp):
     return prepare_corpus(tmp)[0]
 
 
-def train(tmp, data, tag, device, np=1, extra=(), steps=STEPS):
+def train(tmp, data, tag, device, np=1, extra=(), steps=STEPS, model="tiny"):
     """tools/device-bundle.sh's 2-rank CPU run takes these arguments too."""
     log = os.path.join(tmp, f"{tag}.jsonl")
-    args = [TRAIN, "--data", data, "--model", "tiny", "--global-batch", "8", "--steps",
+    args = [TRAIN, "--data", data, "--model", model, "--global-batch", "8", "--steps",
             str(steps), "--lr", "1e-3", "--log", log, "--log-every", "100", "--device",
             device] + list(extra)
     p = mpirun(np, args) if np > 1 else run(args)
@@ -95,6 +95,23 @@ def gpu_follows_the_cpu_for_20_steps(tmp):
     bf16, err = train(tmp, data, "gpu-bf16", "cuda", extra=["--precision", "bf16"])
     assert "precision bf16" in err and "flash attention" in err, err
     close(bf16, cpu, BF16_TOL, "bf16 GPU vs fp32 CPU")
+
+
+@needs_gpu
+def llama_on_the_gpu_follows_the_cpu(tmp):
+    """The llama family's CUDA kernels (RMSNorm, RoPE, SwiGLU, GQA) end to
+    end: fp32 within the GPT-2 tolerance, bf16 within its, two runs the
+    same bits."""
+    data = corpus(tmp)
+    cpu, _ = train(tmp, data, "l-cpu", "cpu", model="llama-tiny")
+    gpu, err = train(tmp, data, "l-gpu", "cuda", model="llama-tiny")
+    assert "model llama-tiny (llama" in err, err
+    close(gpu, cpu, FP32_TOL, "llama fp32, GPU vs CPU")
+    again, _ = train(tmp, data, "l-gpu2", "cuda", model="llama-tiny")
+    assert again == gpu, "two llama GPU runs differ"
+    bf16, _ = train(tmp, data, "l-gpu-bf16", "cuda", model="llama-tiny",
+                    extra=["--precision", "bf16"])
+    close(bf16, cpu, BF16_TOL, "llama bf16 GPU vs fp32 CPU")
 
 
 @needs_gpu
@@ -171,7 +188,8 @@ def gpu_checkpoint_resumes_on_two_cpu_ranks(tmp):
     close(on_cpu, ref[10:], FP32_TOL, "GPU checkpoint resumed on 2 CPU ranks")
 
 
-TESTS = [gpu_follows_the_cpu_for_20_steps, gpu_runs_repeat_their_bits_and_resume_exactly,
+TESTS = [gpu_follows_the_cpu_for_20_steps, llama_on_the_gpu_follows_the_cpu,
+         gpu_runs_repeat_their_bits_and_resume_exactly,
          gpu_checkpoint_resumes_on_cpu_ranks_and_back, two_rank_cpu_checkpoint_resumes_on_the_gpu,
          gpu_checkpoint_resumes_on_two_cpu_ranks]
 
