@@ -2,13 +2,14 @@
 """Training throughput benchmark, one invocation, ratios against baselines
 measured in the same run.
 
-For each model - tiny, small, and the comparison config (--layers 4 --dim 256
---heads 4 --seq 256, byte vocabulary, global batch 8) - it measures
+For each model - tiny, small, the comparison config (--layers 4 --dim 256
+--heads 4 --seq 256, byte vocabulary, global batch 8), llama-tiny and
+SmolLM-135M's block at 4 layers (smollm-l4) - it measures
 fsdp-train's tokens/s on 1 rank with 2 threads and on 2 Open MPI ranks with
 1 thread each (shard full) for each setting in SETTINGS (the matmul library,
 mixed precision, activation checkpointing, prefetch), and, when Debian's python3-torch is installed
 (tools/setup.sh --bench), the same model trained by PyTorch on the CPU with 2
-threads, in fp32 and under bf16 autocast. tokens/s is the median over the
+threads (torch_gpt2.py, torch_llama.py), in fp32 and under bf16 autocast. tokens/s is the median over the
 steps after the first three. The summary line per model is our best setting
 on 1 rank x 2 threads over PyTorch's best, each the median of --rounds runs
 made alternately (the VM's speed drifts within minutes). The 2-rank column
@@ -32,11 +33,23 @@ BUILD = os.path.join(ROOT, "build")
 TRAIN = os.path.join(BUILD, "src", "fsdp-train")
 DATA = os.path.join(BUILD, "src", "fsdp-data")
 
+# (name, fsdp-train flags, (L, C, H, T), steps, PyTorch baseline: script and
+# the model flags beyond --layers --dim --heads --seq)
+LLAMA_TINY = ["--kv-heads", "2", "--ffn-dim", "384"]
+SMOLLM_L4 = ["--kv-heads", "3", "--ffn-dim", "1536"]
 MODELS = [
-    ("tiny", ["--model", "tiny"], (4, 128, 4, 128), 40),
-    ("small", ["--model", "small"], (6, 384, 6, 256), 12),
+    ("tiny", ["--model", "tiny"], (4, 128, 4, 128), 40, ("torch_gpt2.py", [])),
+    ("small", ["--model", "small"], (6, 384, 6, 256), 12, ("torch_gpt2.py", [])),
     ("comparison", ["--layers", "4", "--dim", "256", "--heads", "4", "--seq", "256"],
-     (4, 256, 4, 256), 20),
+     (4, 256, 4, 256), 20, ("torch_gpt2.py", [])),
+    # llama-tiny: GQA (2 query heads per K/V head), SwiGLU 384, untied head
+    ("llama-tiny", ["--model", "llama-tiny"], (4, 128, 4, 128), 40,
+     ("torch_llama.py", LLAMA_TINY)),
+    # SmolLM-135M's block (C576 H9 KV3 F1536, tied), 4 of its 30 layers, a
+    # 256-token window and the byte vocabulary: what a 2-core CPU can time
+    ("smollm-l4", ["--model", "smollm-135m", "--layers", "4", "--seq", "256",
+                   "--vocab", "256"], (4, 576, 9, 256), 8,
+     ("torch_llama.py", SMOLLM_L4 + ["--tie"])),
 ]
 WARMUP = 3
 
@@ -79,7 +92,7 @@ def ours(data, model_args, steps, ranks, threads, tmp, extra=()):
     return statistics.median(s["tokens_per_s"] for s in steps), statistics.median(comm) * 1e3
 
 
-def torch_baseline(data, shape, steps, bf16=False):
+def torch_baseline(data, shape, steps, baseline, bf16=False):
     try:
         subprocess.run(["/usr/bin/python3", "-c", "import torch"], check=True,
                        capture_output=True)
@@ -94,10 +107,11 @@ def torch_baseline(data, shape, steps, bf16=False):
         env.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
     elif " avx2 " in flags:
         env.setdefault("OPENBLAS_CORETYPE", "Haswell")
-    p = sh(["/usr/bin/python3", os.path.join(ROOT, "tools", "bench", "torch_gpt2.py"),
+    script, model_flags = baseline
+    p = sh(["/usr/bin/python3", os.path.join(ROOT, "tools", "bench", script),
             "--data", data, "--layers", str(L), "--dim", str(C), "--heads", str(NH),
             "--seq", str(T), "--steps", str(steps), "--warmup-steps", str(WARMUP),
-            "--threads", "2"] + (["--bf16"] if bf16 else []), env, check=False)
+            "--threads", "2"] + model_flags + (["--bf16"] if bf16 else []), env, check=False)
     if p.returncode != 0:
         print(f"bench: PyTorch{' bf16' if bf16 else ''} failed: {p.stderr[-300:]}")
         return None
@@ -108,7 +122,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(BUILD, "bench-train.json"))
     ap.add_argument("--steps-scale", type=float, default=1.0)
-    ap.add_argument("--models", default=",".join(m[0] for m in MODELS))
+    ap.add_argument("--models", default=",".join(m[0] for m in MODELS),
+                    help="a comma list of " + ", ".join(m[0] for m in MODELS))
     ap.add_argument("--rounds", type=int, default=3,
                     help="alternating runs of our best and PyTorch's best for the ratio")
     a = ap.parse_args()
@@ -123,7 +138,7 @@ def main():
                        if "." not in f)
         sh([DATA, "prepare", "--doc-sep", "%", "--out", data] +
            [os.path.join("/usr/share/games/fortunes", f) for f in files])
-        for name, margs, shape, steps in MODELS:
+        for name, margs, shape, steps, baseline in MODELS:
             if name not in a.models.split(","):
                 continue
             steps = max(WARMUP + 3, int(steps * a.steps_scale))
@@ -141,7 +156,7 @@ def main():
                       "in collectives per step on 2 ranks", flush=True)
             tbest, tbest_bf16 = 0.0, False
             for bf16 in (False, True):
-                tb = torch_baseline(data, shape, steps, bf16)
+                tb = torch_baseline(data, shape, steps, baseline, bf16)
                 if tb:
                     if tb["tokens_per_s"] > tbest:
                         tbest, tbest_bf16 = tb["tokens_per_s"], bf16
@@ -155,7 +170,7 @@ def main():
             duel_ours, duel_torch = [best], [tbest] if tbest else []
             for _ in range(a.rounds - 1 if tbest else 0):
                 duel_ours.append(ours(data, margs, steps, 1, 2, tmp, best_extra)[0])
-                tb = torch_baseline(data, shape, steps, tbest_bf16)
+                tb = torch_baseline(data, shape, steps, baseline, tbest_bf16)
                 if tb:
                     duel_torch.append(tb["tokens_per_s"])
             mo = statistics.median(duel_ours)

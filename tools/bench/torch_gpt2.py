@@ -2,7 +2,8 @@
 (pre-LN blocks, causal attention, GELU (tanh) MLP, tied head, AdamW, global
 norm clipping) trained on the same token file with the same batch, on the
 CPU with a given number of threads. Prints one JSON line with the median
-tokens/s over the measured steps."""
+tokens/s over the measured steps. The harness (flags, data, optimizer, loop)
+is shared with torch_llama.py."""
 
 import argparse
 import json
@@ -60,25 +61,30 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def add_harness_args(ap):
+    """The flags every baseline takes: data, batch, steps, threads, bf16."""
     ap.add_argument("--data", required=True)
-    ap.add_argument("--layers", type=int, required=True)
-    ap.add_argument("--dim", type=int, required=True)
-    ap.add_argument("--heads", type=int, required=True)
     ap.add_argument("--seq", type=int, required=True)
+    ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup-steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bf16", action="store_true", help="forward under CPU bf16 autocast")
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(1337)
+
+
+def train(model, a):
+    """fsdp-train's loop for one model: AdamW (lr 1e-3, betas .9/.95, weight
+    decay .1), global-norm clipping at 1.0, random windows of the token file;
+    prints the JSON line bench_train.py reads."""
     raw = open(a.data, "rb").read()
-    n = struct.unpack("<256i", raw[:1024])[2]
-    toks = torch.frombuffer(bytearray(raw[1024:1024 + 2 * n]), dtype=torch.int16).long() & 0xFFFF
-    model = GPT(a.layers, a.dim, a.heads, a.seq, 256)
+    hdr = struct.unpack("<256i", raw[:1024])
+    n = hdr[2]
+    if hdr[0] == 20240801:  # uint32 tokens
+        toks = torch.frombuffer(bytearray(raw[1024:1024 + 4 * n]), dtype=torch.int32).long()
+    else:
+        toks = torch.frombuffer(bytearray(raw[1024:1024 + 2 * n]),
+                                dtype=torch.int16).long() & 0xFFFF
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     nseq = (n - 1) // a.seq
     g = torch.Generator().manual_seed(1)
@@ -99,6 +105,18 @@ def main():
             rates.append(a.batch * a.seq / dt)
     print(json.dumps({"tokens_per_s": statistics.median(rates), "torch": torch.__version__,
                       "threads": a.threads, "last_loss": loss.item(), "bf16": a.bf16}))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    add_harness_args(ap)
+    ap.add_argument("--layers", type=int, required=True)
+    ap.add_argument("--dim", type=int, required=True)
+    ap.add_argument("--heads", type=int, required=True)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(1337)
+    train(GPT(a.layers, a.dim, a.heads, a.seq, a.vocab), a)
 
 
 if __name__ == "__main__":
