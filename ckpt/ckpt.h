@@ -376,6 +376,7 @@ struct ckpt_step_info {
     int committed;
     uint64_t stored_bytes;
     int objects;
+    int special; /* objects that are links, FIFOs, devices: the step is damaged */
 };
 
 /* All steps in the store, ascending (one listing of the store). */

@@ -284,6 +284,11 @@ int ckpt_clean(struct storage *st, const struct ckpt_clean_policy *p, struct ckp
     int rc = 0;
     long long good = 0; /* committed steps <= upto whose manifest loads */
     for (int i = n - 1; !rc && i >= 0; i--) {
+        if (s[i].info.special) { /* a link or FIFO in it: left as found, for verify */
+            s[i].info.objects = -1;
+            rep->steps_kept += s[i].info.committed;
+            continue;
+        }
         if (!s[i].info.committed)
             continue;
         if (p->keep > 0 && s[i].info.step <= p->upto && good >= p->keep) {
@@ -484,6 +489,13 @@ int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const ch
         res->outcome = CKPT_NOT_COMMITTED;
         ckpt_discard_own(st, m->step, m->world, tag, sub);
         return -1; /* err: the put's own error */
+    }
+    if (gr == STORAGE_NOT_REGULAR) { /* a link or FIFO holds the step: ours are garbage */
+        res->outcome = CKPT_OTHER_UNREADABLE;
+        ckpt_discard_own(st, m->step, m->world, tag, sub);
+        fsdp_err(err, "%s: step %llu is taken: %s (the step stays for fsdp-ckpt verify)", st->uri,
+                 (unsigned long long)m->step, sub);
+        return -1;
     }
     if (gr) { /* cannot tell: touch nothing */
         snprintf(err + strlen(err), FSDP_ERR_LEN - strlen(err),

@@ -39,15 +39,28 @@ struct flat_key {
 struct flat {
     struct flat_key *v;
     size_t n, cap;
+    const char *uri;
+    char *err;
 };
 
+/* A link, FIFO or device inside a step's directory is one of the step's
+ * objects that cannot be read: the step is damaged (listed, passed over at
+ * resume, reported by verify, as a manifest that does not parse is). One
+ * that stands where a step's directory belongs is refused: it would hide
+ * a step. */
 static int on_key(void *arg, const char *key, uint64_t size)
 {
     struct flat *f = arg;
     uint64_t step;
     const char *name;
-    if (parse_step_key(key, &step, &name))
+    if (parse_step_key(key, &step, &name)) {
+        if (storage_special(size))
+            return fsdp_err(f->err,
+                            "%s/%s: is %s; a checkpoint store holds only directories and "
+                            "regular files",
+                            f->uri, key, storage_special(size));
         return 0;
+    }
     if (f->n == f->cap) {
         size_t cap = f->cap ? 2 * f->cap : 64;
         void *v = realloc(f->v, cap * sizeof *f->v);
@@ -86,9 +99,10 @@ void ckpt_step_objects_free(struct ckpt_step_objects *s, int n)
  * whatever the number of steps. */
 int ckpt_list_step_objects(struct storage *st, struct ckpt_step_objects **out, int *nout, char *err)
 {
-    struct flat f = {0};
+    struct flat f = {.uri = st->uri, .err = err};
     struct ckpt_step_objects *s = NULL;
-    int n = 0, rc = storage_list(st, "step-", on_key, &f, err);
+    err[0] = 0;
+    int n = 0, rc = storage_list_special(st, "step-", on_key, &f, err);
     if (rc == -1 && !*err)
         fsdp_err(err, "%s: out of memory while listing", st->uri);
     if (!rc && f.n > 1)
@@ -112,7 +126,8 @@ int ckpt_list_step_objects(struct storage *st, struct ckpt_step_objects **out, i
         }
         for (size_t k = i; k < j; k++) {
             x->info.committed |= strcmp(f.v[k].name, CKPT_MANIFEST) == 0;
-            x->info.stored_bytes += f.v[k].size;
+            x->info.stored_bytes += storage_special(f.v[k].size) ? 0 : f.v[k].size;
+            x->info.special += storage_special(f.v[k].size) != NULL;
             x->info.objects++;
             x->obj[x->nobj++] = (struct ckpt_object){f.v[k].name, f.v[k].size};
             f.v[k].name = NULL; /* moved */
@@ -166,6 +181,8 @@ int ckpt_load_manifest_doc(struct storage *st, uint64_t step, struct ckpt_manife
     if (doc)
         *doc = NULL;
     int rc = storage_get_all(st, key, CKPT_MAX_MANIFEST_BYTES, &buf, &len, err);
+    if (rc == STORAGE_NOT_REGULAR)
+        return CKPT_DAMAGED; /* a link or FIFO where the manifest belongs */
     if (rc)
         return rc;
     if (ckpt_manifest_parse(buf, len, m, sub)) {

@@ -13,7 +13,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,17 +25,6 @@ static uint32_t le32(const unsigned char *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static const char *kind_of(mode_t m)
-{
-    return S_ISFIFO(m)   ? "a FIFO"
-           : S_ISCHR(m)  ? "a character device"
-           : S_ISBLK(m)  ? "a block device"
-           : S_ISSOCK(m) ? "a socket"
-           : S_ISDIR(m)  ? "a directory"
-           : S_ISLNK(m)  ? "a symbolic link"
-                         : "not a regular file";
-}
-
 int token_file_open(struct token_file *f, const char *path, int vocab, char *err)
 {
     memset(f, 0, sizeof *f);
@@ -45,7 +33,7 @@ int token_file_open(struct token_file *f, const char *path, int vocab, char *err
      * is swapped in between, so a FIFO cannot block open() */
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
         return fsdp_err(err, "%s: is %s, not a regular file (a token file is one)", path,
-                        kind_of(st.st_mode));
+                        fsdp_file_kind(st.st_mode));
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0)
         return fsdp_err(err, "%s: cannot open: %s", path, strerror(errno));
@@ -57,7 +45,7 @@ int token_file_open(struct token_file *f, const char *path, int vocab, char *err
     if (!S_ISREG(st.st_mode)) {
         close(fd);
         return fsdp_err(err, "%s: is %s, not a regular file (a token file is one)", path,
-                        kind_of(st.st_mode));
+                        fsdp_file_kind(st.st_mode));
     }
     const size_t hdr = DATA_HEADER_INTS * 4, len = (size_t)st.st_size;
     if (len < hdr) {
@@ -125,83 +113,33 @@ void token_file_close(struct token_file *f)
 
 int token_file_check_output(const char *path, char *err)
 {
-    struct stat st;
-    if (lstat(path, &st) == 0) {
-        if (S_ISREG(st.st_mode))
-            return 0;
-        return fsdp_err(err,
-                        "%s: exists and is %s, not a regular file; refusing to replace it "
-                        "with a token file (name a new file)",
-                        path, kind_of(st.st_mode));
-    }
-    if (errno != ENOENT)
-        return fsdp_err(err, "%s: cannot stat: %s", path, strerror(errno));
-    return 0;
-}
-
-/* A new temporary next to path; a regular file left there by an earlier
- * process of the same id goes first, anything else is never opened. */
-static int create_tmp(const char *tmp, char *err)
-{
-    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
-    int fd = open(tmp, flags, 0644);
-    struct stat st;
-    if (fd < 0 && errno == EEXIST && lstat(tmp, &st) == 0 && S_ISREG(st.st_mode) &&
-        unlink(tmp) == 0)
-        fd = open(tmp, flags, 0644);
-    if (fd < 0)
-        return fsdp_err(err, "%s: cannot create: %s", tmp, strerror(errno));
-    return fd;
+    return fsdp_outfile_check(path, 1, err); /* a token file is made again from its text */
 }
 
 int token_file_write(const char *path, const uint16_t *tokens, size_t n, int width, char *err)
 {
     if (n > INT32_MAX)
         return fsdp_err(err, "%s: %zu tokens do not fit the format's int32 count", path, n);
-    if (token_file_check_output(path, err))
-        return -1;
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
-        return fsdp_err(err, "%s: path too long", path);
-    int fd = create_tmp(tmp, err);
-    if (fd < 0)
+    struct fsdp_outfile o;
+    if (fsdp_outfile_open(&o, path, 1, err))
         return -1;
     int32_t header[DATA_HEADER_INTS] = {width == 4 ? DATA_MAGIC_U32 : DATA_MAGIC,
                                         width == 4 ? DATA_VERSION_U32 : DATA_VERSION, (int32_t)n};
     /* The format is little-endian; so is every machine this builds for. */
     _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "little-endian host");
-    int bad = fsdp_write_all(fd, header, sizeof header);
+    int bad = fsdp_outfile_write(&o, header, sizeof header, err);
     if (width == 4) { /* widened a block at a time */
         uint32_t wide[4096];
         for (size_t i = 0; i < n && !bad; i += 4096) {
             size_t k = n - i < 4096 ? n - i : 4096;
             for (size_t j = 0; j < k; j++)
                 wide[j] = tokens[i + j];
-            bad = fsdp_write_all(fd, wide, k * sizeof *wide);
+            bad = fsdp_outfile_write(&o, wide, k * sizeof *wide, err);
         }
     } else if (!bad) {
-        bad = fsdp_write_all(fd, tokens, n * sizeof *tokens);
+        bad = fsdp_outfile_write(&o, tokens, n * sizeof *tokens, err);
     }
-    if (bad || fsync(fd)) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        return fsdp_err(err, "%s: write failed: %s", tmp, strerror(e));
-    }
-    if (close(fd) || rename(tmp, path)) {
-        int e = errno;
-        unlink(tmp);
-        return fsdp_err(err, "%s: cannot commit: %s", path, strerror(e));
-    }
-    /* fsync the directory so the rename itself survives a crash */
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-    return 0;
+    return fsdp_outfile_close(&o, !bad, err);
 }
 
 int sample_stream_init(struct sample_stream *s, const struct token_file *f, int T, uint64_t seed,

@@ -242,6 +242,16 @@ int main(int argc, char **argv)
     int rc = token_file_check_output(out, err);
     if (!rc && val_out)
         rc = token_file_check_output(val_out, err);
+    if (!rc && val_out && fsdp_same_file(out, val_out))
+        rc = fsdp_err(err, "--out %s and --val-out %s are the same file: the two splits need two",
+                      out, val_out);
+    for (int i = first_input; i < argc && !rc; i++)
+        for (int k = 0; k < 2 && !rc; k++) {
+            const char *o_ = k ? val_out : out;
+            if (o_ && fsdp_same_file(o_, argv[i]))
+                rc = fsdp_err(err, "%s %s is the input %s: refusing to write over an input",
+                              k ? "--val-out" : "--out", o_, argv[i]);
+        }
     for (int i = first_input; i < argc && !rc; i++)
         rc = split_file(&s, argv[i], sep, err);
     if (!rc && s.train.n == 0)

@@ -23,18 +23,20 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define FSDP_ERR_LEN 512
 
 enum fsdp_status {
     FSDP_OK = 0,
     FSDP_ERROR = -1,
-    STORAGE_NOT_FOUND = -2,  /* no such object (storage.h) */
-    STORAGE_EXISTS = -3,     /* put-if-absent found the key taken (storage.h) */
-    CKPT_NOT_LIVE = -40,     /* a fenced writer's late commit (ckpt.h) */
-    CKPT_CANNOT_JUDGE = -41, /* a step's seals cannot be read (ckpt.h) */
-    CKPT_DAMAGED = -42,      /* a manifest that fails its checks (ckpt.h) */
-    TCKPT_REFUSED = -50,     /* a checkpoint of another model (checkpoint.h) */
+    STORAGE_NOT_FOUND = -2,   /* no such object (storage.h) */
+    STORAGE_EXISTS = -3,      /* put-if-absent found the key taken (storage.h) */
+    STORAGE_NOT_REGULAR = -4, /* the key is a link, FIFO, device (storage.h) */
+    CKPT_NOT_LIVE = -40,      /* a fenced writer's late commit (ckpt.h) */
+    CKPT_CANNOT_JUDGE = -41,  /* a step's seals cannot be read (ckpt.h) */
+    CKPT_DAMAGED = -42,       /* a manifest that fails its checks (ckpt.h) */
+    TCKPT_REFUSED = -50,      /* a checkpoint of another model (checkpoint.h) */
 };
 
 /* Formats the message into err (if non-NULL) and returns -1. */
@@ -129,5 +131,27 @@ static inline uint16_t fsdp_bf16_round(float f)
         return (uint16_t)((u >> 16) | 0x40u);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
+
+/* A whole file written at a path the user named (outfile.c says the rule):
+ * what exists there and is not a regular file is never replaced, an
+ * existing regular file only when replace is 1; the bytes go to a hidden
+ * temporary beside it, renamed into place (and the directory fsynced) only
+ * when complete. */
+struct fsdp_outfile {
+    char path[4096], tmp[4200];
+    int fd;
+};
+/* The check alone, for a program that refuses before doing the work. */
+int fsdp_outfile_check(const char *path, int replace, char *err);
+int fsdp_outfile_open(struct fsdp_outfile *o, const char *path, int replace, char *err);
+int fsdp_outfile_write(struct fsdp_outfile *o, const void *p, size_t n, char *err);
+/* ok: fsync, close, rename into place; else close and remove the
+ * temporary. Returns 0 only when the file is in place. */
+int fsdp_outfile_close(struct fsdp_outfile *o, int ok, char *err);
+/* 1 when a and b name the same file: the same inode when both exist (a
+ * hard link, "./x" and "x"), the same directory entry when neither does. */
+int fsdp_same_file(const char *a, const char *b);
+/* "a FIFO", "a character device", "a directory", ... for lstat's mode */
+const char *fsdp_file_kind(mode_t m);
 
 #endif

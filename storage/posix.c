@@ -114,7 +114,8 @@ static int object_stat(int dir, const char *name, const char *path, struct stat 
         fsdp_err(err, "%s: is a directory, not an object", path);
         return FSDP_ERROR;
     }
-    return refuse(err, path, sb->st_mode);
+    refuse(err, path, sb->st_mode);
+    return STORAGE_NOT_REGULAR;
 }
 
 /* storage_key_check's rule, and what a path here can hold. */
@@ -626,7 +627,9 @@ static int walk_dir(struct walk *wk, int fd, size_t kl)
         } else if (S_ISREG(sb.st_mode)) {
             if (matches)
                 rc = wk->fn(wk->arg, wk->key, (uint64_t)sb.st_size);
-        } else if (matches || on_the_way) {
+        } else if (matches) { /* storage_list refuses it, storage_list_special judges */
+            rc = wk->fn(wk->arg, wk->key, STORAGE_SPECIAL_SIZE(sb.st_mode & S_IFMT));
+        } else if (on_the_way) {
             where(wk->s, wk->key, el, path, sizeof wk->path);
             rc = refuse(wk->err, path, sb.st_mode);
         }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 int storage_open(const char *uri, struct storage **out, char *err)
 {
@@ -150,10 +151,48 @@ int storage_stat(struct storage *s, const char *key, uint64_t *size, char *err)
     return s->ops->stat(s, key, size, err);
 }
 
+const char *storage_special(uint64_t size)
+{
+    if (size < STORAGE_SPECIAL_SIZE(0xF000))
+        return NULL;
+    const mode_t m = (mode_t)((UINT64_MAX - size) << 12);
+    return S_ISLNK(m)    ? "a symbolic link"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISSOCK(m) ? "a socket"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+                         : "a special file";
+}
+
+int storage_list_special(struct storage *s, const char *prefix,
+                         int (*fn)(void *arg, const char *key, uint64_t size), void *arg, char *err)
+{
+    return s->ops->list(s, prefix, fn, arg, err);
+}
+
+struct refusing {
+    struct storage *s;
+    int (*fn)(void *arg, const char *key, uint64_t size);
+    void *arg;
+    char *err;
+};
+
+static int refuse_special(void *arg, const char *key, uint64_t size)
+{
+    struct refusing *r = arg;
+    const char *kind = storage_special(size);
+    if (!kind)
+        return r->fn(r->arg, key, size);
+    fsdp_err(r->err, "%s/%s: is %s; a checkpoint store holds only directories and regular files",
+             r->s->uri, key, kind);
+    return FSDP_ERROR;
+}
+
 int storage_list(struct storage *s, const char *prefix,
                  int (*fn)(void *arg, const char *key, uint64_t size), void *arg, char *err)
 {
-    return s->ops->list(s, prefix, fn, arg, err);
+    struct refusing r = {s, fn, arg, err};
+    return s->ops->list(s, prefix, refuse_special, &r, err);
 }
 
 int storage_delete(struct storage *s, const char *key, char *err)

@@ -104,6 +104,20 @@ void storage_prefetch(struct storage *s, const char *key, uint64_t off, uint64_t
 int storage_get_all(struct storage *s, const char *key, size_t max, void **buf, size_t *len,
                     char *err);
 int storage_stat(struct storage *s, const char *key, uint64_t *size, char *err);
+/* Listings: a backend's list passes an entry that is neither a directory
+ * nor a regular file (posix: a link, FIFO, socket or device, never
+ * followed) with a size storage_special() recognises. storage_list refuses
+ * one ("ROOT/KEY: is a FIFO; a checkpoint store holds only ..."), so no
+ * caller meets it by accident; storage_list_special hands it to fn, for
+ * the one caller that judges it (ckpt's step listing: a step holding one
+ * is damaged, not a reason to fail every start). Reading such a key fails
+ * with STORAGE_NOT_REGULAR. */
+#define STORAGE_SPECIAL_SIZE(type_bits) (UINT64_MAX - (uint64_t)((type_bits) >> 12 & 0xF))
+/* "a FIFO", "a symbolic link", ... for a special size; NULL for a real one */
+const char *storage_special(uint64_t size);
+int storage_list_special(struct storage *s, const char *prefix,
+                         int (*fn)(void *arg, const char *key, uint64_t size), void *arg,
+                         char *err);
 int storage_list(struct storage *s, const char *prefix,
                  int (*fn)(void *arg, const char *key, uint64_t size), void *arg, char *err);
 int storage_delete(struct storage *s, const char *key, char *err);

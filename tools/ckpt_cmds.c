@@ -30,27 +30,65 @@ static int report_failure(const char *msg)
     return 1;
 }
 
-/* Splits "URI@STEP"; step stays 0 (newest) without a well-formed suffix. */
-static void split_uri(const char *arg, char *uri, size_t n, uint64_t *step, int *has_step)
+#define MAX_STEP (1LL << 40) /* fsdp-train's bound on --steps */
+
+/* Splits "URI@STEP"; step stays 0 (newest) without a suffix of digits (a
+ * path may hold an '@'). A suffix that is a number but no step (out of
+ * range, negative) is refused: -1 with err set. */
+static int split_uri(const char *arg, char *uri, size_t n, uint64_t *step, int *has_step, char *err)
 {
     snprintf(uri, n, "%s", arg);
     *step = 0;
     *has_step = 0;
     char *at = strrchr(uri, '@');
     if (!at || !at[1])
-        return;
-    char *end;
-    unsigned long long v = strtoull(at + 1, &end, 10);
-    if (*end == 0 && !strchr(at + 1, '-')) {
-        *at = 0;
-        *step = v;
-        *has_step = 1;
-    }
+        return 0;
+    const char *d = at[1] == '-' ? at + 2 : at + 1;
+    if (!*d || strspn(d, "0123456789") != strlen(d))
+        return 0;
+    long long v;
+    if (at[1] == '-' || fsdp_parse_i64(at + 1, 1, MAX_STEP, &v))
+        return fsdp_err(err, "%s: '%s' is not a step number (1 to %lld)", arg, at + 1,
+                        (long long)MAX_STEP);
+    *at = 0;
+    *step = (uint64_t)v;
+    *has_step = 1;
+    return 0;
 }
 
 static int open_store(const char *uri, struct storage **st, char *err)
 {
     return storage_open(uri, st, err) ? -1 : 0;
+}
+
+static int any_key(void *arg, const char *key, uint64_t size)
+{
+    (void)arg, (void)key, (void)size;
+    return 1;
+}
+
+/* ls and prune of a store that is not there say so and fail, as ls(1) and
+ * aws s3 ls do: a directory that does not exist, a prefix with no object.
+ * An existing empty directory is an empty store. */
+static int open_existing_store(const char *uri, struct storage **st, char *err)
+{
+    if (open_store(uri, st, err))
+        return -1;
+    int rc = storage_list(*st, "", any_key, NULL, err);
+    if (rc == 1)
+        return 0;
+    struct stat sb;
+    const char *path = strncmp(uri, "file://", 7) == 0 ? uri + 7 : uri;
+    if (rc == 0 && !strstr(uri, "://") && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return 0;
+    if (rc == 0 && strstr(uri, "://") && strncmp(uri, "file://", 7) != 0)
+        fsdp_err(err, "%s: nothing is stored under this prefix (no checkpoint store)", uri);
+    else if (rc == 0)
+        fsdp_err(err, "%s: no such checkpoint store: %s", uri,
+                 stat(path, &sb) ? strerror(errno) : "not a directory");
+    storage_close(*st);
+    *st = NULL;
+    return -1;
 }
 
 /* Loads the newest committed step that is live (a fenced writer's late
@@ -83,8 +121,8 @@ static int load(const char *arg, struct storage **st, struct ckpt_manifest *m, c
     char uri[1024];
     uint64_t step;
     int has_step;
-    split_uri(arg, uri, sizeof uri, &step, &has_step);
-    if (open_store(uri, st, err))
+    *st = NULL;
+    if (split_uri(arg, uri, sizeof uri, &step, &has_step, err) || open_store(uri, st, err))
         return -1;
     if (has_step ? ckpt_load_manifest(*st, step, m, err) : load_newest(*st, m, err)) {
         storage_close(*st);
@@ -121,7 +159,7 @@ int cmd_ls(const char *uri)
 {
     char err[FSDP_ERR_LEN];
     struct storage *st;
-    if (open_store(uri, &st, err))
+    if (open_existing_store(uri, &st, err))
         return report_failure(err);
     struct ckpt_step_info *steps;
     int n;
@@ -332,9 +370,9 @@ static int export_step(struct ckpt_reader *r, void *ctx, char *err)
     if (x->layout == LAYOUT_HF)
         rc = hf_export(r, job->out, x->dtype, x->max_shard, err);
     else if (x->layout == LAYOUT_LLMC)
-        rc = llmc_export(r, job->out, x->dtype == HF_BF16, err);
+        rc = llmc_export(r, job->out, x->dtype == HF_BF16, x->force, err);
     else
-        rc = st_export(r, job->out, x->all, err);
+        rc = st_export(r, job->out, x->all, x->force, err);
     progress_stop(&p);
     return rc;
 }
@@ -343,6 +381,9 @@ int cmd_export(const char *src_arg, const char *out, const struct export_opts *x
 {
     char err[FSDP_ERR_LEN];
     struct export_job job = {out, x};
+    /* the output is judged before a byte of the checkpoint is read */
+    if (x->layout != LAYOUT_HF && fsdp_outfile_check(out, x->force, err))
+        return report_failure(err);
     return with_reader(src_arg, export_step, &job, err) ? report_failure(err) : 0;
 }
 
@@ -420,9 +461,8 @@ int cmd_cp(const char *src_arg, const char *dst_uri, const struct ckpt_write_opt
     char err[FSDP_ERR_LEN], uri[1024];
     uint64_t step;
     int has_step;
-    split_uri(src_arg, uri, sizeof uri, &step, &has_step);
     struct storage *st, *dst;
-    if (open_store(uri, &st, err))
+    if (split_uri(src_arg, uri, sizeof uri, &step, &has_step, err) || open_store(uri, &st, err))
         return report_failure(err);
     if (open_store(dst_uri, &dst, err)) {
         storage_close(st);
@@ -529,7 +569,7 @@ int cmd_prune(const char *uri, long long keep)
 {
     char err[FSDP_ERR_LEN];
     struct storage *st;
-    if (open_store(uri, &st, err))
+    if (open_existing_store(uri, &st, err))
         return report_failure(err);
     /* not fenced (generation 0): a tool does not take the store from a
      * running job; garbage is judged against the store's generation */

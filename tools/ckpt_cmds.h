@@ -16,7 +16,7 @@ enum layout { LAYOUT_NATIVE, LAYOUT_HF, LAYOUT_LLMC }; /* --layout native|hf|llm
 
 /* export's flags: --all, --layout, --dtype (hf.h's HF_*), --max-shard-size */
 struct export_opts {
-    int all, layout, dtype;
+    int all, layout, dtype, force;
     uint64_t max_shard;
 };
 

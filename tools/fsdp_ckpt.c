@@ -195,6 +195,7 @@ static int parse_hash(void *field, const char *v, char *err)
 static const struct opt export_flags[] = {
     LAYOUT_FLAG,
     {"--all", OPT_SWITCH, CV(x.all), .arg = NULL},
+    {"--force", OPT_SWITCH, CV(x.force), .arg = NULL},
     {"--dtype", OPT_PARSE, CV(x.dtype), .parse = parse_dtype, .expect = "f32, bf16 or f16"},
     {"--max-shard-size", OPT_PARSE, CV(x.max_shard), .parse = parse_shard_size,
      .expect = "a size such as 5GB, 500MiB or a byte count"},

@@ -11,7 +11,6 @@
 #include "hf.h"
 
 #include "model_ckpt.h"
-#include "outfile.h"
 #include "safetensors.h"
 #include "util.h"
 
@@ -108,18 +107,18 @@ static int write_json(const char *dir, const char *name, json_t *doc, char *err)
 {
     char *text = json_dumps(doc, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(9));
     char path[4096];
-    struct outfile o;
+    struct fsdp_outfile o;
     if (!text) {
         fsdp_err(err, "%s: out of memory", name);
         return -1;
     }
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    int rc = outfile_open(&o, path, err);
+    int rc = fsdp_outfile_open(&o, path, 0, err);
     if (!rc)
-        rc = outfile_close(&o,
-                           outfile_write(&o, text, strlen(text), err) == 0 &&
-                               outfile_write(&o, "\n", 1, err) == 0,
-                           err);
+        rc = fsdp_outfile_close(&o,
+                                fsdp_outfile_write(&o, text, strlen(text), err) == 0 &&
+                                    fsdp_outfile_write(&o, "\n", 1, err) == 0,
+                                err);
     free(text);
     return rc;
 }
@@ -179,20 +178,20 @@ static int write_shard(struct ckpt_reader *r, const char *dir, const char *file,
         return -1;
     }
     char path[4096];
-    struct outfile o;
+    struct fsdp_outfile o;
     snprintf(path, sizeof path, "%s/%s", dir, file);
-    int rc = outfile_open(&o, path, err);
+    int rc = fsdp_outfile_open(&o, path, 0, err);
     if (rc) {
         free(head);
         return -1;
     }
-    rc = outfile_write(&o, head, hlen, err);
+    rc = fsdp_outfile_write(&o, head, hlen, err);
     free(head);
     for (int i = 0; !rc && i < nt; i++)
         if (ts[i].shard == shard)
             rc = convert(r, &ts[i], dtype, src, tr, bytes, err) ||
-                 outfile_write(&o, bytes, (size_t)ts[i].bytes, err);
-    return outfile_close(&o, !rc, err);
+                 fsdp_outfile_write(&o, bytes, (size_t)ts[i].bytes, err);
+    return fsdp_outfile_close(&o, !rc, err);
 }
 
 /* config.json: what from_pretrained needs to build the same model. */

@@ -11,7 +11,6 @@
 
 #include "model_ckpt.h"
 
-#include "outfile.h"
 #include "safetensors.h"
 #include "util.h"
 
@@ -64,7 +63,7 @@ static const struct ckpt_tensor *find(const struct ckpt_manifest *m, const char 
     return NULL;
 }
 
-int llmc_export(struct ckpt_reader *r, const char *path, int bf16, char *err)
+int llmc_export(struct ckpt_reader *r, const char *path, int bf16, int replace, char *err)
 {
     const struct ckpt_manifest *m = r->m;
     struct model_config cfg;
@@ -98,13 +97,13 @@ int llmc_export(struct ckpt_reader *r, const char *path, int bf16, char *err)
                 m->units[u].tensors[t].numel > largest ? m->units[u].tensors[t].numel : largest;
     float *buf = malloc((size_t)largest * 4 + 4);
     uint16_t *half = malloc((size_t)largest * 2 + 2);
-    struct outfile o;
+    struct fsdp_outfile o;
     int rc = buf && half ? 0 : -1, opened = 0;
     if (rc)
         fsdp_err(err, "export: out of memory");
-    if (!rc && (rc = outfile_open(&o, path, err)) == 0) {
+    if (!rc && (rc = fsdp_outfile_open(&o, path, replace, err)) == 0) {
         opened = 1;
-        rc = outfile_write(&o, head, sizeof head, err);
+        rc = fsdp_outfile_write(&o, head, sizeof head, err);
     }
     for (int g = 0; !rc && g < NORDER; g++)
         for (int l = 0; !rc && l < (order[g].per_layer ? L : 1); l++) {
@@ -121,12 +120,12 @@ int llmc_export(struct ckpt_reader *r, const char *path, int bf16, char *err)
             if (!rc && bf16) {
                 for (uint64_t i = 0; i < t->numel; i++)
                     half[i] = fsdp_bf16_round(buf[i]);
-                rc = outfile_write(&o, half, (size_t)t->numel * 2, err);
+                rc = fsdp_outfile_write(&o, half, (size_t)t->numel * 2, err);
             } else if (!rc) {
-                rc = outfile_write(&o, buf, (size_t)t->numel * 4, err);
+                rc = fsdp_outfile_write(&o, buf, (size_t)t->numel * 4, err);
             }
         }
-    if (opened && outfile_close(&o, !rc, err) && !rc)
+    if (opened && fsdp_outfile_close(&o, !rc, err) && !rc)
         rc = -1;
     free(buf);
     free(half);

@@ -18,7 +18,7 @@
 
 /* bf16: version 5 (rounded to nearest even), else version 3 (fp32).
  * Written to a temporary name, fsynced, renamed. */
-int llmc_export(struct ckpt_reader *r, const char *path, int bf16, char *err);
+int llmc_export(struct ckpt_reader *r, const char *path, int bf16, int replace, char *err);
 
 /* The model of an llm.c file's header (checked: magic, version, sizes, the
  * file's length). */

@@ -11,7 +11,6 @@
 #include "safetensors.h"
 
 #include "model_ckpt.h"
-#include "outfile.h"
 #include "util.h"
 
 #include <errno.h>
@@ -27,7 +26,7 @@
 
 static const char *prefix[CKPT_NKINDS] = {"", "optim.exp_avg.", "optim.exp_avg_sq."};
 
-int st_export(struct ckpt_reader *r, const char *path, int all, char *err)
+int st_export(struct ckpt_reader *r, const char *path, int all, int replace, char *err)
 {
     const struct ckpt_manifest *m = r->m;
     json_t *h = json_object();
@@ -52,14 +51,15 @@ int st_export(struct ckpt_reader *r, const char *path, int all, char *err)
     char *head = st_header_bytes(h, &hlen);
     json_decref(h);
     float *buf = malloc(PIECE * sizeof *buf);
-    struct outfile o;
+    struct fsdp_outfile o;
     if (!head || !buf) {
         free(head);
         free(buf);
         fsdp_err(err, "export: out of memory");
         return -1;
     }
-    int rc = outfile_open(&o, path, err) ? -1 : outfile_write(&o, head, hlen, err);
+    int rc =
+        fsdp_outfile_open(&o, path, replace, err) ? -1 : fsdp_outfile_write(&o, head, hlen, err);
     free(head);
     for (int k = 0; !rc && k < (all ? CKPT_NKINDS : 1); k++)
         for (int u = 0; !rc && u < m->nunits; u++)
@@ -68,11 +68,11 @@ int st_export(struct ckpt_reader *r, const char *path, int all, char *err)
                 for (uint64_t x = 0; !rc && x < ct->numel; x += PIECE) {
                     uint64_t c = ct->numel - x < PIECE ? ct->numel - x : PIECE;
                     rc = ckpt_read_unit(r, u, k, ct->offset + x, c, buf, err) ||
-                         outfile_write(&o, buf, (size_t)c * 4, err);
+                         fsdp_outfile_write(&o, buf, (size_t)c * 4, err);
                 }
             }
     free(buf);
-    if (o.fd >= 0 && outfile_close(&o, !rc, err) && !rc)
+    if (fsdp_outfile_close(&o, !rc, err) && !rc)
         rc = -1;
     if (rc) {
         char sub[FSDP_ERR_LEN];

@@ -16,7 +16,7 @@
 
 /* Parameters under their own names; with all, also "optim.exp_avg.NAME"
  * and "optim.exp_avg_sq.NAME". Written atomically. */
-int st_export(struct ckpt_reader *r, const char *path, int all, char *err);
+int st_export(struct ckpt_reader *r, const char *path, int all, int replace, char *err);
 
 /* A new committed checkpoint (step 0, fresh optimizer state) for world
  * ranks from a safetensors file whose tensors must match the layout; every

@@ -1,13 +1,17 @@
-"""Files that are not regular files where a token file belongs: fsdp-train
-refuses a FIFO as --data or --val-data at once (never blocks in open()),
-and fsdp-data never replaces a device node, FIFO, directory or symbolic
-link named as --out or --val-out. Each refusal is one line on stderr naming
-the path, with a non-zero exit, and the node is left as it was."""
+"""Files that are not regular files where a file belongs: fsdp-train
+refuses a FIFO as --data or --val-data at once (never blocks in open());
+fsdp-data and fsdp-ckpt export never replace a device node, FIFO, directory
+or symbolic link named as their output (export replaces an existing regular
+file only with --force), and leave no temporary beside it. Each refusal is
+one line on stderr naming the path, with a non-zero exit, and the node is
+left as it was. A MANIFEST.json that is a FIFO or a link makes its step
+damaged: listed, passed over at resume, left for verify."""
 
+import glob
 import os
 import stat
 
-from harness import DATA, TRAIN, main, prepare_corpus, run
+from harness import CKPT, DATA, TRAIN, committed_steps, main, prepare_corpus, run
 
 TINY = ["--layers", "1", "--dim", "32", "--heads", "2", "--seq", "32", "--steps", "1",
         "--global-batch", "4"]
@@ -85,9 +89,79 @@ def prepare_refuses_dev_null_as_out(tmp):
     assert stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev, "/dev/null changed"
 
 
+def small_checkpoint(tmp, ck, steps=4):
+    train, _ = prepare_corpus(tmp)
+    run([TRAIN, "--data", train, "--layers", "1", "--dim", "32", "--heads", "2", "--seq", "32",
+         "--global-batch", "4", "--steps", str(steps), "--ckpt", ck, "--ckpt-every", "2"])
+    return train
+
+
+def export_never_replaces_what_is_not_a_regular_file(tmp):
+    ck = f"{tmp}/ck"
+    small_checkpoint(tmp, ck)
+    for path, kind in make_nodes(tmp):
+        for layout in ([], ["--layout", "llmc"]):
+            p = run([CKPT, "export", ck, path] + layout, check=False, timeout=60)
+            one_line_naming(p, path, "not a regular file; refusing to replace it")
+            assert stat.S_IFMT(os.lstat(path).st_mode) == kind, f"{path} was replaced"
+    assert not os.path.exists(f"{tmp}/link-target.bin"), "a write went through the link"
+    assert not [n for n in os.listdir(tmp) if ".tmp." in n], "a temporary was left behind"
+
+
+def export_replaces_a_regular_file_only_with_force(tmp):
+    ck = f"{tmp}/ck"
+    small_checkpoint(tmp, ck)
+    out = f"{tmp}/w.safetensors"
+    open(out, "w").write("precious\n")
+    p = run([CKPT, "export", ck, out], check=False, timeout=60)
+    one_line_naming(p, out, "exists; refusing to replace it", "--force")
+    assert open(out).read() == "precious\n"
+    run([CKPT, "export", ck, out, "--force"])
+    head = open(out, "rb").read(8)
+    assert int.from_bytes(head, "little") < os.path.getsize(out), "not a safetensors file"
+    assert not [n for n in os.listdir(tmp) if ".tmp." in n], "a temporary was left behind"
+
+
+def manifest_that_is_a_fifo_or_link_makes_a_damaged_step(tmp):
+    for kind in ("fifo", "link"):
+        ck = f"{tmp}/ck-{kind}"
+        train = small_checkpoint(tmp, ck)
+        man = f"{ck}/step-00000004/MANIFEST.json"
+        os.unlink(man)
+        if kind == "fifo":
+            os.mkfifo(man)
+        else:
+            outside = f"{tmp}/outside-manifest.json"  # a valid manifest outside the store
+            open(outside, "w").write(open(f"{ck}/step-00000002/MANIFEST.json").read())
+            os.symlink(outside, man)
+        p = run([CKPT, "ls", ck], timeout=60)
+        assert "step-00000004  damaged" in p.stdout and "step-00000002  committed" in p.stdout, \
+            p.stdout
+        p = run([CKPT, "verify", f"{ck}@4"], check=False, timeout=60)
+        assert p.returncode != 0 and man in p.stderr, p.stderr
+        gens = sorted(os.listdir(f"{ck}/generations"))
+        p = run([TRAIN, "--data", train, "--layers", "1", "--dim", "32", "--heads", "2",
+                 "--seq", "32", "--global-batch", "4", "--steps", "6", "--ckpt", ck,
+                 "--ckpt-every", "2"], timeout=120)
+        assert "resumed from checkpoint step 2" in p.stderr, p.stderr
+        assert committed_steps(ck)[-1] == 6, committed_steps(ck)
+        # the launch claimed one generation and sealed it: no claim is left unsealed
+        now = sorted(os.listdir(f"{ck}/generations"))
+        assert len(now) == len(gens) + 1, (gens, now)
+        assert set(now) <= set(os.listdir(f"{ck}/fences")), "a claimed generation is unsealed"
+        run([CKPT, "prune", ck, "--keep", "1"], timeout=60)
+        assert stat.S_IFMT(os.lstat(man).st_mode) == (stat.S_IFIFO if kind == "fifo"
+                                                      else stat.S_IFLNK), "the node was touched"
+        if kind == "link":
+            assert os.path.exists(f"{tmp}/outside-manifest.json"), "the link's target went"
+
+
 if __name__ == "__main__":
     main([trainer_refuses_a_fifo_as_data_without_blocking,
           trainer_refuses_a_fifo_as_val_data_without_blocking,
           trainer_refuses_a_directory_as_data,
           prepare_never_replaces_what_is_not_a_regular_file,
-          prepare_refuses_dev_null_as_out])
+          prepare_refuses_dev_null_as_out,
+          export_never_replaces_what_is_not_a_regular_file,
+          export_replaces_a_regular_file_only_with_force,
+          manifest_that_is_a_fifo_or_link_makes_a_damaged_step])

@@ -122,6 +122,8 @@ def cases(f):
     os.makedirs(f"{big_json}/step-00000003")
     with open(f"{big_json}/step-00000003/MANIFEST.json", "w") as fh:
         fh.write("[" * 100000)
+    open(f.path("in.txt"), "w").write("a document of text\n%\nanother\n")
+    os.link(f.path("in.txt"), f.path("in-link.txt"))
     sup = [SUPER, "--np", "1", "--events", f.path("ev.jsonl")]
     return [
         # ---- fsdp-train
@@ -155,6 +157,18 @@ def cases(f):
          ["nope"]),
         ("data: input is a directory", [DATA, "prepare", "--out", f.path("o2.bin"), t],
          [t, "Is a directory"]),
+        ("data: out is the input", [DATA, "prepare", "--out", f.path("in.txt"),
+                                    f.path("in.txt")], ["in.txt", "is the input"]),
+        ("data: val-out is the input, spelled otherwise", [DATA, "prepare", "--out",
+                                                           f.path("o4.bin"), "--val-out",
+                                                           f"{t}/./in.txt", f.path("in.txt")],
+         ["--val-out", "is the input"]),
+        ("data: out is a hard link to the input", [DATA, "prepare", "--out",
+                                                   f.path("in-link.txt"), f.path("in.txt")],
+         ["in-link.txt", "is the input"]),
+        ("data: out and val-out one file", [DATA, "prepare", "--out", f.path("same.bin"),
+                                            "--val-out", f"{t}/./same.bin", "/etc/hostname"],
+         ["same.bin", "the same file"]),
         ("data: val fraction 2", [DATA, "prepare", "--out", f.path("o3.bin"), "--val-out",
                                   f.path("v3.bin"), "--val-fraction", "2", "/etc/hostname"],
          ["--val-fraction"], {}, (2,)),
@@ -172,6 +186,25 @@ def cases(f):
                                                 "--world-size", "2"],
          ["already holds a committed step 6"]),
         ("ckpt export: into a directory", [CKPT, "export", f.ck, t], [t]),
+        ("ckpt export: into a FIFO", [CKPT, "export", f.ck, fifo], [fifo, "is a FIFO"]),
+        ("ckpt export: into a device node", [CKPT, "export", f.ck, dev or f.path("x")],
+         [dev or "", "character device"]) if dev else None,
+        ("ckpt export: over an existing file", [CKPT, "export", f.ck, notafile],
+         [notafile, "exists", "--force"]),
+        ("ckpt export: llmc into a FIFO", [CKPT, "export", f.ck, fifo, "--layout", "llmc"],
+         [fifo, "is a FIFO"]),
+        ("ckpt export: llmc over an existing file", [CKPT, "export", f.ck, notafile, "--layout",
+                                                      "llmc"], [notafile, "--force"]),
+        ("ckpt verify: step 10^20", [CKPT, "verify", f"{f.ck}@99999999999999999999"],
+         ["99999999999999999999", "not a step number"]),
+        ("ckpt verify: step -1", [CKPT, "verify", f"{f.ck}@-1"], ["'-1'", "not a step number"]),
+        ("ckpt inspect: step 0", [CKPT, "inspect", f"{f.ck}@0"], ["'0'", "not a step number"]),
+        ("ckpt ls: a path that does not exist", [CKPT, "ls", f.path("nothing-here")],
+         ["nothing-here", "no such checkpoint store"]),
+        ("ckpt prune: a path that does not exist", [CKPT, "prune", f.path("nothing-here"),
+                                                     "--keep", "1"],
+         ["nothing-here", "no such checkpoint store"]),
+        ("ckpt ls: a regular file", [CKPT, "ls", notafile], [notafile, "not a directory"]),
         ("ckpt export: a damaged source", [CKPT, "export", flipped, f.path("e.safetensors"),
                                            "--all"], ["xxh3-128 mismatch"]),
         ("ckpt import: a FIFO", [CKPT, "import", fifo, f.path("i1"), "--model", "tiny",
