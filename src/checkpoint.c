@@ -557,6 +557,8 @@ static int load_step(struct tckpt *c, uint64_t step, struct ckpt_manifest *man,
         return rc == CKPT_CANNOT_JUDGE ? CKPT_CANNOT_JUDGE : -1;
     if ((rc = check_model(c, man, err)))
         return rc;
+    if (c->o.check_trainer && (rc = c->o.check_trainer(c->o.check_ctx, man->trainer, step, err)))
+        return rc;
     struct ckpt_reader r;
     if (ckpt_reader_init(&r, c->st, man, err))
         return -1;

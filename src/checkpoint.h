@@ -27,6 +27,10 @@ struct tckpt_opts {
     int verify_load;  /* after loading, compare the state's digest with the checkpoint's */
     int async;        /* --ckpt-async */
     int load_threads; /* threads that fetch, verify and decode chunks at resume */
+    /* before a step's shards are read: the trainer's verdict on its state
+     * (TCKPT_REFUSED with err: a resume that would be another run) */
+    int (*check_trainer)(void *ctx, json_t *trainer, uint64_t step, char *err);
+    void *check_ctx;
     struct ckpt_write_opts write;
 };
 

@@ -13,6 +13,8 @@
 #include "heartbeat.h"
 #include "util.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <malloc.h>
 #include <math.h>
@@ -21,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int pick_threads(const struct trainer *t)
@@ -133,6 +136,36 @@ static int gather_samples(struct trainer *t, json_t **out, char *err)
     return 0;
 }
 
+/* One line of --log in one write. A failed write (a full disk, /dev/full)
+ * takes its part-line back out (a regular file: truncated to where the
+ * line began) and stops the run at the next step with a
+ * checkpoint (end_of_step): the log is the run's record, the metrics the
+ * user and the supervisor read, and what fills a disk under it would fail
+ * the next checkpoint too. */
+static void log_line(struct trainer *t, long long step, const char *line)
+{
+    if (t->log_fd < 0 || t->log_failed[0])
+        return;
+    struct stat st;
+    const off_t at = fstat(t->log_fd, &st) == 0 && S_ISREG(st.st_mode) ? st.st_size : -1;
+    size_t n = strlen(line);
+    char *buf = malloc(n + 1);
+    int bad = !buf, e = ENOMEM;
+    if (buf) {
+        memcpy(buf, line, n);
+        buf[n] = '\n';
+        bad = fsdp_write_all(t->log_fd, buf, n + 1) != 0;
+        e = errno;
+        free(buf);
+    }
+    if (!bad)
+        return;
+    int cut = at >= 0 && ftruncate(t->log_fd, at) == 0;
+    snprintf(t->log_failed, sizeof t->log_failed, "%.80s: writing step %lld failed: %s%s",
+             t->o.log_path, step, strerror(e),
+             cut ? " (the part of the line written was taken back out)" : "");
+}
+
 static void log_step(struct trainer *t, long long step, double loss, double lr, double norm,
                      double dt, double val, json_t *samples)
 {
@@ -152,7 +185,7 @@ static void log_step(struct trainer *t, long long step, double loss, double lr, 
             fprintf(stderr, " | val %.6f", val);
         fputc('\n', stderr);
     }
-    if (t->log) {
+    if (t->log_fd >= 0) {
         json_t *j =
             json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:f, s:I}", "step",
                       (json_int_t)step + 1, "loss", loss, "lr", lr, "grad_norm", norm,
@@ -165,12 +198,11 @@ static void log_step(struct trainer *t, long long step, double loss, double lr, 
             json_object_set(j, "samples", samples);
         if (j && hb_generation()) /* the log is appended to by every launch */
             json_object_set_new(j, "generation", json_integer((json_int_t)hb_generation()));
-        if (j) {
-            json_dumpf(j, t->log, JSON_COMPACT | JSON_REAL_PRECISION(17));
-            fputc('\n', t->log);
-            fflush(t->log);
-            json_decref(j);
-        }
+        char *line = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(17)) : NULL;
+        json_decref(j);
+        if (line)
+            log_line(t, step + 1, line);
+        free(line);
     }
 }
 
@@ -182,14 +214,18 @@ enum step_vote {
     VOTE_WRITES_ENDED, /* ranks whose background checkpoint write has ended */
     VOTE_WRITES_FAILED,
     VOTE_OUT_OF_TIME, /* rank 0 judged that a time limit is near */
+    VOTE_LOG_FAILED,  /* rank 0 could not write the log */
     VOTE_N
 };
 
-/* The time limit as a monotonic time (0: none): --time-limit after the
- * start, or SLURM_JOB_END_TIME, whichever comes first. */
+/* The time limit as a monotonic time (INFINITY: none): --time-limit after
+ * the start, or SLURM_JOB_END_TIME, whichever comes first. An end time
+ * already past is a limit in the past (stop now), whatever the machine's
+ * uptime: the monotonic clock may start anywhere, so no value of it means
+ * "none". */
 static double deadline(const struct trainer *t, const char **which)
 {
-    double d = 0;
+    double d = INFINITY;
     *which = NULL;
     if (t->o.time_limit > 0) {
         d = t->start + t->o.time_limit;
@@ -197,7 +233,7 @@ static double deadline(const struct trainer *t, const char **which)
     }
     if (t->o.slurm_end > 0) {
         double s = fsdp_now() + t->o.slurm_end - fsdp_unix_now();
-        if (d == 0 || s < d) {
+        if (s < d) {
             d = s;
             *which = "SLURM_JOB_END_TIME";
         }
@@ -205,11 +241,14 @@ static double deadline(const struct trainer *t, const char **which)
     return d;
 }
 
+/* stop_early's phase for a stop the run's error reports (nothing said) */
+#define HB_FAILED_SOON (-1)
+
 /* Collective: a checkpoint of step (when --ckpt is set), then the loop ends
  * (a preemption notice, a time limit, --stop-at-step). */
 static int stop_early(struct trainer *t, long long step, const char *why, int phase, char *err)
 {
-    if (t->comm.rank == 0)
+    if (t->comm.rank == 0 && phase != HB_FAILED_SOON)
         fprintf(stderr, "fsdp-train: %s: %s at step %lld\n", why,
                 t->have_ckpt ? "checkpoint" : "stopping without a checkpoint (no --ckpt)", step);
     if (t->async_pending && train_finish_async(t, why, err))
@@ -220,7 +259,7 @@ static int stop_early(struct trainer *t, long long step, const char *why, int ph
         hb_event("emergency_checkpoint step=%lld", step);
     t->stopped = why;
     t->stopped_at = step;
-    hb_set((uint64_t)step, phase);
+    hb_set((uint64_t)step, phase == HB_FAILED_SOON ? HB_STOPPED : phase);
     return 0;
 }
 
@@ -260,12 +299,13 @@ static int reduce_and_vote(struct trainer *t, long long step, double loss, doubl
     vote[VOTE_WRITES_ENDED] = ended;
     vote[VOTE_WRITES_FAILED] = failed;
     vote[VOTE_OUT_OF_TIME] = 0;
+    vote[VOTE_LOG_FAILED] = t->log_failed[0] != 0;
     /* the margin: two steps, a validation, a save, and a background
      * write still to wait for (the longest seen; a save is at least the
      * resume's load) */
     double save_s = t->save_max > t->ck.load_s ? t->save_max : t->ck.load_s;
     double margin = 2 * t->step_max + t->val_max + save_s * (1 + t->async_pending);
-    if (t->limit > 0 && t->comm.rank == 0 && step + 1 < t->o.steps)
+    if (isfinite(t->limit) && t->comm.rank == 0 && step + 1 < t->o.steps)
         vote[VOTE_OUT_OF_TIME] = fsdp_now() + margin >= t->limit;
     if (fsdp_reduce_grads(&t->eng, err) || fsdp_grad_norm(&t->eng, norm, err) ||
         t->comm.allreduce_sum_f64(&t->comm, vote, VOTE_N, err))
@@ -310,6 +350,18 @@ static int validate_if_due(struct trainer *t, long long step, double *val, char 
     return 0;
 }
 
+/* Collective: a checkpoint of step, then the run fails with the log's
+ * error (rank 0 says it; every rank knows). */
+static int log_failure(struct trainer *t, long long step, char *err)
+{
+    if (stop_early(t, step, "the log failed", HB_FAILED_SOON, err))
+        return -1;
+    t->agreed_error = 1;
+    fsdp_err(err, "--log %s; stopped at step %lld%s", t->log_failed[0] ? t->log_failed : "failed",
+             step, t->have_ckpt ? " after a checkpoint of it" : " (no --ckpt)");
+    return -1;
+}
+
 /* Collective, once step (0-based) is logged: commits a background write
  * every rank has finished, then stops early (a preemption notice, the time
  * limit, --stop-at-step) or checkpoints when one is due. Returns 1 when the
@@ -323,13 +375,16 @@ static int end_of_step(struct trainer *t, long long step, const double vote[VOTE
     if (t->async_pending && vote[VOTE_WRITES_ENDED] == t->comm.world &&
         train_finish_async(t, NULL, err))
         return -1;
+    if (vote[VOTE_LOG_FAILED] > 0) /* the log's write failed at the step before */
+        return log_failure(t, step + 1, err);
     if (vote[VOTE_PREEMPTED] > 0) { /* an emergency checkpoint, then stop */
         t->preempted = 1;
         return stop_early(t, step + 1, "preemption notice", HB_PREEMPTED, err) ? -1 : 1;
     }
     if (vote[VOTE_OUT_OF_TIME] > 0) {
-        snprintf(limit_why, sizeof limit_why, "time limit (%s) in %.0f s", t->limit_from,
-                 t->limit - fsdp_now());
+        double left = t->limit - fsdp_now();
+        snprintf(limit_why, sizeof limit_why, "time limit (%s) %s %.0f s", t->limit_from,
+                 left >= 0 ? "in" : "passed", fabs(left));
         return stop_early(t, step + 1, limit_why, HB_STOPPED, err) ? -1 : 1;
     }
     if (step + 1 == o->stop_at_step && !last)
@@ -374,6 +429,14 @@ static int train(struct trainer *t, char *err)
     /* the final checkpoint is waited for */
     if (t->async_pending && train_finish_async(t, NULL, err))
         return -1;
+    double failed = t->log_failed[0] != 0; /* the last step's line, after its vote */
+    if (t->comm.allreduce_sum_f64(&t->comm, &failed, 1, err))
+        return -1;
+    if (failed > 0) {
+        t->agreed_error = 1;
+        return fsdp_err(err, "--log %s; the run finished its %lld steps",
+                        t->log_failed[0] ? t->log_failed : "failed", o->steps);
+    }
     hb_set((uint64_t)o->steps, HB_DONE);
     return 0;
 }
@@ -414,6 +477,20 @@ static int unit_blocks(const struct trainer *t)
     double block = (double)t->model.units[model_unit_block(0)].numel * sizeof(float);
     double k = floor(o->bucket_mib * 1048576.0 / block + 0.5);
     return k < 1 ? 1 : k > o->cfg.layers ? o->cfg.layers : (int)k;
+}
+
+/* --log: appended to (every launch of a job adds its lines); a FIFO
+ * without a reader is refused at once instead of blocking open() */
+static int open_log(struct trainer *t, const char *path, char *err)
+{
+    t->log_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+    if (t->log_fd < 0)
+        return fsdp_err(err, "--log %s: cannot open for writing: %s", path,
+                        errno == ENXIO ? "a FIFO with no reader" : strerror(errno));
+    int fl = fcntl(t->log_fd, F_GETFL);
+    if (fl == -1 || fcntl(t->log_fd, F_SETFL, fl & ~O_NONBLOCK) == -1)
+        return fsdp_err(err, "--log %s: %s", path, strerror(errno));
+    return 0;
 }
 
 static int setup(struct trainer *t, char *err)
@@ -465,8 +542,8 @@ static int setup(struct trainer *t, char *err)
     t->eng.on_progress = hb_progress;
     fsdp_init_params(&t->eng, o->seed);
     t->sample_rng = fsdp_mix64(o->seed ^ 0x5a3b1e);
-    if (o->log_path && t->comm.rank == 0 && !(t->log = fopen(o->log_path, "a")))
-        return fsdp_err(err, "%s: cannot open the log for writing", o->log_path);
+    if (o->log_path && t->comm.rank == 0 && open_log(t, o->log_path, err))
+        return -1;
     if (t->comm.rank == 0)
         print_banner(t);
     return 0;
@@ -478,8 +555,9 @@ static void teardown(struct trainer *t)
         tckpt_async_stop(&t->ck);
         tckpt_close(&t->ck);
     }
-    if (t->log)
-        fclose(t->log);
+    if (t->log_fd >= 0)
+        close(t->log_fd);
+    t->log_fd = -1;
     fsdp_free(&t->eng);
     sample_stream_free(&t->stream);
     token_file_close(&t->train_file);
@@ -652,6 +730,7 @@ int main(int argc, char **argv)
 {
     static struct trainer t;
     t.start = fsdp_now();
+    t.log_fd = -1;
     char err[FSDP_ERR_LEN] = "";
     keep_freed_memory();
     fsdp_kernels_cpu_fix_blas_core(argv);

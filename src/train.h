@@ -27,7 +27,8 @@ struct trainer {
     uint64_t cursor;           /* samples of the stream consumed so far */
     int32_t *in, *tgt;         /* host batch, micro * T each */
     uint64_t *consumed;        /* sample indices this rank used in the step */
-    FILE *log;
+    int log_fd;                /* rank 0's --log (O_APPEND), -1: none */
+    char log_failed[200];      /* rank 0: why a write of the log failed ("": none) */
     struct tckpt ck;
     int have_ckpt;
     long long start_step;   /* steps already done when this process started */
@@ -37,7 +38,7 @@ struct trainer {
     const char *stopped;    /* why the run stopped before --steps (NULL: it did not) */
     long long stopped_at;   /* and after which step */
     double start;           /* when main began (--time-limit counts from here) */
-    double limit;           /* the time limit, a monotonic time (0: none; deadline()) */
+    double limit;           /* the time limit, a monotonic time (INFINITY: none; deadline()) */
     const char *limit_from; /* and what set it */
     double step_max;        /* the longest step, validation and checkpoint save of this */
     double val_max;         /* process: the margin kept before a time limit */

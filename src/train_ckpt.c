@@ -9,23 +9,191 @@
 #include "util.h"
 
 #include <jansson.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* The training data's identity: its size and the SHA-256 of its header and
+ * 64 blocks of 4 KiB spread evenly over it (the whole file when smaller):
+ * a few hundred KiB read whatever the file's size, and no two token files
+ * a user would mix up agree on all of it. */
+static json_t *data_identity(const struct token_file *f)
+{
+    enum { BLOCKS = 64, BLOCK = 4096 };
+    const unsigned char *b = f->map;
+    const size_t len = f->map_len;
+    unsigned char *buf = malloc((size_t)BLOCKS * BLOCK + 1024);
+    size_t n = 0;
+    if (!buf)
+        return NULL;
+    if (len <= (size_t)BLOCKS * BLOCK + 1024) {
+        memcpy(buf, b, len);
+        n = len;
+    } else {
+        memcpy(buf, b, 1024);
+        n = 1024;
+        for (size_t i = 0; i < BLOCKS; i++) {
+            size_t at = 1024 + (len - 1024 - BLOCK) / (BLOCKS - 1) * i;
+            memcpy(buf + n, b + at, BLOCK);
+            n += BLOCK;
+        }
+    }
+    char hex[65];
+    int rc = fsdp_sha256_hex(buf, n, hex);
+    free(buf);
+    return rc ? NULL
+              : json_pack("{s:I, s:I, s:s}", "bytes", (json_int_t)len, "tokens",
+                          (json_int_t)f->ntokens, "sample_sha256", hex);
+}
 
 static json_t *trainer_state(const struct trainer *t, long long step)
 {
     const struct train_opts *o = &t->o;
     char rng[24];
     snprintf(rng, sizeof rng, "%016llx", (unsigned long long)t->sample_rng);
+    json_t *data = data_identity(&t->train_file);
+    if (!data)
+        return NULL;
     return json_pack(
-        "{s:I, s:I, s:I, s:I, s:s, s:I, s:i, s:{s:f, s:f, s:I, s:I}, "
-        "s:{s:s, s:f, s:f, s:f, s:f, s:I}}",
+        "{s:I, s:I, s:I, s:I, s:s, s:I, s:i, s:o, s:{s:f, s:f, s:I, s:I}, "
+        "s:{s:s, s:f, s:f, s:f, s:f, s:f, s:I}}",
         "step", (json_int_t)step, "tokens_seen", (json_int_t)(t->cursor * (uint64_t)o->cfg.seq),
         "data_cursor", (json_int_t)t->cursor, "seed", (json_int_t)o->seed, "rng_state", rng,
-        "global_batch", (json_int_t)o->global_batch, "seq", o->cfg.seq, "schedule", "lr", o->lr,
-        "min_lr_frac", o->min_lr_frac, "warmup", (json_int_t)o->warmup, "total_steps",
+        "global_batch", (json_int_t)o->global_batch, "seq", o->cfg.seq, "data", data, "schedule",
+        "lr", o->lr, "min_lr_frac", o->min_lr_frac, "warmup", (json_int_t)o->warmup, "total_steps",
         (json_int_t)o->steps, "optimizer", "name", "adamw", "beta1", o->beta1, "beta2", o->beta2,
-        "eps", o->eps, "weight_decay", o->weight_decay, "t", (json_int_t)step);
+        "eps", o->eps, "weight_decay", o->weight_decay, "grad_clip", o->grad_clip, "t",
+        (json_int_t)step);
+}
+
+/* One value of the checkpoint's trainer state against this run's: 0 when
+ * equal or not recorded (an imported checkpoint, an older format). */
+struct recorded {
+    const char *path; /* "seed", "schedule.lr" */
+    const char *flag; /* what the user sets it with */
+    unsigned allow;   /* the --allow-changed word that lets it differ */
+    double now;
+    long long inow; /* integers compared as integers (a seed may pass 2^53) */
+    int is_int;
+};
+
+static int compare_one(const json_t *j, const struct recorded *r, double *was)
+{
+    char obj[32] = "";
+    const char *key = r->path, *dot = strchr(r->path, '.');
+    if (dot) {
+        snprintf(obj, sizeof obj, "%.*s", (int)(dot - r->path), r->path);
+        j = json_object_get(j, obj);
+        key = dot + 1;
+    }
+    const json_t *v = j ? json_object_get(j, key) : NULL;
+    if (!v || !json_is_number(v))
+        return 0;
+    *was = json_number_value(v);
+    if (r->is_int)
+        return !json_is_integer(v) || json_integer_value(v) != r->inow;
+    return *was != r->now;
+}
+
+/* the shortest form that reads back as x */
+static const char *num(char *buf, size_t n, double x)
+{
+    for (int digits = 6; digits <= 17; digits++) {
+        snprintf(buf, n, "%.*g", digits, x);
+        if (strtod(buf, NULL) == x)
+            break;
+    }
+    return buf;
+}
+
+static const char *change_word(unsigned bit)
+{
+    return bit == TRAIN_CHANGE_DATA           ? "data"
+           : bit == TRAIN_CHANGE_SEED         ? "seed"
+           : bit == TRAIN_CHANGE_GLOBAL_BATCH ? "global-batch"
+           : bit == TRAIN_CHANGE_LR           ? "lr"
+                                              : "optimizer";
+}
+
+/* fsdp_err's message with a resume's refusal (exit status 2) */
+static int refused(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int refused(char *err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, FSDP_ERR_LEN, fmt, ap);
+    va_end(ap);
+    return TCKPT_REFUSED;
+}
+
+/* What would make the resumed run another run: refused, naming both
+ * values, unless --allow-changed says the user means it. Called by the
+ * resume before a byte of the step's shards is read. */
+static int check_unchanged(void *ctx, json_t *j, uint64_t step, char *err)
+{
+    struct trainer *t = ctx;
+    const struct train_opts *o = &t->o;
+    const char *uri = t->ck.st->uri;
+    if ((uint64_t)o->steps < step)
+        return refused(err,
+                       "checkpoint step %llu in %s is past --steps %lld: nothing to train "
+                       "(raise --steps to go on, or use another --ckpt)",
+                       (unsigned long long)step, uri, o->steps);
+    const struct recorded rs[] = {
+        {"seed", "--seed", TRAIN_CHANGE_SEED, (double)o->seed, (long long)o->seed, 1},
+        {"global_batch", "--global-batch", TRAIN_CHANGE_GLOBAL_BATCH, (double)o->global_batch,
+         o->global_batch, 1},
+        {"schedule.lr", "--lr", TRAIN_CHANGE_LR, o->lr, 0, 0},
+        {"schedule.min_lr_frac", "--min-lr-frac", TRAIN_CHANGE_LR, o->min_lr_frac, 0, 0},
+        {"schedule.warmup", "--warmup", TRAIN_CHANGE_LR, (double)o->warmup, o->warmup, 1},
+        {"optimizer.beta1", "--beta1", TRAIN_CHANGE_OPTIMIZER, o->beta1, 0, 0},
+        {"optimizer.beta2", "--beta2", TRAIN_CHANGE_OPTIMIZER, o->beta2, 0, 0},
+        {"optimizer.eps", "--eps", TRAIN_CHANGE_OPTIMIZER, o->eps, 0, 0},
+        {"optimizer.weight_decay", "--weight-decay", TRAIN_CHANGE_OPTIMIZER, o->weight_decay, 0, 0},
+        {"optimizer.grad_clip", "--grad-clip", TRAIN_CHANGE_OPTIMIZER, o->grad_clip, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++) {
+        double was;
+        char a[32], b[32];
+        if (!compare_one(j, &rs[i], &was) || (o->allow_changed & rs[i].allow))
+            continue;
+        return refused(err,
+                       "checkpoint step %llu in %s was trained with %s %s, this run has %s %s: "
+                       "refusing to resume (the run would not continue its own history; "
+                       "--allow-changed %s if you mean it)",
+                       (unsigned long long)step, uri, rs[i].flag, num(a, sizeof a, was), rs[i].flag,
+                       rs[i].is_int ? (snprintf(b, sizeof b, "%lld", rs[i].inow), b)
+                                    : num(b, sizeof b, rs[i].now),
+                       change_word(rs[i].allow));
+    }
+    json_t *was = json_object_get(j, "data");
+    if (was && !(o->allow_changed & TRAIN_CHANGE_DATA)) {
+        json_t *now = data_identity(&t->train_file);
+        if (!now)
+            return refused(err, "--data %s: cannot compute its identity", o->data);
+        int same = json_equal(was, now);
+        json_int_t wb = -1, wt = -1, nb = -1, nt = -1;
+        json_unpack(was, "{s?I, s?I}", "bytes", &wb, "tokens", &wt);
+        json_unpack(now, "{s:I, s:I}", "bytes", &nb, "tokens", &nt);
+        json_decref(now);
+        if (!same)
+            return refused(err,
+                           "checkpoint step %llu in %s was trained on other data (%lld tokens, "
+                           "%lld bytes) than --data %s (%lld tokens, %lld bytes%s): refusing to "
+                           "resume (--allow-changed data if you mean it)",
+                           (unsigned long long)step, uri, (long long)wt, (long long)wb, o->data,
+                           (long long)nt, (long long)nb,
+                           wb == nb ? ", the same size, other contents" : "");
+    }
+    json_int_t total = -1;
+    json_unpack(j, "{s?{s?I}}", "schedule", "total_steps", &total);
+    if (total > 0 && total != o->steps && t->comm.rank == 0)
+        fprintf(stderr,
+                "fsdp-train: --steps %lld, the checkpoint's run was to take %lld: the "
+                "learning-rate schedule is stretched to the new length from step %llu on\n",
+                o->steps, (long long)total, (unsigned long long)step);
+    return 0;
 }
 
 static int restore_state(struct trainer *t, json_t *j, uint64_t step, char *err)
@@ -148,6 +316,8 @@ int train_setup_checkpoints(struct trainer *t, char *err)
         return 0;
     t->agreed_error = 1; /* everything here is agreed on by all ranks */
     t->o.ckpt.load_threads = t->threads;
+    t->o.ckpt.check_trainer = check_unchanged;
+    t->o.ckpt.check_ctx = t;
     if (tckpt_open(&t->ck, &t->o.ckpt, &t->eng, &t->comm, &t->model, err))
         return -1;
     t->have_ckpt = 1;

@@ -40,6 +40,37 @@ static int parse_shard(void *field, const char *v, char *err)
     return fsdp_shard_parse(v, field);
 }
 
+int train_change_parse(const char *v, unsigned *bits)
+{
+    static const struct {
+        const char *word;
+        unsigned bit;
+    } w[] = {{"data", TRAIN_CHANGE_DATA},
+             {"seed", TRAIN_CHANGE_SEED},
+             {"global-batch", TRAIN_CHANGE_GLOBAL_BATCH},
+             {"lr", TRAIN_CHANGE_LR},
+             {"optimizer", TRAIN_CHANGE_OPTIMIZER},
+             {"all", TRAIN_CHANGE_ALL}};
+    *bits = 0;
+    for (const char *p = v; *p;) {
+        size_t n = strcspn(p, ",");
+        size_t i = 0;
+        while (i < sizeof w / sizeof w[0] && (strlen(w[i].word) != n || strncmp(w[i].word, p, n)))
+            i++;
+        if (i == sizeof w / sizeof w[0])
+            return -1;
+        *bits |= w[i].bit;
+        p += n + (p[n] == ',');
+    }
+    return *v ? 0 : -1;
+}
+
+static int parse_allow(void *field, const char *v, char *err)
+{
+    (void)err;
+    return train_change_parse(v, field);
+}
+
 static int parse_recompute(void *field, const char *v, char *err)
 {
     (void)err;
@@ -224,6 +255,12 @@ static const struct opt train_flags[] = {
              "checkpoint's (proves a reshard; reads it twice)"},
 
     {.kind = OPT_SECTION, .help = "output:"},
+    {"--allow-changed", OPT_PARSE, AT(o.allow_changed), .parse = parse_allow,
+     .expect = "a comma list of data, seed, global-batch, lr, optimizer, all", .arg = "LIST",
+     .help = "resume although these differ from the checkpoint's\n"
+             "(data, seed, global-batch, lr: --lr --min-lr-frac\n"
+             "--warmup, optimizer: betas, eps, weight decay, clipping,\n"
+             "or all); without it a difference is refused"},
     {"--log", OPT_STR, AT(o.log_path), .arg = "FILE", .help = "one JSON object per step"},
     {"--log-every", OPT_LLONG, AT(o.log_every), .min = 1, .max = 1LL << 40, .arg = "K",
      .help = "progress line every K steps (default 1)"},

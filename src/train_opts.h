@@ -34,7 +34,23 @@ struct train_opts {
     int unit_blocks;        /* --unit-blocks (fsdp_opts); 0 when not given */
     double bucket_mib;      /* --bucket-mib (fsdp_opts); -1 when not given */
     struct tckpt_opts ckpt; /* ckpt.uri NULL: no checkpoints */
+    unsigned allow_changed; /* --allow-changed: TRAIN_CHANGE_* bits */
 };
+
+/* What a resume compares with the checkpoint (train_ckpt.c): each changes
+ * the run's trajectory, so a difference is refused unless --allow-changed
+ * names it. World size, strategy, micro-batch, precision, prefetch,
+ * recompute, hash and chunking are free: they keep the trajectory. */
+enum train_change {
+    TRAIN_CHANGE_DATA = 1 << 0,
+    TRAIN_CHANGE_SEED = 1 << 1,
+    TRAIN_CHANGE_GLOBAL_BATCH = 1 << 2,
+    TRAIN_CHANGE_LR = 1 << 3,        /* --lr, --min-lr-frac, --warmup */
+    TRAIN_CHANGE_OPTIMIZER = 1 << 4, /* --beta1 --beta2 --eps --weight-decay --grad-clip */
+    TRAIN_CHANGE_ALL = (1 << 5) - 1,
+};
+/* "data,seed" -> the bits; -1 for a word that is not one */
+int train_change_parse(const char *v, unsigned *bits);
 
 /* Returns 0 to run, 1 when --help was printed, -1 with err on bad input. */
 int train_opts_parse(struct train_opts *o, int argc, char **argv, char *err);

@@ -7,9 +7,10 @@ one line on stderr naming the path, with a non-zero exit, and the node is
 left as it was. A MANIFEST.json that is a FIFO or a link makes its step
 damaged: listed, passed over at resume, left for verify."""
 
-import glob
+import json
 import os
 import stat
+import subprocess
 
 from harness import CKPT, DATA, TRAIN, committed_steps, main, prepare_corpus, run
 
@@ -156,6 +157,34 @@ def manifest_that_is_a_fifo_or_link_makes_a_damaged_step(tmp):
             assert os.path.exists(f"{tmp}/outside-manifest.json"), "the link's target went"
 
 
+def a_full_disk_under_the_log_stops_the_run_with_a_checkpoint(tmp):
+    """--log on a 64 KiB tmpfs of our own: the write that does not fit is
+    taken back out (every line left is whole JSON), the run checkpoints the
+    next step and exits non-zero saying which file failed and why."""
+    disk = f"{tmp}/small-disk"
+    os.mkdir(disk)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", disk],
+                      capture_output=True).returncode != 0:
+        print("  (cannot mount a tmpfs here: skipped)")
+        return
+    try:
+        train, _ = prepare_corpus(tmp)
+        log, ck = f"{disk}/log.jsonl", f"{tmp}/ck"
+        p = run([TRAIN, "--data", train, "--layers", "1", "--dim", "32", "--heads", "2",
+                 "--seq", "32", "--global-batch", "4", "--steps", "5000", "--log-every", "5000",
+                 "--log", log, "--ckpt", ck, "--ckpt-every", "5000"], check=False, timeout=300)
+        assert p.returncode == 1, p.stderr
+        last = p.stderr.strip().splitlines()[-1]
+        assert log in last and "No space left on device" in last, last
+        lines = open(log).read().splitlines()
+        steps = [json.loads(l)["step"] for l in lines]  # raises on a part-line
+        assert steps == list(range(1, len(steps) + 1)), steps[-3:]
+        assert f"stopped at step {steps[-1] + 2} after a checkpoint of it" in last, last
+        assert committed_steps(ck) == [steps[-1] + 2], committed_steps(ck)
+    finally:
+        subprocess.run(["umount", disk])
+
+
 if __name__ == "__main__":
     main([trainer_refuses_a_fifo_as_data_without_blocking,
           trainer_refuses_a_fifo_as_val_data_without_blocking,
@@ -164,4 +193,5 @@ if __name__ == "__main__":
           prepare_refuses_dev_null_as_out,
           export_never_replaces_what_is_not_a_regular_file,
           export_replaces_a_regular_file_only_with_force,
-          manifest_that_is_a_fifo_or_link_makes_a_damaged_step])
+          manifest_that_is_a_fifo_or_link_makes_a_damaged_step,
+          a_full_disk_under_the_log_stops_the_run_with_a_checkpoint])

@@ -120,9 +120,10 @@ def format1_checkpoint_loads_verifies_and_converts(tmp):
     for np in (1, 3):
         ck = f"{tmp}/resume-{np}"
         shutil.copytree(V1, ck)
+        # (global batch 6, not the fixture's 4, so that 3 ranks divide it)
         p = mpirun(np, [TRAIN, "--data", train, "--global-batch", "6", "--steps", "5",
                         "--ckpt", ck, "--ckpt-every", "5", "--threads", "1", "--verify-load",
-                        "on"] + V1_MODEL)
+                        "on", "--allow-changed", "global-batch"] + V1_MODEL)
         assert "resumed from checkpoint step 3" in p.stderr, p.stderr
         assert "digest equal to the checkpoint's" in p.stderr, p.stderr
         assert committed_steps(ck) == [3, 5] and format_of(ck)["version"] == 2
@@ -218,6 +219,12 @@ def early_stops_checkpoint_and_the_same_command_continues(tmp):
     p = mpirun(2, train_args(train, past, steps=9, extra=["--time-limit", "1h"]))
     assert "resumed from checkpoint step 1" in p.stderr and "done: 9 steps" in p.stderr, p.stderr
     assert digest(past) == digest(ref)
+    # an end before the machine booted (a negative monotonic deadline) is
+    # still in the past, and the earlier of the two limits applies
+    ancient = {"SLURM_JOB_END_TIME": "1000"}
+    p = run(train_args(train, f"{tmp}/ancient", steps=9, extra=["--time-limit", "1h"]),
+            env=ancient)
+    assert "stopped at step 1 of 9 (time limit (SLURM_JOB_END_TIME) passed" in p.stderr, p.stderr
     for bad_env, bad_arg, want in (({"SLURM_JOB_END_TIME": "soon"}, [], "SLURM_JOB_END_TIME"),
                                    ({}, ["--time-limit", "10 min"], "--time-limit"),
                                    ({}, ["--time-limit", "-5m"], "--time-limit")):

@@ -152,12 +152,14 @@ def bad_flags_give_one_line_and_the_usage_hint(tmp):
 
 
 def ckpt_tool_errors_are_one_line(tmp):
-    for args, needle in (([CKPT, "ls", f"{tmp}/nothing/here"], None),
+    os.makedirs(f"{tmp}/empty-dir")
+    for args, needle in (([CKPT, "ls", f"{tmp}/empty-dir"], None),
+                         ([CKPT, "ls", f"{tmp}/nothing/here"], "no such checkpoint store"),
                          ([CKPT, "verify", f"{tmp}/empty"], "no committed checkpoint"),
                          ([CKPT, "digest", f"{tmp}/empty@42"], "not found"),
                          ([CKPT, "inspect", "s4://bucket/x"], "unsupported scheme")):
         p = run(args, check=False)
-        if needle is None:  # an empty store lists nothing and succeeds
+        if needle is None:  # an empty directory is an empty store: nothing, and success
             assert p.returncode == 0 and len(p.stdout.splitlines()) == 1, p.stdout
             continue
         lines = p.stderr.strip().splitlines()
