@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define STR_(x) #x
 #define XSTR(x) STR_(x)
@@ -285,20 +286,35 @@ int super_read_hosts(const char *path, struct host *h, int max, int *nh, int *to
                      size_t errlen)
 {
     *nh = *total = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) {
+    char why[FSDP_ERR_LEN];
+    int fd, rc = fsdp_open_regular(path, "a host file", &fd, NULL, why);
+    if (rc == FSDP_NOT_REGULAR) {
+        snprintf(err, errlen, "%s", why);
+        return rc;
+    }
+    if (rc) {
         snprintf(err, errlen, "cannot read the host file %s: %s", path, strerror(errno));
         return -1;
     }
     char *buf = malloc(SUPER_HOSTS_MAX + 1);
-    size_t n = buf ? fread(buf, 1, SUPER_HOSTS_MAX + 1, f) : 0;
-    int bad = ferror(f);
-    fclose(f);
-    int rc = -1;
+    size_t n = 0;
+    int e = 0;
+    while (buf && n < SUPER_HOSTS_MAX + 1) {
+        ssize_t r = read(fd, buf + n, SUPER_HOSTS_MAX + 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            e = r < 0 ? errno : 0;
+            break;
+        }
+        n += (size_t)r;
+    }
+    close(fd);
+    rc = -1;
     if (!buf)
         snprintf(err, errlen, "%s: out of memory", path);
-    else if (bad)
-        snprintf(err, errlen, "%s: read error", path);
+    else if (e)
+        snprintf(err, errlen, "cannot read the host file %s: %s", path, strerror(e));
     else if (n > SUPER_HOSTS_MAX)
         snprintf(err, errlen, "%s: larger than %d bytes; is it a host file?", path,
                  SUPER_HOSTS_MAX);

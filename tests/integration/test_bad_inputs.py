@@ -103,6 +103,8 @@ def cases(f):
     open(hosts_big, "w").write("a 2147483647\nb 2147483647\n")
     hosts_bad = f.path("hosts-bad")
     open(hosts_bad, "w").write("localhost many\n")
+    hosts_dir = f.path("hosts-dir")
+    os.mkdir(hosts_dir)
     flipped = f.copy("flipped")
     shard = sorted(glob.glob(f"{flipped}/step-00000006/shard-*"))[0]
     with open(shard, "r+b") as fh:
@@ -209,6 +211,12 @@ def cases(f):
          [hosts_big]),
         ("super: hosts line without a number", [SUPER, "--hosts", hosts_bad, "--"] + train(d),
          [hosts_bad]),
+        ("super: hosts file is a FIFO", [SUPER, "--hosts", fifo, "--"] + train(d),
+         [fifo, "a FIFO", "not a regular file"]),
+        ("super: hosts file is a directory", [SUPER, "--hosts", hosts_dir, "--"] + train(d),
+         [hosts_dir, "a directory", "not a regular file"]),
+        ("super: hosts file is a device node", [SUPER, "--hosts", dev, "--"] + train(d),
+         [dev, "a character device", "not a regular file"]) if dev else None,
         ("super: chaos spec", sup + ["--chaos", "kill=x", "--"] + train(d), ["--chaos"], {},
          (2,)),
         ("super: junk generation in the store", sup + ["--"] + train(d, junk_gen),
