@@ -4,7 +4,8 @@ once, keeps the last good host list, and still notices a dead rank and
 relaunches).
 
 The one-line refusals at start (a FIFO, a directory or a device as the host
-file) are in tests/integration/test_bad_inputs.py.
+file, host names the launch agent would take for options or that hold
+control or shell characters) are in tests/integration/test_bad_inputs.py.
 Runs are started as tests/chaos/test_super.py starts them; every wait is
 for an event of the run or a reply on a socket, never for a guessed time."""
 

@@ -788,7 +788,20 @@ static void bad_host_lines_are_named_by_file_and_line(void)
         {"a b c d\n", "hosts:1: expected"},
         {"a;rm 1\n", "hosts:1: a host name"},
         {"a\"b 1\n", "hosts:1: a host name"},
-        {"\xff 1\n", "hosts:1: a host name"},
+        {"\xff 1\n", "hosts:1: a host name is letters, digits and . - _ :, not '\\xff'"},
+        /* what the launch agent would take for an option, named */
+        {"-Fevil 2\n", "hosts:1: host name '-Fevil' begins with '-'"},
+        {"a 1\n-J\n", "hosts:2: host name '-J' begins with '-'"},
+        {"- 1\n", "hosts:1: host name '-' begins with '-'"},
+        {"-oProxyCommand=sh 1\n", "not '-oProxyCommand=sh'"},
+        /* control and shell characters, shown escaped on one line */
+        {"node\x1b[31m 1\n", "not 'node\\x1b[31m'"},
+        {"a\x0b\x0c\x1c 1\n", "not 'a\\x0b\\x0c\\x1c'"},
+        {"a'b 1\n", "not 'a\\x27b'"},
+        {"a\\b 1\n", "not 'a\\x5cb'"},
+        {"$(reboot) 1\n", "not '$(reboot)'"},
+        {"a`id` 1\n", "not 'a`id`'"},
+        {"user@host 1\n", "not 'user@host'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct host h[SUPER_MAX_HOSTS];
