@@ -490,7 +490,7 @@ int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const ch
         ckpt_discard_own(st, m->step, m->world, tag, sub);
         return -1; /* err: the put's own error */
     }
-    if (gr == STORAGE_NOT_REGULAR) { /* a link or FIFO holds the step: ours are garbage */
+    if (gr == FSDP_NOT_REGULAR) { /* a link or FIFO holds the step: ours are garbage */
         res->outcome = CKPT_OTHER_UNREADABLE;
         ckpt_discard_own(st, m->step, m->world, tag, sub);
         fsdp_err(err, "%s: step %llu is taken: %s (the step stays for fsdp-ckpt verify)", st->uri,

@@ -181,7 +181,7 @@ int ckpt_load_manifest_doc(struct storage *st, uint64_t step, struct ckpt_manife
     if (doc)
         *doc = NULL;
     int rc = storage_get_all(st, key, CKPT_MAX_MANIFEST_BYTES, &buf, &len, err);
-    if (rc == STORAGE_NOT_REGULAR)
+    if (rc == FSDP_NOT_REGULAR)
         return CKPT_DAMAGED; /* a link or FIFO where the manifest belongs */
     if (rc)
         return rc;

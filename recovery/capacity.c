@@ -5,6 +5,12 @@
  * --min-np slots on what is left waits (a waiting_for_capacity event on
  * each change), for at most --capacity-timeout.
  *
+ * The host file is read without ever blocking (a FIFO renamed over it
+ * would otherwise hang the supervisor in open(), blind to its ranks). One
+ * that does not parse counts no capacity until it is fixed (an editor's
+ * half-written file, most likely); one that is not a regular file at all
+ * is said once (hosts_error) and the last good host list stands.
+ *
  * Before each launch every host of the host file that is not this one is
  * probed through the launch agent Open MPI will use (agent.c: `AGENT HOST
  * true`, all at once, bounded by --probe-timeout). A host that does not
@@ -27,6 +33,38 @@
 
 /* ---- capacity --------------------------------------------------------------------- */
 
+void super_host_file_good(struct super *s, const struct host *h, int nh, int total)
+{
+    memcpy(s->good, h, (size_t)nh * sizeof *h);
+    s->ngood = nh;
+    s->good_total = total;
+    s->hosts_err[0] = 0;
+}
+
+int super_host_file(struct super *s, struct host *h, int *nh, int *total, char *err, size_t errlen)
+{
+    int rc = super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, nh, total, err, errlen);
+    if (rc == 0) {
+        super_host_file_good(s, h, *nh, *total);
+        return 0;
+    }
+    if (rc != FSDP_NOT_REGULAR)
+        return -1;
+    /* Not an editor's half-written file, but no host file at all: what
+     * was last read stands, and the ranks go on being watched. */
+    if (strcmp(err, s->hosts_err) != 0) {
+        say("%s; keeping the last good host list (%d host%s, %d slot%s) until it is one again", err,
+            s->ngood, s->ngood == 1 ? "" : "s", s->good_total, s->good_total == 1 ? "" : "s");
+        ev_emit("hosts_error", "{s:o, s:o}", "error", ev_text(err), "kept",
+                super_host_names(s->good, s->ngood));
+        snprintf(s->hosts_err, sizeof s->hosts_err, "%s", err);
+    }
+    memcpy(h, s->good, (size_t)s->ngood * sizeof *h);
+    *nh = s->ngood;
+    *total = s->good_total;
+    return 1;
+}
+
 /* The slots on offer; -1 (said once per distinct complaint) when the host
  * file cannot be read or parsed. */
 static int capacity(struct super *s, struct host *h, int *nh)
@@ -39,10 +77,8 @@ static int capacity(struct super *s, struct host *h, int *nh)
     }
     char err[FSDP_ERR_LEN];
     int total;
-    if (super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, nh, &total, err, sizeof err) == 0) {
-        s->hosts_err[0] = 0;
+    if (super_host_file(s, h, nh, &total, err, sizeof err) >= 0)
         return total;
-    }
     if (strcmp(err, s->hosts_err) != 0) {
         say("%s; counting no capacity until it is fixed", err);
         ev_emit("hosts_error", "{s:o}", "error", ev_text(err));

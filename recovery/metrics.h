@@ -4,7 +4,9 @@
  * libmicrohttpd on a thread of its own. The supervisor's loop renders the
  * text (report.c: super_render_metrics) and publishes it here; the server
  * thread only copies the latest text out, under a mutex. Anything but GET
- * /metrics is 404 (405 for another method on /metrics).
+ * /metrics is 404 (405 for another method on /metrics). One request a
+ * connection, its head within 3 s and the whole connection within 10 s:
+ * slow clients cannot lock a scrape out (metrics.c).
  */
 #ifndef FSDP_METRICS_H
 #define FSDP_METRICS_H

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define STR_(x) #x
 #define XSTR(x) STR_(x)
@@ -188,9 +189,38 @@ static int host_char(char c)
            c == '-' || c == '_' || c == ':';
 }
 
+/* A host name of the file as a message may show it: printable ASCII as it
+ * is, anything else (a control character, a byte of UTF-8, a quote) as
+ * \xNN, the first 64 bytes at most. */
+static void shown_name(const char *p, size_t n, char *out, size_t outlen)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n && i < 64 && k + 5 < outlen; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (c > 0x20 && c < 0x7f && c != '\'' && c != '\\')
+            out[k++] = (char)c;
+        else
+            k += (size_t)snprintf(out + k, outlen - k, "\\x%02x", c);
+    }
+    if (n > 64 && k + 4 < outlen)
+        k += (size_t)snprintf(out + k, outlen - k, "...");
+    out[k] = 0;
+}
+
 /* One line without its comment, [p, p+n): 0 with *slots (-1: blank line),
- * or -1 with what is wrong in why. */
-static int parse_host_line(const char *p, size_t n, char *name, int *slots, const char **why)
+ * or -1 with what is wrong in why.
+ *
+ * A host name reaches the launch agent as the word before the command
+ * (agent.c's probe: `ssh [OPTIONS] HOST true`; Open MPI's `AGENT HOST
+ * orted ...`, no `--` before it): one that begins with '-' would be taken
+ * for an option (`-Fevil` is ssh's -F evil, a config file of the
+ * attacker's), so it is refused. And the names go on to the other hosts'
+ * login shells inside double quotes (orted's `-mca orte_node_regex
+ * "vm,node-a@0(2)"`), and into Open MPI's hostfile: so only letters,
+ * digits and . - _ : (IPv6 addresses have colons) are allowed, never a
+ * blank, a control character, a quote, $, ` or \. */
+static int parse_host_line(const char *p, size_t n, char *name, int *slots, char *why,
+                           size_t whylen)
 {
     const char *tok[3];
     size_t len[3];
@@ -204,7 +234,7 @@ static int parse_host_line(const char *p, size_t n, char *name, int *slots, cons
         while (i < n && p[i] != ' ' && p[i] != '\t' && p[i] != '\r')
             i++;
         if (nt == 3) {
-            *why = "expected 'HOST [SLOTS]' or 'HOST slots=SLOTS'";
+            snprintf(why, whylen, "expected 'HOST [SLOTS]' or 'HOST slots=SLOTS'");
             return -1;
         }
         tok[nt] = p + s;
@@ -213,15 +243,29 @@ static int parse_host_line(const char *p, size_t n, char *name, int *slots, cons
     *slots = -1;
     if (nt == 0)
         return 0;
-    if (nt == 3 || len[0] >= sizeof((struct host *)0)->name) {
-        *why = nt == 3 ? "expected 'HOST [SLOTS]' or 'HOST slots=SLOTS'" : "host name too long";
+    if (nt == 3) {
+        snprintf(why, whylen, "expected 'HOST [SLOTS]' or 'HOST slots=SLOTS'");
+        return -1;
+    }
+    char shown[64 * 4 + 8];
+    shown_name(tok[0], len[0], shown, sizeof shown);
+    if (len[0] >= sizeof((struct host *)0)->name) {
+        snprintf(why, whylen, "host name '%s' too long (at most %zu characters)", shown,
+                 sizeof((struct host *)0)->name - 1);
         return -1;
     }
     for (size_t k = 0; k < len[0]; k++) {
         if (!host_char(tok[0][k])) {
-            *why = "a host name is letters, digits and . - _ :";
+            snprintf(why, whylen, "a host name is letters, digits and . - _ :, not '%s'", shown);
             return -1;
         }
+    }
+    if (tok[0][0] == '-') {
+        snprintf(why, whylen,
+                 "host name '%s' begins with '-': the launch agent (ssh) would take it for an "
+                 "option",
+                 shown);
+        return -1;
     }
     memcpy(name, tok[0], len[0]);
     name[len[0]] = 0;
@@ -234,7 +278,7 @@ static int parse_host_line(const char *p, size_t n, char *name, int *slots, cons
             sl -= 6;
         }
         if (hbmsg_parse_uint(s, sl, SUPER_MAX_SLOTS, &v)) {
-            *why = "slots must be a whole number in 0.." XSTR(SUPER_MAX_SLOTS);
+            snprintf(why, whylen, "slots must be a whole number in 0.." XSTR(SUPER_MAX_SLOTS));
             return -1;
         }
     }
@@ -255,18 +299,18 @@ int super_parse_hosts(const char *buf, size_t len, const char *name, struct host
         const char *hash = memchr(buf + at, '#', n);
         if (hash)
             n = (size_t)(hash - (buf + at));
-        const char *why = NULL;
+        char why[FSDP_ERR_LEN] = "";
         char host[sizeof h->name];
-        int slots;
+        int slots = -1;
         if (memchr(buf + at, 0, n))
-            why = "a NUL byte";
+            snprintf(why, sizeof why, "a NUL byte");
         else
-            parse_host_line(buf + at, n, host, &slots, &why);
-        if (!why && slots > 0 && *nh == max) {
+            parse_host_line(buf + at, n, host, &slots, why, sizeof why);
+        if (!why[0] && slots > 0 && *nh == max) {
             snprintf(err, errlen, "%s:%d: more than %d hosts", name, lineno, max);
             return -1;
         }
-        if (why) {
+        if (why[0]) {
             snprintf(err, errlen, "%s:%d: %s", name, lineno, why);
             return -1;
         }
@@ -285,20 +329,35 @@ int super_read_hosts(const char *path, struct host *h, int max, int *nh, int *to
                      size_t errlen)
 {
     *nh = *total = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) {
+    char why[FSDP_ERR_LEN];
+    int fd, rc = fsdp_open_regular(path, "a host file", &fd, NULL, why);
+    if (rc == FSDP_NOT_REGULAR) {
+        snprintf(err, errlen, "%s", why);
+        return rc;
+    }
+    if (rc) {
         snprintf(err, errlen, "cannot read the host file %s: %s", path, strerror(errno));
         return -1;
     }
     char *buf = malloc(SUPER_HOSTS_MAX + 1);
-    size_t n = buf ? fread(buf, 1, SUPER_HOSTS_MAX + 1, f) : 0;
-    int bad = ferror(f);
-    fclose(f);
-    int rc = -1;
+    size_t n = 0;
+    int e = 0;
+    while (buf && n < SUPER_HOSTS_MAX + 1) {
+        ssize_t r = read(fd, buf + n, SUPER_HOSTS_MAX + 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            e = r < 0 ? errno : 0;
+            break;
+        }
+        n += (size_t)r;
+    }
+    close(fd);
+    rc = -1;
     if (!buf)
         snprintf(err, errlen, "%s: out of memory", path);
-    else if (bad)
-        snprintf(err, errlen, "%s: read error", path);
+    else if (e)
+        snprintf(err, errlen, "cannot read the host file %s: %s", path, strerror(e));
     else if (n > SUPER_HOSTS_MAX)
         snprintf(err, errlen, "%s: larger than %d bytes; is it a host file?", path,
                  SUPER_HOSTS_MAX);

@@ -561,6 +561,8 @@ static int set_up(struct super *s)
         say("%s", err);
         return 1;
     }
+    if (s->o.hosts)
+        super_host_file_good(s, h, nh, total);
     if (chaos_init(&s->chaos, s->o.chaos, &s->o, err, sizeof err)) {
         say("%s", err);
         return 2;

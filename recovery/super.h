@@ -108,8 +108,9 @@ int super_parse(struct super_opts *o, int argc, char **argv);
  * anything else. name labels the messages. */
 int super_parse_hosts(const char *buf, size_t len, const char *name, struct host *h, int max,
                       int *nh, int *total, char *err, size_t errlen);
-/* The same for a file (at most SUPER_HOSTS_MAX bytes); -1 with err if it
- * cannot be read. */
+/* The same for a file (at most SUPER_HOSTS_MAX bytes), opened without ever
+ * blocking (fsdp_open_regular); -1 with err if it cannot be read,
+ * FSDP_NOT_REGULAR with err if it is a FIFO, a device, a directory. */
 int super_read_hosts(const char *path, struct host *h, int max, int *nh, int *total, char *err,
                      size_t errlen);
 void line_tail_add(struct line_tail *t, const char *line);

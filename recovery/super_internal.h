@@ -64,7 +64,9 @@ struct super {
     uint64_t step_count;
     int notice_seen;
     char notice_time[128];
-    char hosts_err[FSDP_ERR_LEN]; /* the host file's last complaint, said once */
+    char hosts_err[FSDP_ERR_LEN];      /* the host file's last complaint, said once */
+    struct host good[SUPER_MAX_HOSTS]; /* the host file's last good list */
+    int ngood, good_total;
     /* --metrics: what the ranks' events tell, and the server */
     struct metrics *metrics;
     double next_metrics, loss, tokens_per_s, commit_at;
@@ -106,6 +108,13 @@ struct outcome {
  * world size to launch with, those hosts in h, the others in s->left; -1
  * after a signal, -2 after --capacity-timeout. */
 int super_wait_capacity(struct super *s, struct host *h, int *nh);
+/* The host file now (never blocking on it): 0 with its hosts, which
+ * become the last good list; 1 when it has become a FIFO, a device or a
+ * directory (renamed over it, say): said once, and h gets the last good
+ * list; -1 with err when it cannot be read or does not parse. */
+int super_host_file(struct super *s, struct host *h, int *nh, int *total, char *err, size_t errlen);
+/* Makes h the last good list (set-up: the list read at start). */
+void super_host_file_good(struct super *s, const struct host *h, int nh, int total);
 /* The names of n hosts, a JSON array for an event. */
 json_t *super_host_names(const struct host *h, int n);
 /* Per-host spot notices: whether --preempt-url has {host}; a poll of the

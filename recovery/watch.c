@@ -260,7 +260,9 @@ static int preemption_due(struct super *s, double now, double *next_poll)
  * second): a planned restart without it, like a spot notice for one host.
  * A file that does not parse right now, or names no host at all (both
  * what an editor writing it in place shows for a moment), decides
- * nothing; fewer slots on a host that stays is for the next launch. */
+ * nothing, nor does one that is no longer a regular file (said once, the
+ * last good list kept: capacity.c); fewer slots on a host that stays is
+ * for the next launch. */
 static int host_removed(struct super *s, double now)
 {
     if (!s->o.hosts || now < s->next_hosts_check)
@@ -269,7 +271,7 @@ static int host_removed(struct super *s, double now)
     struct host h[SUPER_MAX_HOSTS];
     int nh, total;
     char err[FSDP_ERR_LEN];
-    if (super_read_hosts(s->o.hosts, h, SUPER_MAX_HOSTS, &nh, &total, err, sizeof err) || nh == 0)
+    if (super_host_file(s, h, &nh, &total, err, sizeof err) || nh == 0)
         return 0;
     for (int i = 0; i < s->nlaunched; i++) {
         int still = 0;

@@ -3,9 +3,9 @@
  *
  * Token files are regular files, read and written: a FIFO, device node,
  * socket or directory named as one is refused with one line naming it.
- * Reading opens with O_NONBLOCK (a FIFO must never hang the trainer in
- * open()); writing never replaces anything but a regular file (rename()
- * would turn /dev/null into a token file).
+ * Reading opens through fsdp_open_regular (util.h: a FIFO must never hang
+ * the trainer in open()); writing never replaces anything but a regular
+ * file (rename() would turn /dev/null into a token file).
  */
 #include "data.h"
 
@@ -28,26 +28,11 @@ static uint32_t le32(const unsigned char *p)
 int token_file_open(struct token_file *f, const char *path, int vocab, char *err)
 {
     memset(f, 0, sizeof *f);
-    struct stat st;
-    /* the type first: a device is never even opened; O_NONBLOCK for what
-     * is swapped in between, so a FIFO cannot block open() */
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
-        return fsdp_err(err, "%s: is %s, not a regular file (a token file is one)", path,
-                        fsdp_file_kind(st.st_mode));
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0)
-        return fsdp_err(err, "%s: cannot open: %s", path, strerror(errno));
-    if (fstat(fd, &st) < 0) {
-        int e = errno;
-        close(fd);
-        return fsdp_err(err, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return fsdp_err(err, "%s: is %s, not a regular file (a token file is one)", path,
-                        fsdp_file_kind(st.st_mode));
-    }
-    const size_t hdr = DATA_HEADER_INTS * 4, len = (size_t)st.st_size;
+    int fd;
+    uint64_t size;
+    if (fsdp_open_regular(path, "a token file", &fd, &size, err))
+        return -1;
+    const size_t hdr = DATA_HEADER_INTS * 4, len = (size_t)size;
     if (len < hdr) {
         close(fd);
         return fsdp_err(err, "%s: not a token file: %zu bytes, shorter than the %zu-byte header",

@@ -24,18 +24,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-const char *fsdp_file_kind(mode_t m)
-{
-    return S_ISFIFO(m)   ? "a FIFO"
-           : S_ISCHR(m)  ? "a character device"
-           : S_ISBLK(m)  ? "a block device"
-           : S_ISSOCK(m) ? "a socket"
-           : S_ISDIR(m)  ? "a directory"
-           : S_ISLNK(m)  ? "a symbolic link"
-           : S_ISREG(m)  ? "a regular file"
-                         : "not a regular file";
-}
-
 int fsdp_outfile_check(const char *path, int replace, char *err)
 {
     struct stat st;

@@ -1,15 +1,17 @@
 /*
  * util.c - error formatting, random numbers, clocks, whole reads and
- * writes, hex and number parsing.
+ * writes, opening user-named files, hex and number parsing.
  */
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -93,6 +95,53 @@ int fsdp_pread_all(int fd, void *buf, size_t n, uint64_t off)
         n -= (size_t)r;
         off += (uint64_t)r;
     }
+    return 0;
+}
+
+const char *fsdp_file_kind(mode_t m)
+{
+    return S_ISREG(m)    ? "a regular file"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISSOCK(m) ? "a socket"
+           : S_ISDIR(m)  ? "a directory"
+           : S_ISLNK(m)  ? "a symbolic link"
+                         : "not a regular file";
+}
+
+int fsdp_open_regular(const char *path, const char *what, int *fd, uint64_t *size, char *err)
+{
+    *fd = -1;
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        fsdp_err(err, "%s: is %s, not a regular file (%s is one)", path, fsdp_file_kind(st.st_mode),
+                 what);
+        return FSDP_NOT_REGULAR;
+    }
+    int f = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (f < 0) {
+        int e = errno;
+        fsdp_err(err, "%s: cannot open: %s", path, strerror(e));
+        errno = e;
+        return -1;
+    }
+    if (fstat(f, &st) < 0) {
+        int e = errno;
+        close(f);
+        fsdp_err(err, "%s: cannot stat: %s", path, strerror(e));
+        errno = e;
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) { /* swapped in since the stat above */
+        close(f);
+        fsdp_err(err, "%s: is %s, not a regular file (%s is one)", path, fsdp_file_kind(st.st_mode),
+                 what);
+        return FSDP_NOT_REGULAR;
+    }
+    *fd = f;
+    if (size)
+        *size = (uint64_t)st.st_size;
     return 0;
 }
 

@@ -30,13 +30,13 @@
 enum fsdp_status {
     FSDP_OK = 0,
     FSDP_ERROR = -1,
-    STORAGE_NOT_FOUND = -2,   /* no such object (storage.h) */
-    STORAGE_EXISTS = -3,      /* put-if-absent found the key taken (storage.h) */
-    STORAGE_NOT_REGULAR = -4, /* the key is a link, FIFO, device (storage.h) */
-    CKPT_NOT_LIVE = -40,      /* a fenced writer's late commit (ckpt.h) */
-    CKPT_CANNOT_JUDGE = -41,  /* a step's seals cannot be read (ckpt.h) */
-    CKPT_DAMAGED = -42,       /* a manifest that fails its checks (ckpt.h) */
-    TCKPT_REFUSED = -50,      /* a checkpoint of another model (checkpoint.h) */
+    STORAGE_NOT_FOUND = -2,  /* no such object (storage.h) */
+    STORAGE_EXISTS = -3,     /* put-if-absent found the key taken (storage.h) */
+    FSDP_NOT_REGULAR = -4,   /* a FIFO, device, link where a file or object belongs */
+    CKPT_NOT_LIVE = -40,     /* a fenced writer's late commit (ckpt.h) */
+    CKPT_CANNOT_JUDGE = -41, /* a step's seals cannot be read (ckpt.h) */
+    CKPT_DAMAGED = -42,      /* a manifest that fails its checks (ckpt.h) */
+    TCKPT_REFUSED = -50,     /* a checkpoint of another model (checkpoint.h) */
 };
 
 /* Formats the message into err (if non-NULL) and returns -1. */
@@ -87,6 +87,19 @@ int fsdp_write_all(int fd, const void *buf, size_t n);
 /* Reads exactly n bytes at off (any size: Linux moves at most 2 GiB a call);
  * -1 on an error or an early end of file (errno EIO). */
 int fsdp_pread_all(int fd, void *buf, size_t n, uint64_t off);
+
+/* What a file of this mode is, for a message: "a FIFO", "a directory", ... */
+const char *fsdp_file_kind(mode_t mode);
+/* Opens a file a user named for reading, a regular file only, and never
+ * blocks doing it: the type is checked first (a device is never even
+ * opened), the open is O_NONBLOCK (a FIFO swapped in after that check
+ * cannot hang open()) and fstat of what was opened decides.
+ *   0: *fd (O_RDONLY | O_NONBLOCK | O_CLOEXEC; reads of a regular file
+ *      never block anyway), its size in *size if size is non-NULL;
+ *   FSDP_NOT_REGULAR: "PATH: is a FIFO, not a regular file (WHAT is one)"
+ *      in err;
+ *   -1: "PATH: cannot open: ..." (or stat) in err, errno set. */
+int fsdp_open_regular(const char *path, const char *what, int *fd, uint64_t *size, char *err);
 
 /* Monotonic seconds. */
 double fsdp_now(void);
@@ -151,7 +164,5 @@ int fsdp_outfile_close(struct fsdp_outfile *o, int ok, char *err);
 /* 1 when a and b name the same file: the same inode when both exist (a
  * hard link, "./x" and "x"), the same directory entry when neither does. */
 int fsdp_same_file(const char *a, const char *b);
-/* "a FIFO", "a character device", "a directory", ... for lstat's mode */
-const char *fsdp_file_kind(mode_t m);
 
 #endif

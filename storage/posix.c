@@ -115,7 +115,7 @@ static int object_stat(int dir, const char *name, const char *path, struct stat 
         return FSDP_ERROR;
     }
     refuse(err, path, sb->st_mode);
-    return STORAGE_NOT_REGULAR;
+    return FSDP_NOT_REGULAR;
 }
 
 /* storage_key_check's rule, and what a path here can hold. */

@@ -111,7 +111,7 @@ int storage_stat(struct storage *s, const char *key, uint64_t *size, char *err);
  * caller meets it by accident; storage_list_special hands it to fn, for
  * the one caller that judges it (ckpt's step listing: a step holding one
  * is damaged, not a reason to fail every start). Reading such a key fails
- * with STORAGE_NOT_REGULAR. */
+ * with FSDP_NOT_REGULAR. */
 #define STORAGE_SPECIAL_SIZE(type_bits) (UINT64_MAX - (uint64_t)((type_bits) >> 12 & 0xF))
 /* "a FIFO", "a symbolic link", ... for a special size; NULL for a real one */
 const char *storage_special(uint64_t size);

@@ -4,8 +4,9 @@
  * launch.
  *
  * Accepted: at most max hosts, each a non-empty name of letters, digits and
- * . - _ : with 1..SUPER_MAX_SLOTS slots (0-slot hosts are left out), and a
- * total that is their sum. Refused: one line "NAME:LINE: what", where LINE
+ * . - _ : that does not begin with '-' (the launch agent would take it for
+ * an option), with 1..SUPER_MAX_SLOTS slots (0-slot hosts are left out),
+ * and a total that is their sum. Refused: one line "NAME:LINE: what", where LINE
  * is a line of the input. Run with the supervisor's limit and with a small
  * one, so that "more than N hosts" is reached too.
  */
@@ -40,7 +41,7 @@ static void parse(const char *buf, size_t len, int max)
     for (int i = 0; i < nh; i++) {
         FUZZ_CHECK(h[i].slots >= 1 && h[i].slots <= SUPER_MAX_SLOTS);
         size_t n = strlen(h[i].name);
-        FUZZ_CHECK(n >= 1 && n < sizeof h[i].name);
+        FUZZ_CHECK(n >= 1 && n < sizeof h[i].name && h[i].name[0] != '-');
         for (size_t k = 0; k < n; k++) {
             char c = h[i].name[k];
             FUZZ_CHECK((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||

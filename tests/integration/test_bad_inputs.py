@@ -103,6 +103,17 @@ def cases(f):
     open(hosts_big, "w").write("a 2147483647\nb 2147483647\n")
     hosts_bad = f.path("hosts-bad")
     open(hosts_bad, "w").write("localhost many\n")
+    hosts_dir = f.path("hosts-dir")
+    os.mkdir(hosts_dir)
+    # host names the launch agent must never see: an option, a control or
+    # shell character (each line names the file, the line and the name)
+    bad_names = {}
+    for key, text in (("dash", "-Fevil 2\n"), ("dash-line-2", "localhost 1\n-J 1\n"),
+                      ("proxy", "-oProxyCommand=sh 1\n"), ("escape", "node\x1b[31m 1\n"),
+                      ("vtab", "node\x0b1 2\n"), ("shell", "node;reboot 1\n"),
+                      ("nbsp", "node\u00a0x 1\n")):
+        bad_names[key] = f.path(f"hosts-{key}")
+        open(bad_names[key], "w", encoding="utf-8").write(text)
     flipped = f.copy("flipped")
     shard = sorted(glob.glob(f"{flipped}/step-00000006/shard-*"))[0]
     with open(shard, "r+b") as fh:
@@ -262,6 +273,30 @@ def cases(f):
          [hosts_big]),
         ("super: hosts line without a number", [SUPER, "--hosts", hosts_bad, "--"] + train(d),
          [hosts_bad]),
+        ("super: hosts file is a FIFO", [SUPER, "--hosts", fifo, "--"] + train(d),
+         [fifo, "a FIFO", "not a regular file"]),
+        ("super: hosts file is a directory", [SUPER, "--hosts", hosts_dir, "--"] + train(d),
+         [hosts_dir, "a directory", "not a regular file"]),
+        ("super: hosts file is a device node", [SUPER, "--hosts", dev, "--"] + train(d),
+         [dev, "a character device", "not a regular file"]) if dev else None,
+        ("super: host name that is an ssh option", [SUPER, "--hosts", bad_names["dash"], "--"] +
+         train(d), [bad_names["dash"] + ":1:", "'-Fevil'", "begins with '-'"]),
+        ("super: host name that is an option, on line 2",
+         [SUPER, "--hosts", bad_names["dash-line-2"], "--"] + train(d),
+         [bad_names["dash-line-2"] + ":2:", "'-J'", "begins with '-'"]),
+        ("super: host name that is ssh's ProxyCommand",
+         [SUPER, "--hosts", bad_names["proxy"], "--"] + train(d),
+         [bad_names["proxy"] + ":1:", "'-oProxyCommand=sh'"]),
+        ("super: host name with an escape sequence",
+         [SUPER, "--hosts", bad_names["escape"], "--"] + train(d),
+         [bad_names["escape"] + ":1:", "'node\\x1b[31m'", "letters, digits"]),
+        ("super: host name with a vertical tab", [SUPER, "--hosts", bad_names["vtab"], "--"] +
+         train(d), [bad_names["vtab"] + ":1:", "'node\\x0b1'", "letters, digits"]),
+        ("super: host name with a shell character",
+         [SUPER, "--hosts", bad_names["shell"], "--"] + train(d),
+         [bad_names["shell"] + ":1:", "'node;reboot'", "letters, digits"]),
+        ("super: host name with a no-break space", [SUPER, "--hosts", bad_names["nbsp"], "--"] +
+         train(d), [bad_names["nbsp"] + ":1:", "'node\\xc2\\xa0x'", "letters, digits"]),
         ("super: chaos spec", sup + ["--chaos", "kill=x", "--"] + train(d), ["--chaos"], {},
          (2,)),
         ("super: junk generation in the store", sup + ["--"] + train(d, junk_gen),

@@ -190,7 +190,7 @@ static int refused_naming(int rc, const char *err, const char *path, const char 
 {
     char want[700];
     snprintf(want, sizeof want, "%s: is %s" REFUSAL, path, what);
-    if ((rc == FSDP_ERROR || rc == STORAGE_NOT_REGULAR) && strstr(err, want))
+    if ((rc == FSDP_ERROR || rc == FSDP_NOT_REGULAR) && strstr(err, want))
         return 1;
     fprintf(stderr, "  rc %d, err '%s'; wanted '%s'\n", rc, err, want);
     return 0;

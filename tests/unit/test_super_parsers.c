@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -787,7 +788,20 @@ static void bad_host_lines_are_named_by_file_and_line(void)
         {"a b c d\n", "hosts:1: expected"},
         {"a;rm 1\n", "hosts:1: a host name"},
         {"a\"b 1\n", "hosts:1: a host name"},
-        {"\xff 1\n", "hosts:1: a host name"},
+        {"\xff 1\n", "hosts:1: a host name is letters, digits and . - _ :, not '\\xff'"},
+        /* what the launch agent would take for an option, named */
+        {"-Fevil 2\n", "hosts:1: host name '-Fevil' begins with '-'"},
+        {"a 1\n-J\n", "hosts:2: host name '-J' begins with '-'"},
+        {"- 1\n", "hosts:1: host name '-' begins with '-'"},
+        {"-oProxyCommand=sh 1\n", "not '-oProxyCommand=sh'"},
+        /* control and shell characters, shown escaped on one line */
+        {"node\x1b[31m 1\n", "not 'node\\x1b[31m'"},
+        {"a\x0b\x0c\x1c 1\n", "not 'a\\x0b\\x0c\\x1c'"},
+        {"a'b 1\n", "not 'a\\x27b'"},
+        {"a\\b 1\n", "not 'a\\x5cb'"},
+        {"$(reboot) 1\n", "not '$(reboot)'"},
+        {"a`id` 1\n", "not 'a`id`'"},
+        {"user@host 1\n", "not 'user@host'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct host h[SUPER_MAX_HOSTS];
@@ -839,6 +853,32 @@ static void a_missing_host_file_is_an_error(void)
                            sizeof err) == -1 &&
               strstr(err, "/nonexistent/hosts"),
           "%s", err);
+}
+
+/* A FIFO, a directory, a device: refused at once, never opened for long
+ * (a FIFO with no writer would block a plain open() for good). */
+static void a_host_file_that_is_no_regular_file_is_refused_without_blocking(void)
+{
+    char dir[] = "/tmp/test-super-hosts-XXXXXX", fifo[64], sub[64];
+    REQUIRE(mkdtemp(dir), "mkdtemp");
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    snprintf(sub, sizeof sub, "%s/dir", dir);
+    REQUIRE(mkfifo(fifo, 0600) == 0 && mkdir(sub, 0700) == 0, "mkfifo, mkdir");
+    const char *paths[] = {fifo, sub, "/dev/null"};
+    const char *kinds[] = {"is a FIFO, not a regular file", "is a directory, not a regular file",
+                           "is a character device, not a regular file"};
+    for (int i = 0; i < 3; i++) {
+        struct host h[SUPER_MAX_HOSTS];
+        int nh, total;
+        char err[FSDP_ERR_LEN] = "";
+        int rc = super_read_hosts(paths[i], h, SUPER_MAX_HOSTS, &nh, &total, err, sizeof err);
+        CHECK(rc == FSDP_NOT_REGULAR && strstr(err, paths[i]) && strstr(err, kinds[i]) && nh == 0 &&
+                  total == 0,
+              "%s: rc %d, '%s'", paths[i], rc, err);
+    }
+    unlink(fifo);
+    rmdir(sub);
+    rmdir(dir);
 }
 
 /* ---- spot notices ----------------------------------------------------------------- */
@@ -977,7 +1017,8 @@ CHECK_MAIN(TEST(a_formatted_heartbeat_parses_back_for_every_phase),
            TEST(a_rank_that_is_answered_keeps_going_and_stops_when_the_answers_stop),
            TEST(a_kill_order_kills_the_rank), TEST(host_lines_in_every_form),
            TEST(bad_host_lines_are_named_by_file_and_line), TEST(the_slot_total_cannot_overflow),
-           TEST(a_missing_host_file_is_an_error), TEST(spot_notices_and_what_is_not_one),
-           TEST(any_bytes_become_a_json_string),
+           TEST(a_missing_host_file_is_an_error),
+           TEST(a_host_file_that_is_no_regular_file_is_refused_without_blocking),
+           TEST(spot_notices_and_what_is_not_one), TEST(any_bytes_become_a_json_string),
            TEST(chaos_faults_land_on_increasing_steps_within_the_run),
            TEST(chaos_specs_that_cannot_be_planned_are_refused))
