@@ -10,7 +10,8 @@
 #   RUNS      executions per target, the seeds first (libFuzzer's -runs;
 #             default 20000)
 #   TARGET    manifest_raw manifest_sealed chunk_index safetensors_header
-#             token_header s3_xml hbmsg hosts notice hf_config (default: all)
+#             token_header s3_xml hbmsg hosts notice hf_config llmc_header
+#             (default: all)
 #
 # Environment:
 #   FUZZ_MAX_TIME=S    stop a target after S seconds even if RUNS are not
@@ -31,7 +32,7 @@ build=$1
 runs=${2:-20000}
 if [ $# -ge 2 ]; then shift 2; else shift $#; fi
 here=$(cd "$(dirname "$0")" && pwd)
-targets=${*:-manifest_raw manifest_sealed chunk_index safetensors_header token_header s3_xml hbmsg hosts notice hf_config}
+targets=${*:-manifest_raw manifest_sealed chunk_index safetensors_header token_header s3_xml hbmsg hosts notice hf_config llmc_header}
 max_time=${FUZZ_MAX_TIME:-600}
 seed=${FUZZ_SEED:-1}
 nice_n=${FUZZ_NICE:-0}
