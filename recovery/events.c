@@ -10,19 +10,30 @@
  */
 #include "super.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static FILE *events;
 
+/* A FIFO without a reader is not waited for (O_NONBLOCK: ENXIO), and
+ * the supervisor goes on without events rather than blocking in open()
+ * with no rank watched. */
 int ev_open(const char *path)
 {
-    if (path)
-        events = fopen(path, "a");
+    int fd = path ? open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644) : -1;
+    int fl = fd >= 0 ? fcntl(fd, F_GETFL) : -1;
+    if (fl != -1 && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0)
+        events = fdopen(fd, "a");
+    if (fd >= 0 && !events)
+        close(fd);
     if (path && !events)
-        fprintf(stderr, "fsdp-super: cannot open %s for events; going on without\n", path);
+        fprintf(stderr, "fsdp-super: cannot open %s for events (%s); going on without\n", path,
+                fd < 0 && errno == ENXIO ? "a FIFO with no reader" : strerror(errno));
     return events != NULL;
 }
 

@@ -13,6 +13,7 @@ for an event of the run or a reply on a socket, never for a guessed time."""
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
-from harness import main, prepare_corpus  # noqa: E402
+from harness import BUILD, ENV, main, prepare_corpus  # noqa: E402
 from test_super import (events_of, finish, free_port, session_pids, start_super,  # noqa: E402
                         trainer, wait_event, wait_ranks)
 
@@ -190,6 +191,23 @@ def slow_clients_cannot_lock_out_a_scrape(tmp):
           f"{max(took) * 1000:.0f} ms; each slow client cut off")
 
 
+def a_fifo_as_the_events_file_blocks_nothing(tmp):
+    """--events naming a FIFO nobody reads: fsdp-super says so once and
+    supervises the run without events (before, it hung in open())."""
+    train, _ = prepare_corpus(tmp)
+    fifo = f"{tmp}/events.fifo"
+    os.mkfifo(fifo)
+    p = subprocess.run([os.path.join(BUILD, "recovery", "fsdp-super"), "--np", "1", "--events",
+                        fifo, "--", os.path.join(BUILD, "src", "fsdp-train"), "--data", train,
+                        "--layers", "1", "--dim", "32", "--heads", "2", "--seq", "32",
+                        "--global-batch", "4", "--steps", "2"],
+                       env=ENV, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    said = [l for l in p.stderr.splitlines() if fifo in l]
+    assert len(said) == 1 and "no reader" in said[0], p.stderr[-2000:]
+
+
 if __name__ == "__main__":
     main([a_fifo_renamed_over_the_host_file_blocks_nothing,
-          slow_clients_cannot_lock_out_a_scrape])
+          slow_clients_cannot_lock_out_a_scrape,
+          a_fifo_as_the_events_file_blocks_nothing])
