@@ -65,11 +65,11 @@ def one(data, mode, prec, steps, threads, tmp):
 
 
 def llama_1b(data, tmp, seq, steps, out):
-    rows = []
+    rows, killed = [], []
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     for ranks in (2, 4):
         for mode in ("none", "blocks"):
-            peaks, plan = {}, None
+            peaks, plan = {}, {}
             for layers in (2, 4):
                 p = subprocess.run(
                     ["mpirun", "--oversubscribe", "-np", str(ranks), TRAIN, "--data", data,
@@ -77,6 +77,14 @@ def llama_1b(data, tmp, seq, steps, out):
                      "--global-batch", str(ranks), "--steps", str(steps), "--threads", "1",
                      "--activation-checkpointing", mode, "--log-every", "1000"],
                     capture_output=True, text=True, errors="replace", env=env)
+                if p.returncode != 0 and "signal 9" in p.stderr:
+                    # the kernel's OOM killer: the ranks' fixed part (the gathered
+                    # embedding, its gradient, its state shard) times the ranks
+                    # does not fit this machine
+                    print(f"  {ranks} ranks, {mode}, L{layers}: killed by the OOM killer "
+                          "(does not fit this machine)", flush=True)
+                    killed.append({"ranks": ranks, "mode": mode, "layers": layers})
+                    break
                 if p.returncode != 0:
                     sys.exit(f"bench: llama-1b L{layers} on {ranks} ranks failed:\n"
                              f"{p.stderr[-2000:]}")
@@ -85,22 +93,45 @@ def llama_1b(data, tmp, seq, steps, out):
                 acct = re.search(r"per rank: params ([\d.]+) MiB, grads ([\d.]+) MiB, optimizer "
                                  r"([\d.]+) MiB .*gathered params ([\d.]+) MiB, full grads "
                                  r"([\d.]+) MiB, activations ([\d.]+) MiB", p.stderr)
-                plan = [float(x) for x in acct.groups()]
+                plan[layers] = [float(x) for x in acct.groups()]
                 print(f"  {ranks} ranks, {mode}, L{layers}: peak {peaks[layers]:.0f} MiB",
                       flush=True)
+            if len(peaks) < 2:
+                continue
             per_layer = (peaks[4] - peaks[2]) / 2
+            # the sharded state (params, grads, optimizer) of 16 layers, per rank
+            state16 = sum(plan[4][:3]) + 6 * (sum(plan[4][:3]) - sum(plan[2][:3]))
             rows.append({"ranks": ranks, "mode": mode, "peak_l2_mib": peaks[2],
                          "peak_l4_mib": peaks[4], "per_layer_mib": per_layer,
-                         "peak_l16_mib": peaks[4] + 12 * per_layer, "acct_l4": plan})
+                         "peak_l16_mib": peaks[4] + 12 * per_layer, "state_l16_mib": state16,
+                         "acct_l4": plan[4], "measured": True})
+    # where N ranks did not fit: the measured M-rank run with its per-rank
+    # state shard rescaled from 1/M to 1/N (the gathered units, activations
+    # and runtime do not depend on the world size)
+    for k in killed:
+        base = [r for r in rows if r["mode"] == k["mode"] and r["measured"]]
+        if not base or any(r["ranks"] == k["ranks"] and r["mode"] == k["mode"] for r in rows):
+            continue
+        b, n = base[0], k["ranks"]
+        shrink = b["state_l16_mib"] * (1 - b["ranks"] / n)
+        rows.append({"ranks": n, "mode": k["mode"], "peak_l2_mib": None, "peak_l4_mib": None,
+                     "per_layer_mib": None,
+                     "peak_l16_mib": b["peak_l16_mib"] - shrink, "measured": False,
+                     "from_ranks": b["ranks"]})
     print(f"{'ranks':>5} {'recompute':<9} {'L2 MiB':>8} {'L4 MiB':>8} {'per layer':>10} "
-          f"{'L16 MiB (extrapolated)':>23}")
-    for r in rows:
-        print(f"{r['ranks']:>5} {r['mode']:<9} {r['peak_l2_mib']:8.0f} {r['peak_l4_mib']:8.0f} "
-              f"{r['per_layer_mib']:10.0f} {r['peak_l16_mib']:23.0f}")
+          f"{'L16 MiB':>9}  how")
+    for r in sorted(rows, key=lambda r: (r["ranks"], r["mode"])):
+        how = ("measured at L2 and L4, extrapolated" if r["measured"] else
+               f"projected from {r['from_ranks']} ranks (did not fit: OOM-killed)")
+        l2 = f"{r['peak_l2_mib']:8.0f}" if r["peak_l2_mib"] else f"{'-':>8}"
+        l4 = f"{r['peak_l4_mib']:8.0f}" if r["peak_l4_mib"] else f"{'-':>8}"
+        pl = f"{r['per_layer_mib']:10.0f}" if r["per_layer_mib"] else f"{'-':>10}"
+        print(f"{r['ranks']:>5} {r['mode']:<9} {l2} {l4} {pl} "
+              f"{r['peak_l16_mib']:9.0f}  {how}")
     print(f"(llama-1b shapes at --seq {seq}, global batch = ranks (micro-batch 1), shard full, "
           f"fp32, 1 thread per rank; peak RSS of the largest rank after {steps} steps)")
     with open(out, "w") as f:
-        json.dump({"rows": rows, "seq": seq}, f, indent=1)
+        json.dump({"rows": rows, "killed": killed, "seq": seq}, f, indent=1)
     print(f"wrote {out}")
 
 
