@@ -860,11 +860,15 @@ int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char
         rc = -1,
         fsdp_err(err, "%s: %d problem%s; nothing imported", dir, problems, problems > 1 ? "s" : "");
     /* the native file: our names, F32, (out, in), the padded rows zero */
+    /* sized only once every tensor was found in a file at its checked shape:
+     * the files then hold at least half of it, so a config.json alone (a
+     * vocab_size of 9 million, no tensors) cannot make us allocate */
     uint64_t largest = 0;
-    for (int t = 0; t < nt; t++)
+    for (int t = 0; !rc && t < nt; t++)
         largest = m->tensors[t].numel > largest ? m->tensors[t].numel : largest;
-    float *dst = malloc((size_t)largest * 4 + 4), *tmp = malloc((size_t)largest * 4 + 4);
-    unsigned char *raw = malloc((size_t)largest * 4 + 4);
+    float *dst = rc ? NULL : malloc((size_t)largest * 4 + 4),
+          *tmp = rc ? NULL : malloc((size_t)largest * 4 + 4);
+    unsigned char *raw = rc ? NULL : malloc((size_t)largest * 4 + 4);
     if (!rc && (!dst || !tmp || !raw))
         rc = -1, fsdp_err(err, "%s: out of memory", dir);
     if (!rc)
