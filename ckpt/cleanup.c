@@ -427,10 +427,19 @@ static int settle_ours(struct storage *st, const struct ckpt_manifest *m, const 
     }
     ckpt_discard_own(st, m->step, m->world, tag, sub);
     res->outcome = CKPT_NOT_COMMITTED;
-    fsdp_err(err,
-             "%s/%s: shard %s was removed before this commit landed (a newer launch's clean-up: "
-             "this writer is fenced); the commit is withdrawn",
-             st->uri, dir, m->shards[missing].file);
+    /* a newer launch's clean-up is the one reason the protocol knows for a
+     * written shard to go: blame it only when a newer generation exists */
+    if (m->generation && ckpt_fence_check(st, m->generation, sub))
+        fsdp_err(err,
+                 "%s/%s: shard %s was removed before this commit landed (a newer launch's "
+                 "clean-up: this writer is fenced); the commit is withdrawn",
+                 st->uri, dir, m->shards[missing].file);
+    else
+        fsdp_err(err,
+                 "%s/%s: shard %s vanished after the storage acknowledged its write, and no "
+                 "newer launch holds the store: the storage loses acknowledged writes; the "
+                 "commit is withdrawn",
+                 st->uri, dir, m->shards[missing].file);
     return -1;
 }
 

@@ -250,8 +250,9 @@ static int preemption_due(struct super *s, double now, double *next_poll)
         return 0; /* none, or the one already acted on */
     s->notice_seen = 1;
     snprintf(s->notice_time, sizeof s->notice_time, "%s", when);
-    say("preemption notice from %s (time %s): emergency checkpoint", s->o.preempt_url,
-        when[0] ? when : "not given");
+    char shown[512];
+    say("preemption notice from %s (time %s): emergency checkpoint",
+        fsdp_url_redact(s->o.preempt_url, shown, sizeof shown), when[0] ? when : "not given");
     ev_emit("preemption_notice", "{s:s, s:o}", "source", "url", "time", ev_text(when));
     return C_PREEMPT;
 }
@@ -294,7 +295,7 @@ static void account_progress(struct super *s, double now)
         s->fail_at = 0;
     }
     if (s->job.first_train && now - s->job.first_train > s->o.healthy_after)
-        s->restarts_in_a_row = 0;
+        s->restarts.in_a_row = 0;
 }
 
 /* Watches the launch until it ends. */

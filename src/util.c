@@ -205,6 +205,23 @@ int fsdp_parse_i64(const char *s, long long lo, long long hi, long long *out)
     return 0;
 }
 
+const char *fsdp_url_redact(const char *url, char *out, size_t n)
+{
+    if (!n)
+        return out;
+    const char *sep = url ? strstr(url, "://") : NULL;
+    const char *host = sep ? sep + 3 : NULL;
+    /* users write passwords with '/', '@' and '#' in them unencoded: the
+     * last '@' anywhere after the scheme ends what is hidden (a path or
+     * query that holds one is hidden too: too much hidden, never too little) */
+    const char *at = host ? strrchr(host, '@') : NULL;
+    if (!at)
+        snprintf(out, n, "%s", url ? url : "");
+    else
+        snprintf(out, n, "%.*s***%s", (int)(host - url), url, at);
+    return out;
+}
+
 int fsdp_parse_duration(const char *s, double *secs)
 {
     if (!s || !*s)

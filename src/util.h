@@ -122,6 +122,12 @@ int fsdp_parse_f64(const char *s, double *out);
 /* "90", "90s", "45m", "1.5h", "2d": seconds in (0, 10 years]; -1 if not one. */
 int fsdp_parse_duration(const char *s, double *secs);
 
+/* url as it may be printed: its user information ("user:password@" in
+ * scheme://user:password@host/...; everything up to the last '@', since
+ * passwords are written with '/' and '@' unencoded) replaced by "***@",
+ * anything else copied (cut to n - 1 bytes). Returns out. */
+const char *fsdp_url_redact(const char *url, char *out, size_t n);
+
 /* bf16 is the upper half of a float: widening is exact; rounding is to
  * nearest even, and a NaN stays a NaN (the kernels' to_bf16, one value). */
 static inline float fsdp_bf16_widen(uint16_t h)

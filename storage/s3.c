@@ -528,11 +528,27 @@ static int s3_stat(struct storage *st, const char *key, uint64_t *size, char *er
     return rc;
 }
 
+/* FNV-1a: a listing remembers the tokens it was given by their hashes (a
+ * collision can only refuse a listing, never repeat one) */
+static uint64_t token_hash(const char *t)
+{
+    uint64_t h = 14695981039346656037ULL;
+    for (; *t; t++)
+        h = (h ^ (unsigned char)*t) * 1099511628211ULL;
+    return h;
+}
+
+/* ListObjectsV2, page by page, with every answer checked: S3 sends at most
+ * max-keys (1,000) keys a page, in ascending order, under the prefix asked
+ * for, with a continuation token never seen before. A server that breaks
+ * any of these (one that answers IsTruncated with the same token forever)
+ * is refused with one line, and no listing takes more than
+ * FSDP_S3_LIST_MAX_PAGES pages (100,000: 100 million keys). */
 static int s3_list(struct storage *st, const char *prefix,
                    int (*fn)(void *, const char *, uint64_t), void *arg, char *err)
 {
     struct s3_store *s = S(st);
-    char full[1100], efull[3400], token[2048] = "", etok[6200], q[10000];
+    char full[1100], efull[3400], token[2048] = "", etok[6200], q[10000], last[MAX_KEY + 2] = "";
     if (list_prefix_ok(prefix, err))
         return FSDP_ERROR;
     if ((size_t)snprintf(full, sizeof full, "%s%s%s", s->prefix, s->prefix[0] ? "/" : "", prefix) >
@@ -545,60 +561,121 @@ static int s3_list(struct storage *st, const char *prefix,
     }
     sigv4_uri_encode(full, strlen(full), 0, efull, sizeof efull);
     size_t strip = s->prefix[0] ? strlen(s->prefix) + 1 : 0;
-    for (;;) {
+    int page_keys = s->c.cfg.list_max_keys ? s->c.cfg.list_max_keys : 1000;
+    uint64_t *seen = NULL;
+    int nseen = 0, capseen = 0, rc = 0;
+    for (long page = 1; !rc; page++) {
+        if (page > s->c.cfg.list_max_pages) {
+            fsdp_err(err,
+                     "s3 ListObjectsV2 %s/%s: the listing goes on past %ld pages "
+                     "(FSDP_S3_LIST_MAX_PAGES): refused as endless",
+                     s->bucket, full, s->c.cfg.list_max_pages);
+            rc = FSDP_ERROR;
+            break;
+        }
         sigv4_uri_encode(token, strlen(token), 0, etok, sizeof etok);
         char mk[32] = "";
         if (s->c.cfg.list_max_keys)
             snprintf(mk, sizeof mk, "&max-keys=%d", s->c.cfg.list_max_keys);
         snprintf(q, sizeof q, "list-type=2%s&prefix=%s%s%s", mk, efull,
                  token[0] ? "&continuation-token=" : "", token[0] ? etok : "");
-        struct s3_request r = {.method = "GET", .bucket = s->bucket, .query = q};
-        int rc = s3_perform(&s->c, &r, "ListObjectsV2", err);
+        struct s3_request r = {.method = "GET", .bucket = s->bucket, .query = q,
+                               .resp = {.limit = S3_LIST_ANSWER_LIMIT}};
+        rc = s3_perform(&s->c, &r, "ListObjectsV2", err);
         if (!rc && r.status != 200)
             rc = s3_http_error(&r, "ListObjectsV2", err);
         struct s3_xml x = {0};
-        if (!rc && s3_xml_parse(r.resp.p ? r.resp.p : "", r.resp.len, &x)) {
-            fsdp_err(err, "s3 ListObjectsV2 %s: unreadable XML", s->bucket);
-            rc = FSDP_ERROR;
-        }
+        int xr = rc ? 0 : s3_xml_parse(r.resp.p ? r.resp.p : "", r.resp.len, &x);
+        if (xr == -2)
+            fsdp_err(err,
+                     "s3 ListObjectsV2 %s: page %ld has more than %d elements or nests deeper "
+                     "than %d: more than a page of %d keys holds",
+                     s->bucket, page, S3_XML_MAX_ITEMS, S3_XML_MAX_DEPTH, page_keys);
+        else if (xr)
+            fsdp_err(err, "s3 ListObjectsV2 %s: page %ld: unreadable XML", s->bucket, page);
+        rc = rc ? rc : xr ? FSDP_ERROR : 0;
         s3_buf_free(&r.resp);
-        if (rc)
-            return rc;
         const char *key = NULL;
-        int truncated = 0;
+        int truncated = 0, nkeys = 0;
         token[0] = 0;
         for (int i = 0; !rc && i < x.n; i++) {
             const struct s3_xml_item *it = &x.v[i];
-            if (strcmp(it->parent, "Contents") == 0 && strcmp(it->name, "Key") == 0)
+            if (strcmp(it->parent, "Contents") == 0 && strcmp(it->name, "Key") == 0) {
                 key = it->text;
-            else if (strcmp(it->parent, "Contents") == 0 && strcmp(it->name, "Size") == 0 && key) {
+            } else if (strcmp(it->parent, "Contents") == 0 && strcmp(it->name, "Size") == 0 && key) {
                 /* only keys under our prefix: anything else is the server's error */
-                if (strip && (strncmp(key, s->prefix, strip - 1) != 0 || key[strip - 1] != '/')) {
+                if (++nkeys > page_keys) {
+                    fsdp_err(err,
+                             "s3 ListObjectsV2 %s: page %ld lists more than the %d keys a page "
+                             "may hold",
+                             s->bucket, page, page_keys);
+                    rc = FSDP_ERROR;
+                } else if (strip &&
+                           (strncmp(key, s->prefix, strip - 1) != 0 || key[strip - 1] != '/')) {
                     fsdp_err(err,
                              "s3 ListObjectsV2 %s: the answer lists "
                              "'%.200s', outside the prefix '%s/'",
                              s->bucket, key, s->prefix);
                     rc = FSDP_ERROR;
+                } else if (strlen(key) > MAX_KEY || (last[0] && strcmp(key, last) <= 0)) {
+                    /* S3 lists in ascending UTF-8 byte order, each key once */
+                    fsdp_err(err,
+                             "s3 ListObjectsV2 %s: the answer lists '%.200s' after '%.200s' "
+                             "(S3 lists each key once, in ascending order)",
+                             s->bucket, key, last);
+                    rc = FSDP_ERROR;
                 } else {
+                    snprintf(last, sizeof last, "%s", key);
                     rc = fn(arg, key + strip, strtoull(it->text, NULL, 10));
                 }
                 key = NULL;
-            } else if (strcmp(it->name, "IsTruncated") == 0)
+            } else if (strcmp(it->name, "IsTruncated") == 0) {
                 truncated = strcmp(it->text, "true") == 0;
-            else if (strcmp(it->name, "NextContinuationToken") == 0)
-                snprintf(token, sizeof token, "%s", it->text);
+            } else if (strcmp(it->name, "NextContinuationToken") == 0) {
+                if (strlen(it->text) >= sizeof token) {
+                    fsdp_err(err,
+                             "s3 ListObjectsV2 %s: page %ld: a continuation token of %zu bytes "
+                             "(at most %zu)",
+                             s->bucket, page, strlen(it->text), sizeof token - 1);
+                    rc = FSDP_ERROR;
+                } else {
+                    snprintf(token, sizeof token, "%s", it->text);
+                }
+            }
         }
         s3_xml_free(&x);
-        if (rc)
-            return rc;
-        if (!truncated)
-            return 0;
+        if (rc || !truncated)
+            break;
         if (!token[0]) {
             fsdp_err(err, "s3 ListObjectsV2 %s: truncated listing without a continuation token",
                      s->bucket);
-            return FSDP_ERROR;
+            rc = FSDP_ERROR;
+            break;
         }
+        uint64_t h = token_hash(token);
+        for (int i = 0; !rc && i < nseen; i++)
+            if (seen[i] == h) {
+                fsdp_err(err,
+                         "s3 ListObjectsV2 %s: page %ld hands back the continuation token of "
+                         "page %d: a listing that never ends, refused",
+                         s->bucket, page, i + 1);
+                rc = FSDP_ERROR;
+            }
+        if (!rc && nseen == capseen) {
+            int cap = capseen ? 2 * capseen : 64;
+            uint64_t *p = realloc(seen, (size_t)cap * sizeof *p);
+            if (!p) {
+                fsdp_err(err, "s3 ListObjectsV2 %s: out of memory", s->bucket);
+                rc = FSDP_ERROR;
+            } else {
+                seen = p, capseen = cap;
+            }
+        }
+        if (!rc)
+            seen[nseen++] = h;
     }
+    free(seen);
+    return rc;
 }
 
 static int s3_del(struct storage *st, const char *key, char *err)

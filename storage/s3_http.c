@@ -20,6 +20,7 @@
 #include "sigv4.h"
 
 #include <ctype.h>
+#include <limits.h>
 #include <errno.h>
 #include <expat.h>
 #include <stdio.h>
@@ -101,6 +102,43 @@ static void read_profile(struct s3_config *c)
     fclose(f);
 }
 
+/* The offset of the first byte of s that may not stand in an HTTP header
+ * value (a control character: CR and LF would start headers of their own;
+ * DEL), or -1. */
+static long control_char_at(const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return (long)(p - (const unsigned char *)s);
+    return -1;
+}
+
+/* Every credential and setting that reaches a request line or a header,
+ * checked once: a control character is refused by name and offset, never
+ * with the value (it may be a secret). */
+static int check_header_values(const struct s3_config *c, int from_env, char *err)
+{
+    const struct {
+        const char *env, *file, *value;
+    } v[] = {{"AWS_ACCESS_KEY_ID", "aws_access_key_id", c->access_key},
+             {"AWS_SECRET_ACCESS_KEY", "aws_secret_access_key", c->secret_key},
+             {"AWS_SESSION_TOKEN", "aws_session_token", c->session_token},
+             {"AWS_REGION", "region", c->region}};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        long at = control_char_at(v[i].value);
+        if (at >= 0) {
+            fsdp_err(err,
+                     "s3: %s%s holds a control character (byte %ld, 0x%02x): refused, it would "
+                     "change the request's headers",
+                     from_env || i == 3 ? v[i].env : v[i].file,
+                     from_env || i == 3 ? "" : " in the credentials file", at,
+                     (unsigned)(unsigned char)v[i].value[at]);
+            return FSDP_ERROR;
+        }
+    }
+    return 0;
+}
+
 int s3_config_load(struct s3_config *c, char *err)
 {
     memset(c, 0, sizeof *c);
@@ -113,7 +151,8 @@ int s3_config_load(struct s3_config *c, char *err)
         snprintf(c->session_token, sizeof c->session_token, "%s", v);
     if ((v = getenv("AWS_REGION")) || (v = getenv("AWS_DEFAULT_REGION")))
         snprintf(c->region, sizeof c->region, "%s", v);
-    if (!c->access_key[0] || !c->secret_key[0]) {
+    int from_env = c->access_key[0] && c->secret_key[0];
+    if (!from_env) {
         c->access_key[0] = c->secret_key[0] = c->session_token[0] = 0;
         read_profile(c);
     }
@@ -124,17 +163,36 @@ int s3_config_load(struct s3_config *c, char *err)
                       "AWS_PROFILE with ~/.aws/credentials");
         return FSDP_ERROR;
     }
-    const char *ep = getenv("AWS_ENDPOINT_URL_S3");
+    if (check_header_values(c, from_env, err))
+        return FSDP_ERROR;
+    const char *ep = getenv("AWS_ENDPOINT_URL_S3"), *ep_name = "AWS_ENDPOINT_URL_S3";
     if (!ep || !*ep)
-        ep = getenv("AWS_ENDPOINT_URL");
-    char def[128];
+        ep = getenv("AWS_ENDPOINT_URL"), ep_name = "AWS_ENDPOINT_URL";
+    char def[128], shown[300];
     if (!ep || !*ep) {
         snprintf(def, sizeof def, "https://s3.%s.amazonaws.com", c->region);
         ep = def;
     }
+    /* the endpoint is printed in messages: never with a password in it */
+    fsdp_url_redact(ep, shown, sizeof shown);
     const char *sep = strstr(ep, "://");
     if (!sep || (size_t)(sep - ep) >= sizeof c->scheme || (strncmp(ep, "http", 4) != 0)) {
-        fsdp_err(err, "s3: endpoint '%s' is not http://HOST[:PORT] or https://", ep);
+        fsdp_err(err, "s3: endpoint '%s' is not http://HOST[:PORT] or https://", shown);
+        return FSDP_ERROR;
+    }
+    for (const unsigned char *p = (const unsigned char *)ep; *p; p++)
+        if (*p <= 0x20 || *p == 0x7f) {
+            fsdp_err(err, "s3: %s holds a space or a control character (byte %ld): refused",
+                     ep_name, (long)(p - (const unsigned char *)ep));
+            return FSDP_ERROR;
+        }
+    if (strchr(sep + 3, '@')) {
+        /* S3 signs every request with the keys: a user:password@ would only
+         * be sent along as HTTP basic authentication, and printed */
+        fsdp_err(err,
+                 "s3: %s '%s' holds user information (user:password@): refused; S3 "
+                 "authenticates with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+                 ep_name, shown);
         return FSDP_ERROR;
     }
     snprintf(c->scheme, sizeof c->scheme, "%.*s", (int)(sep - ep), ep);
@@ -143,7 +201,7 @@ int s3_config_load(struct s3_config *c, char *err)
     if (slash)
         *slash = 0;
     if (!c->host[0] || (strcmp(c->scheme, "http") && strcmp(c->scheme, "https"))) {
-        fsdp_err(err, "s3: endpoint '%s' is not http:// or https://", ep);
+        fsdp_err(err, "s3: endpoint '%s' is not http:// or https://", shown);
         return FSDP_ERROR;
     }
     if ((v = getenv("AWS_CA_BUNDLE")))
@@ -156,23 +214,39 @@ int s3_config_load(struct s3_config *c, char *err)
     c->part_size = (size_t)env_long("FSDP_S3_PART_MIB", 8, 5, 5120) << 20;
     c->parallel_parts = (int)env_long("FSDP_S3_PARALLEL", 4, 1, 64);
     c->list_max_keys = (int)env_long("FSDP_S3_LIST_MAX_KEYS", 0, 0, 1000);
+    c->list_max_pages = env_long("FSDP_S3_LIST_MAX_PAGES", 100000, 1, 10000000);
     return 0;
 }
 
 /* ---- XML ------------------------------------------------------------------- */
 
 struct xml_state {
+    XML_Parser p;
     struct s3_xml *x;
     char stack[8][48];
     int depth;
     struct s3_buf text;
-    int failed;
+    int failed, over; /* out of memory; past S3_XML_MAX_* */
 };
+
+static void xml_stop(struct xml_state *s, int over)
+{
+    if (!s->failed && !s->over)
+        XML_StopParser(s->p, XML_FALSE);
+    if (over)
+        s->over = 1;
+    else
+        s->failed = 1;
+}
 
 static void xml_start(void *ud, const char *name, const char **attrs)
 {
     (void)attrs;
     struct xml_state *s = ud;
+    if (s->depth >= S3_XML_MAX_DEPTH) {
+        xml_stop(s, 1);
+        return;
+    }
     if (s->depth < 8)
         snprintf(s->stack[s->depth], sizeof s->stack[0], "%s", name);
     s->depth++;
@@ -186,7 +260,7 @@ static void xml_chars(void *ud, const char *t, int n)
         size_t cap = (s->text.cap ? s->text.cap * 2 : 256) + (size_t)n;
         char *p = realloc(s->text.p, cap);
         if (!p) {
-            s->failed = 1;
+            xml_stop(s, 0);
             return;
         }
         s->text.p = p;
@@ -201,12 +275,20 @@ static void xml_end(void *ud, const char *name)
     struct xml_state *s = ud;
     s->depth--;
     struct s3_xml *x = s->x;
-    struct s3_xml_item *v = realloc(x->v, (size_t)(x->n + 1) * sizeof *v);
-    if (!v) {
-        s->failed = 1;
+    if (x->n >= S3_XML_MAX_ITEMS) {
+        xml_stop(s, 1);
         return;
     }
-    x->v = v;
+    if (x->n == x->cap) { /* geometric: 20,000 elements are 12 reallocs, not 20,000 */
+        int cap = x->cap ? 2 * x->cap : 64;
+        struct s3_xml_item *v = realloc(x->v, (size_t)cap * sizeof *v);
+        if (!v) {
+            xml_stop(s, 0);
+            return;
+        }
+        x->v = v;
+        x->cap = cap;
+    }
     struct s3_xml_item *it = &x->v[x->n++];
     memset(it, 0, sizeof *it);
     snprintf(it->name, sizeof it->name, "%s", name);
@@ -214,7 +296,7 @@ static void xml_end(void *ud, const char *name)
         snprintf(it->parent, sizeof it->parent, "%s", s->stack[s->depth - 1]);
     it->text = malloc(s->text.len + 1);
     if (!it->text) {
-        s->failed = 1; /* readers use text unchecked */
+        xml_stop(s, 0); /* readers use text unchecked */
         return;
     }
     memcpy(it->text, s->text.p ? s->text.p : "", s->text.len);
@@ -228,16 +310,17 @@ int s3_xml_parse(const char *doc, size_t len, struct s3_xml *x)
     XML_Parser p = XML_ParserCreate("UTF-8");
     if (!p)
         return -1;
-    struct xml_state s = {.x = x};
+    struct xml_state s = {.p = p, .x = x};
     XML_SetUserData(p, &s);
     XML_SetElementHandler(p, xml_start, xml_end);
     XML_SetCharacterDataHandler(p, xml_chars);
-    int ok = XML_Parse(p, doc, (int)len, 1) == XML_STATUS_OK && !s.failed;
+    int ok = len <= INT_MAX && XML_Parse(p, doc, (int)len, 1) == XML_STATUS_OK && !s.failed &&
+             !s.over;
     XML_ParserFree(p);
     free(s.text.p);
     if (!ok) {
         s3_xml_free(x);
-        return -1;
+        return s.over && !s.failed ? -2 : -1;
     }
     return 0;
 }
@@ -399,7 +482,11 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud)
         return bytes;
     }
     r->received += bytes;
-    return s3_buf_append(&r->resp, data, bytes) == 0 ? bytes : 0;
+    if (s3_buf_append(&r->resp, data, bytes) == 0)
+        return bytes;
+    size_t limit = r->resp.limit ? r->resp.limit : S3_BUF_LIMIT;
+    r->too_large = bytes >= limit - r->resp.len; /* not out of memory: past the limit */
+    return 0;
 }
 
 static size_t on_header(char *data, size_t size, size_t n, void *ud)
@@ -535,7 +622,7 @@ int s3_prepare(struct s3_client *c, CURL *h, struct s3_request *r, struct curl_s
     curl_easy_reset(h);
     r->h = h;
     r->sent = r->received = 0;
-    r->overflow = 0;
+    r->overflow = r->too_large = 0;
     r->resp.len = 0;
     r->etag[0] = r->code[0] = 0;
     r->content_length = 0;
@@ -594,6 +681,12 @@ int s3_finish(struct s3_client *c, CURL *h, struct s3_request *r, CURLcode cc, i
         if (r->overflow) {
             snprintf(why, why_len, "the server sent more than the %zu bytes asked for",
                      r->into_len);
+            return -1;
+        }
+        if (r->too_large) { /* the same answer again would be as large: final */
+            size_t limit = r->resp.limit ? r->resp.limit : S3_BUF_LIMIT;
+            snprintf(why, why_len, "the answer is larger than the %zu MiB this client reads for it",
+                     limit >> 20);
             return -1;
         }
         *retry = cc == CURLE_COULDNT_CONNECT || cc == CURLE_RECV_ERROR || cc == CURLE_SEND_ERROR ||

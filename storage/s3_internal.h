@@ -24,7 +24,8 @@ struct s3_config {
     long timeout_s; /* a transfer slower than 1 byte/s for this long fails (and is retried) */
     size_t part_size;
     int parallel_parts;
-    int list_max_keys; /* 0: the server's default (1000) */
+    int list_max_keys;   /* 0: the server's default (1000) */
+    long list_max_pages; /* the most pages one listing may take */
 };
 
 /* Reads AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
@@ -36,6 +37,8 @@ int s3_config_load(struct s3_config *c, char *err);
 /* A growing buffer (answers, request bodies), always NUL-terminated;
  * limit: most bytes it may hold (0: S3_BUF_LIMIT). */
 #define S3_BUF_LIMIT    ((size_t)64 << 20)
+/* a listing page: 1,000 keys of up to 1,024 bytes with S3's metadata */
+#define S3_LIST_ANSWER_LIMIT ((size_t)8 << 20)
 #define S3_IDLE_HANDLES 16 /* easy handles kept for reuse; more threads get fresh ones */
 struct s3_buf {
     char *p;
@@ -77,6 +80,7 @@ struct s3_request {
     /* per attempt */
     size_t sent, received;
     int overflow;
+    int too_large; /* the answer passed resp's limit */
     int attempts; /* how many were sent (s3_perform) */
     CURL *h;
 };
@@ -124,8 +128,14 @@ struct s3_xml_item {
 };
 struct s3_xml {
     struct s3_xml_item *v;
-    int n;
+    int n, cap;
 };
+/* The most elements, and the deepest nesting, one answer may have: a
+ * listing page of 1,000 keys has about 12,000 elements 4 deep. */
+#define S3_XML_MAX_ITEMS 32768
+#define S3_XML_MAX_DEPTH 16
+/* 0; -1 for a document that is not well-formed XML (or out of memory);
+ * -2 for one over the bounds above. */
 int s3_xml_parse(const char *doc, size_t len, struct s3_xml *x);
 void s3_xml_free(struct s3_xml *x);
 const char *s3_xml_first(const struct s3_xml *x, const char *name);

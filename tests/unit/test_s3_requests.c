@@ -659,6 +659,63 @@ static void appends_refuse_to_pass_the_limit(void)
     with_allocators(appends_refuse_to_pass_the_limit_body);
 }
 
+/* Answers are parsed within bounds: the item array grows geometrically
+ * (20,000 nested elements took 100 s on the sanitizer build when it grew
+ * by one), and a document past S3_XML_MAX_ITEMS or S3_XML_MAX_DEPTH is
+ * refused as such (-2), not taken in. */
+static void xml_answers_are_parsed_within_bounds(void)
+{
+    struct s3_buf b = {.limit = (size_t)16 << 20};
+    struct s3_xml x;
+    for (int n = S3_XML_MAX_ITEMS - 1; n <= S3_XML_MAX_ITEMS; n++) { /* the root is one */
+        b.len = 0;
+        REQUIRE(s3_buf_append_str(&b, "<r>") == 0, "append");
+        for (int i = 0; i < n; i++)
+            REQUIRE(s3_buf_append_str(&b, "<a/>") == 0, "append");
+        REQUIRE(s3_buf_append_str(&b, "</r>") == 0, "append");
+        int rc = s3_xml_parse(b.p, b.len, &x);
+        CHECK(rc == (n < S3_XML_MAX_ITEMS ? 0 : -2), "%d elements: %d", n + 1, rc);
+        CHECK(rc || (x.n == n + 1 && x.cap >= x.n), "%d items kept of %d", x.n, n + 1);
+        if (!rc)
+            s3_xml_free(&x);
+    }
+    for (int depth = S3_XML_MAX_DEPTH; depth <= 20000; depth += 20000 - S3_XML_MAX_DEPTH) {
+        b.len = 0;
+        for (int i = 0; i < depth; i++)
+            REQUIRE(s3_buf_append_str(&b, "<a>") == 0, "append");
+        for (int i = 0; i < depth; i++)
+            REQUIRE(s3_buf_append_str(&b, "</a>") == 0, "append");
+        int rc = s3_xml_parse(b.p, b.len, &x);
+        CHECK(rc == (depth <= S3_XML_MAX_DEPTH ? 0 : -2), "%d deep: %d", depth, rc);
+        if (!rc)
+            s3_xml_free(&x);
+    }
+    CHECK(s3_xml_parse("<a>", 3, &x) == -1 && x.n == 0 && !x.v, "unclosed");
+    s3_buf_free(&b);
+}
+
+/* Printed URLs never carry a password, however it is written. */
+static void urls_are_printed_without_user_information(void)
+{
+    const char *cases[][2] = {
+        {"http://user:pass@127.0.0.1:9000/x", "http://***@127.0.0.1:9000/x"},
+        {"https://u:p/a#b@host", "https://***@host"}, /* '/' and '#' unencoded */
+        {"http://a@b@host/p", "http://***@host/p"},
+        {"http://127.0.0.1:9000/path", "http://127.0.0.1:9000/path"},
+        {"not a url @ all", "not a url @ all"},
+        {"", ""},
+    };
+    char out[64];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        CHECK(strcmp(fsdp_url_redact(cases[i][0], out, sizeof out), cases[i][1]) == 0,
+              "'%s' printed as '%s'", cases[i][0], out);
+    CHECK(strcmp(fsdp_url_redact(NULL, out, sizeof out), "") == 0, "NULL");
+    CHECK(strlen(fsdp_url_redact("http://h/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+                                 "aaaaaaaaaaaaaaaaaa",
+                                 out, 16)) == 15,
+          "cut to the buffer");
+}
+
 CHECK_MAIN(TEST(delete_objects_bodies_carry_keys_full_of_xml_specials),
            TEST(complete_multipart_bodies_carry_any_etag),
            TEST(delete_many_sends_hostile_keys_byte_exact_with_their_md5),
@@ -668,4 +725,5 @@ CHECK_MAIN(TEST(delete_objects_bodies_carry_keys_full_of_xml_specials),
            TEST(openssl_allocation_failures_never_give_a_wrong_signature),
            TEST(curl_allocation_failures_are_errors_never_half_signed_requests),
            TEST(requests_from_four_threads_at_once_each_get_their_answer),
-           TEST(appends_refuse_to_pass_the_limit))
+           TEST(appends_refuse_to_pass_the_limit), TEST(xml_answers_are_parsed_within_bounds),
+           TEST(urls_are_printed_without_user_information))
