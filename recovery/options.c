@@ -45,7 +45,9 @@ static const struct opt super_flags[] = {
      .help = "give up when the host file offers fewer than --min-np\n"
              "slots for this long (default 300)"},
     {"--max-restarts", OPT_INT, AT(o.max_restarts), .min = 0, .max = 1000000, .arg = "K",
-     .help = "give up after K restarts in a row (default 10)"},
+     .help = "give up after K failures in a row that recur: a launch\n"
+             "that trains no new step, or fails at the same step for\n"
+             "the same cause (default 10; 0: never relaunch)"},
     {"--heartbeat-timeout", OPT_NUM, AT(o.hb_timeout), .lo = 0.5, .hi = 86400, .arg = "S",
      .help = "a rank silent or without progress this long is hung (30)"},
     {"--listen", OPT_STR, AT(o.listen), .arg = "HOST[:PORT]",
@@ -64,9 +66,11 @@ static const struct opt super_flags[] = {
     {"--grace", OPT_NUM, AT(o.grace), .lo = 0, .hi = 600, .arg = "S",
      .help = "SIGTERM to SIGKILL (default 5)"},
     {"--restart-backoff", OPT_NUM, AT(o.backoff), .lo = 0, .hi = 600, .arg = "S",
-     .help = "first wait before a relaunch, doubling (default 1)"},
+     .help = "first wait before relaunching after a failure that\n"
+             "recurs, doubling to 30 (default 1); a failure after\n"
+             "progress relaunches at once"},
     {"--healthy-after", OPT_NUM, AT(o.healthy_after), .lo = 0, .hi = 1e6, .arg = "S",
-     .help = "progress this long resets the restart count (60)"},
+     .help = "progress this long resets the recurring count (60)"},
     {"--preempt-url", OPT_STR, AT(o.preempt_url), .arg = "URL",
      .help = "poll an AWS spot/instance-action style notice; with\n"
              "{host} in it, one per host of the launch (a host\n"

@@ -282,6 +282,7 @@ static int launch(struct super *s, int np, const struct host *hosts, int nh)
         .session = pid, .state = proc_state, .session_of = proc_session, .signal = kill};
     hbmsg_host_name(s->job.env.host, sizeof s->job.env.host);
     s->launches++;
+    s->launch_from = s->last_committed;
     s->running = 1;
     int resized = s->prev_np && s->prev_np != np;
     char left[512] = "";
@@ -456,18 +457,27 @@ static int end_failed(struct super *s, const struct outcome *out, uint64_t reach
     }
     account_failure(s);
     s->by_cause[out->cause]++;
-    if (++s->restarts_in_a_row > s->o.max_restarts) {
+    int recurs;
+    double wait = super_restart_decide(&s->restarts, out->cause, s->launch_from, reached,
+                                       s->o.backoff, s->o.max_restarts, &recurs);
+    if (wait < 0) {
         chaos_launch_ended(&s->chaos, super_cause_names[out->cause], &s->job);
-        say("giving up after %d restarts in a row", s->o.max_restarts);
+        if (s->o.max_restarts == 0)
+            say("no relaunch (--max-restarts 0)");
+        else
+            say("giving up after %d failures in a row that recurred (none trained past the "
+                "failure before)",
+                s->restarts.in_a_row);
         ev_emit("give_up", "{s:i}", "restarts", s->o.max_restarts);
         s->final_step = reached;
         super_summary(s, "gave up");
         return STOP_FAILED;
     }
-    double wait = s->o.backoff * pow(2, s->restarts_in_a_row - 1);
-    wait = wait > 30 ? 30 : wait;
-    ev_emit("restart", "{s:s, s:o, s:f}", "cause", super_cause_names[out->cause], "why",
-            ev_text(out->why), "backoff_s", wait);
+    if (recurs)
+        say("the failure recurred (launch from step %llu reached step %llu): relaunch in %.1f s",
+            (unsigned long long)s->launch_from, (unsigned long long)reached, wait);
+    ev_emit("restart", "{s:s, s:o, s:f, s:b}", "cause", super_cause_names[out->cause], "why",
+            ev_text(out->why), "backoff_s", wait, "recurring", recurs);
     chaos_launch_ended(&s->chaos, super_cause_names[out->cause], &s->job);
     super_nap_rendering(s, wait);
     return NEXT_LAUNCH;

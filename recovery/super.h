@@ -122,6 +122,24 @@ const char *line_tail_get(const struct line_tail *t, int i);
  * announces terminate/stop/hibernate, 0 for any other action, -1 when it
  * is not a notice at all (not a JSON object, no string action). */
 int super_parse_notice(const char *body, size_t len, char *when, size_t n);
+/* The restart policy (policy.c): what fsdp-super remembers of the
+ * failures so far. */
+struct restart_history {
+    int failures; /* all of them */
+    int in_a_row; /* recurring failures since the last independent one */
+    int cause;    /* the last one's cause and the step the job had reached */
+    uint64_t reached;
+};
+/* 1 when a launch that resumed at step FROM and reached step REACHED
+ * failed in a way that recurs: it trained nothing new, or it failed at the
+ * same step for the same cause as the failure before. */
+int super_failure_recurs(const struct restart_history *h, int cause, uint64_t from,
+                         uint64_t reached);
+/* Records the failure; returns the seconds to wait before the relaunch (0:
+ * at once) or -1 to give up, and whether it recurred. */
+double super_restart_decide(struct restart_history *h, int cause, uint64_t from, uint64_t reached,
+                            double backoff, int max_restarts, int *recurs);
+
 /* Polls the URL: 1 with the time when a notice is up, else 0. */
 int super_poll_notice(const char *url, char *when, size_t n);
 /* tmpl with each "{host}" replaced by host (percent-encoded); -1 if it

@@ -57,7 +57,9 @@ struct super {
     struct chaos chaos;
     /* accounting */
     double start, downtime, fail_at;
-    int launches, restarts_in_a_row, prev_np;
+    int launches, prev_np;
+    struct restart_history restarts; /* the restart policy's memory (policy.c) */
+    uint64_t launch_from;            /* the step the current launch resumed at */
     int by_cause[C_NCAUSE];
     uint64_t steps_lost, last_committed, max_step_seen, final_step;
     double step_time_sum;

@@ -616,6 +616,35 @@ def a_real_prometheus_scrapes_restarts_and_the_last_checkpoint(tmp):
 REPORT = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "report.py")
 
 
+def independent_failures_relaunch_at_once_recurring_ones_back_off(tmp):
+    """The restart policy (recovery/policy.c). Three ranks killed at three
+    steps, the job training between them, with --restart-backoff 20: each
+    relaunch is at once (before, 20 + 30 + 30 s of waiting: the backoff
+    doubled over faults that had nothing to do with each other). A trainer
+    that fails before it trains a step fails again: it backs off 0.2, 0.4 s
+    and gives up after --max-restarts 2 of them."""
+    data, _ = prepare_corpus(tmp)
+    ev = f"{tmp}/ev.jsonl"
+    rc, err, took = run_super(["--np", "2", "--restart-backoff", "20", "--grace", "3", "--events",
+                               ev, "--chaos", "seed=3,kill=3"],
+                              trainer(data, f"{tmp}/ck", 60), limit=300)
+    assert rc == 0, err[-2000:]
+    restarts = [e for e in events_of(ev) if e["event"] == "restart"]
+    assert len(restarts) == 3, restarts
+    assert all(e["backoff_s"] == 0 and e["recurring"] is False for e in restarts), restarts
+    print(f"  3 independent kills: 3 relaunches at once, {took:.1f} s in all")
+    ev2 = f"{tmp}/ev2.jsonl"
+    rc, err, took = run_super(["--np", "1", "--restart-backoff", "0.2", "--max-restarts", "2",
+                               "--events", ev2],
+                              trainer(f"{tmp}/no-such-data", f"{tmp}/ck2", 60), limit=120)
+    evs = events_of(ev2)
+    restarts = [e for e in evs if e["event"] == "restart"]
+    assert rc == 1 and [e["backoff_s"] for e in restarts] == [0.2, 0.4], (rc, restarts)
+    assert all(e["recurring"] for e in restarts) and evs[-1]["event"] in ("give_up", "summary")
+    assert "giving up after 3 failures in a row that recurred" in err, err[-1500:]
+    print(f"  a trainer that cannot start: backoff {[e['backoff_s'] for e in restarts]}, gave up")
+
+
 def the_report_plots_a_supervised_run_with_its_restart(tmp):
     """tools/report.py on a real supervised run with one rank killed: a PNG
     and a summary that counts the launch, the restart and the commits;
@@ -1024,6 +1053,7 @@ if __name__ == "__main__":
           a_run_stopped_by_its_time_limit_ends_the_supervisor_without_a_relaunch,
           a_real_prometheus_scrapes_restarts_and_the_last_checkpoint,
           the_report_plots_a_supervised_run_with_its_restart,
+          independent_failures_relaunch_at_once_recurring_ones_back_off,
           open_mpi_explains_a_failed_launch_without_an_event_log,
           a_users_open_mpi_env_list_does_not_break_the_launch,
           the_work_directory_is_private_and_removed,
