@@ -579,7 +579,9 @@ static int s3_list(struct storage *st, const char *prefix,
             snprintf(mk, sizeof mk, "&max-keys=%d", s->c.cfg.list_max_keys);
         snprintf(q, sizeof q, "list-type=2%s&prefix=%s%s%s", mk, efull,
                  token[0] ? "&continuation-token=" : "", token[0] ? etok : "");
-        struct s3_request r = {.method = "GET", .bucket = s->bucket, .query = q,
+        struct s3_request r = {.method = "GET",
+                               .bucket = s->bucket,
+                               .query = q,
                                .resp = {.limit = S3_LIST_ANSWER_LIMIT}};
         rc = s3_perform(&s->c, &r, "ListObjectsV2", err);
         if (!rc && r.status != 200)
@@ -602,7 +604,8 @@ static int s3_list(struct storage *st, const char *prefix,
             const struct s3_xml_item *it = &x.v[i];
             if (strcmp(it->parent, "Contents") == 0 && strcmp(it->name, "Key") == 0) {
                 key = it->text;
-            } else if (strcmp(it->parent, "Contents") == 0 && strcmp(it->name, "Size") == 0 && key) {
+            } else if (strcmp(it->parent, "Contents") == 0 && strcmp(it->name, "Size") == 0 &&
+                       key) {
                 /* only keys under our prefix: anything else is the server's error */
                 if (++nkeys > page_keys) {
                     fsdp_err(err,

@@ -20,9 +20,9 @@
 #include "sigv4.h"
 
 #include <ctype.h>
-#include <limits.h>
 #include <errno.h>
 #include <expat.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -314,8 +314,8 @@ int s3_xml_parse(const char *doc, size_t len, struct s3_xml *x)
     XML_SetUserData(p, &s);
     XML_SetElementHandler(p, xml_start, xml_end);
     XML_SetCharacterDataHandler(p, xml_chars);
-    int ok = len <= INT_MAX && XML_Parse(p, doc, (int)len, 1) == XML_STATUS_OK && !s.failed &&
-             !s.over;
+    int ok =
+        len <= INT_MAX && XML_Parse(p, doc, (int)len, 1) == XML_STATUS_OK && !s.failed && !s.over;
     XML_ParserFree(p);
     free(s.text.p);
     if (!ok) {

@@ -36,10 +36,10 @@ int s3_config_load(struct s3_config *c, char *err);
 
 /* A growing buffer (answers, request bodies), always NUL-terminated;
  * limit: most bytes it may hold (0: S3_BUF_LIMIT). */
-#define S3_BUF_LIMIT    ((size_t)64 << 20)
+#define S3_BUF_LIMIT ((size_t)64 << 20)
 /* a listing page: 1,000 keys of up to 1,024 bytes with S3's metadata */
 #define S3_LIST_ANSWER_LIMIT ((size_t)8 << 20)
-#define S3_IDLE_HANDLES 16 /* easy handles kept for reuse; more threads get fresh ones */
+#define S3_IDLE_HANDLES      16 /* easy handles kept for reuse; more threads get fresh ones */
 struct s3_buf {
     char *p;
     size_t len, cap, limit;
@@ -81,7 +81,7 @@ struct s3_request {
     size_t sent, received;
     int overflow;
     int too_large; /* the answer passed resp's limit */
-    int attempts; /* how many were sent (s3_perform) */
+    int attempts;  /* how many were sent (s3_perform) */
     CURL *h;
 };
 
