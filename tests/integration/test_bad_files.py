@@ -155,6 +155,14 @@ def manifest_that_is_a_fifo_or_link_makes_a_damaged_step(tmp):
                                                       else stat.S_IFLNK), "the node was touched"
         if kind == "link":
             assert os.path.exists(f"{tmp}/outside-manifest.json"), "the link's target went"
+        # a store whose first listed name is the node: still a store, its
+        # step damaged (whether ls listed the node first was chance before)
+        only = f"{tmp}/only-{kind}"
+        os.makedirs(f"{only}/step-00000002")
+        node = f"{only}/step-00000002/MANIFEST.json"
+        os.mkfifo(node) if kind == "fifo" else os.symlink(f"{tmp}/outside-manifest.json", node)
+        p = run([CKPT, "ls", only], timeout=60)
+        assert "step-00000002  damaged" in p.stdout, p.stdout
 
 
 def a_full_disk_under_the_log_stops_the_run_with_a_checkpoint(tmp):
