@@ -24,6 +24,10 @@
  * every host of the host file before a launch (and for those of the launch
  * during it: watch.c); a host whose notice stands is left out of launches
  * until the notice is gone.
+ *
+ * A host that failed twice in a row (policy.c) is set aside: left out of
+ * launches for --set-aside seconds, unless the other hosts offer fewer than
+ * --min-np slots without it (a host that may fail beats no training).
  */
 #include "super_internal.h"
 
@@ -200,6 +204,78 @@ static int leave_out_noticed(struct super *s, struct host *h, int *nh, struct ho
     return slots;
 }
 
+/* ---- hosts set aside ------------------------------------------------------------------- */
+
+int super_set_aside(struct super *s, const char *name)
+{
+    if (!s->o.hosts || s->o.set_aside <= 0 || !name || !*name)
+        return 0;
+    const char *entry = NULL;
+    for (int i = 0; i < s->nlaunched && !entry; i++)
+        if (strcmp(s->launched[i].name, name) == 0)
+            entry = s->launched[i].name;
+    if (!entry)
+        return 0; /* not a name of the host file's: nothing to leave out */
+    int i = 0;
+    while (i < s->naside && strcmp(s->aside[i].name, entry) != 0)
+        i++;
+    if (i == SUPER_MAX_HOSTS)
+        return 0; /* cannot happen: at most SUPER_MAX_HOSTS hosts in a launch */
+    if (i == s->naside)
+        s->naside++;
+    snprintf(s->aside[i].name, sizeof s->aside[i].name, "%s", entry);
+    s->aside[i].until = fsdp_now() + s->o.set_aside;
+    say("host %s failed twice in a row: set aside for %.0f s (--set-aside)", entry, s->o.set_aside);
+    ev_emit("host_set_aside", "{s:o, s:f}", "host", ev_text(entry), "for_s", s->o.set_aside);
+    return 1;
+}
+
+static int aside_index(const struct super *s, const char *name)
+{
+    for (int i = 0; i < s->naside; i++)
+        if (strcmp(s->aside[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* Moves the hosts of h that are set aside to left, unless the others
+ * offer fewer than --min-np slots (then they are used, said); those whose
+ * time is over are said and forgotten. Returns the slots kept of the cap
+ * slots on offer. */
+static int leave_out_aside(struct super *s, struct host *h, int *nh, struct host *left, int *nleft,
+                           int cap)
+{
+    double now = fsdp_now();
+    for (int i = 0; i < s->naside;) {
+        if (now < s->aside[i].until) {
+            i++;
+            continue;
+        }
+        say("host %s: its time set aside is over; it may be used again", s->aside[i].name);
+        ev_emit("host_set_aside_over", "{s:o}", "host", ev_text(s->aside[i].name));
+        s->aside[i] = s->aside[--s->naside];
+    }
+    int aside_slots = 0;
+    for (int i = 0; i < *nh; i++)
+        aside_slots += aside_index(s, h[i].name) >= 0 ? h[i].slots : 0;
+    if (!aside_slots)
+        return cap;
+    if (cap - aside_slots < s->o.min_np) {
+        say("the hosts set aside are used: the others offer %d slot%s, fewer than --min-np %d",
+            cap - aside_slots, cap - aside_slots == 1 ? "" : "s", s->o.min_np);
+        return cap;
+    }
+    int m = 0;
+    for (int i = 0; i < *nh; i++) {
+        if (aside_index(s, h[i].name) >= 0 && *nleft < SUPER_MAX_HOSTS)
+            left[(*nleft)++] = h[i];
+        else
+            h[m++] = h[i];
+    }
+    *nh = m;
+    return cap - aside_slots;
+}
+
 /* Waits until the hosts of the host file that answer a probe (all of them
  * when there is none: this host) offer at least --min-np slots; returns the
  * world size to launch with those hosts in h, the others in s->left; -1 if
@@ -216,6 +292,8 @@ int super_wait_capacity(struct super *s, struct host *h, int *nh)
                                   &s->nleft);
         if (s->o.hosts && cap >= s->o.min_np && super_per_host_notices(s))
             cap = leave_out_noticed(s, h, nh, s->left, &s->nleft);
+        if (s->o.hosts && cap >= s->o.min_np && s->naside)
+            cap = leave_out_aside(s, h, nh, s->left, &s->nleft, cap);
         int np = s->o.np && s->o.np < cap ? s->o.np : cap;
         if (np >= s->o.min_np)
             return np;

@@ -128,10 +128,12 @@ void mpirun_report_parse(const char *line, struct mpirun_report *r)
     }
 }
 
-static void mpirun_said(const struct job *j, const char *l)
+static void mpirun_said(struct job *j, const char *l)
 {
     struct mpirun_report r;
     mpirun_report_parse(l, &r);
+    if (r.kind != MPIRUN_NOTHING && !j->blamed[0])
+        snprintf(j->blamed, sizeof j->blamed, "%s", r.host);
     if (r.kind == MPIRUN_RANK_SIGNALED)
         ev_emit("rank_died", "{s:i, s:s, s:i, s:i, s:s, s:I}", "rank", r.rank, "host", r.host,
                 "pid", r.pid, "signal", r.signal, "source", "mpirun", "generation",

@@ -71,6 +71,11 @@ static const struct opt super_flags[] = {
              "progress relaunches at once"},
     {"--healthy-after", OPT_NUM, AT(o.healthy_after), .lo = 0, .hi = 1e6, .arg = "S",
      .help = "progress this long resets the recurring count (60)"},
+    {"--set-aside", OPT_NUM, AT(o.set_aside), .lo = 0, .hi = 1e7, .arg = "S",
+     .help = "a host of --hosts that fails twice in a row (no\n"
+             "--healthy-after stretch between) is left out this long\n"
+             "(default 600; 0: never), unless the others offer fewer\n"
+             "than --min-np slots"},
     {"--preempt-url", OPT_STR, AT(o.preempt_url), .arg = "URL",
      .help = "poll an AWS spot/instance-action style notice; with\n"
              "{host} in it, one per host of the launch (a host\n"
@@ -122,6 +127,7 @@ static int parse_flags(struct super_opts *out, int argc, char **argv, int *sep)
               .grace = 5,
               .backoff = 1,
               .healthy_after = 60,
+              .set_aside = 600,
               .preempt_poll = 2,
               .preempt_deadline = 110,
               .capacity_timeout = 300,

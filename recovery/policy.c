@@ -13,10 +13,17 @@
  * (--restart-backoff, doubling, at most 30 s) and count: after
  * --max-restarts of them in a row fsdp-super gives up. --max-restarts 0
  * never relaunches.
+ *
+ * A host that fails twice in a row (the two failures blamed on it, no
+ * failure elsewhere between them and no stretch of --healthy-after) is
+ * set aside: left out of launches for --set-aside seconds (capacity.c),
+ * and the relaunch without it goes ahead at once.
  */
 #include "super.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <string.h>
 
 int super_failure_recurs(const struct restart_history *h, int cause, uint64_t from,
                          uint64_t reached)
@@ -43,4 +50,23 @@ double super_restart_decide(struct restart_history *h, int cause, uint64_t from,
         return -1;
     double wait = backoff * pow(2, h->in_a_row - 1);
     return wait > 30 ? 30 : wait;
+}
+
+int super_blame_host(struct restart_history *h, const char *host)
+{
+    if (!host || !*host) {
+        h->host[0] = 0;
+        h->on_host = 0;
+        return 0;
+    }
+    if (h->on_host > 0 && strcmp(h->host, host) == 0) {
+        h->on_host++;
+    } else {
+        snprintf(h->host, sizeof h->host, "%s", host);
+        h->on_host = 1;
+    }
+    if (h->on_host < 2)
+        return 0;
+    h->on_host = 0; /* set aside: a host that comes back starts a new row */
+    return 1;
 }

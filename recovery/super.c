@@ -436,6 +436,19 @@ static int end_preempted(struct super *s, const struct outcome *out, uint64_t re
     return NEXT_LAUNCH;
 }
 
+/* The host file entry of the launch that the failure is blamed on: the
+ * host mpirun said lost a rank or daemon, else the host of the rank found
+ * dead, silent or stalled, when either is a name of the launch; NULL. */
+static const char *failed_host(const struct super *s)
+{
+    const char *named[2] = {s->job.blamed, s->job.failed};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; named[k][0] && i < s->nlaunched; i++)
+            if (strcmp(s->launched[i].name, named[k]) == 0)
+                return s->launched[i].name;
+    return NULL;
+}
+
 /* A failure: stop if another launcher has taken the store or after too
  * many restarts in a row; otherwise back off and relaunch. */
 static int end_failed(struct super *s, const struct outcome *out, uint64_t reached)
@@ -460,6 +473,12 @@ static int end_failed(struct super *s, const struct outcome *out, uint64_t reach
     int recurs;
     double wait = super_restart_decide(&s->restarts, out->cause, s->launch_from, reached,
                                        s->o.backoff, s->o.max_restarts, &recurs);
+    const char *host = failed_host(s);
+    int aside = super_blame_host(&s->restarts, host) && super_set_aside(s, host);
+    if (aside && s->o.max_restarts > 0) { /* the relaunch is without it: nothing recurs there */
+        wait = 0;
+        s->restarts.in_a_row = 0;
+    }
     if (wait < 0) {
         chaos_launch_ended(&s->chaos, super_cause_names[out->cause], &s->job);
         if (s->o.max_restarts == 0)

@@ -36,7 +36,7 @@ struct super_opts {
     int np, min_np, max_restarts;
     const char *hosts, *preempt_url, *events, *chaos, *mpirun, *listen, *metrics;
     double hb_timeout, startup_timeout, grace, backoff, healthy_after, preempt_poll,
-        preempt_deadline, capacity_timeout, rank_silence, probe_timeout;
+        preempt_deadline, capacity_timeout, rank_silence, probe_timeout, set_aside;
     int targc;
     char **targv;         /* the trainer's command line (after --) */
     const char *ckpt;     /* its --ckpt value, if any */
@@ -92,6 +92,8 @@ struct job {
     int in_box, hidden;
     struct line_tail hidden_tail; /* Open MPI's own lines, kept from the terminal */
     struct line_tail rank_tail;   /* the ranks' lines, passed through */
+    char blamed[HBMSG_HOST_LEN];  /* the first host mpirun said lost a rank or daemon */
+    char failed[HBMSG_HOST_LEN];  /* the host of the rank found dead, silent or stalled */
 };
 
 struct host {
@@ -129,6 +131,8 @@ struct restart_history {
     int in_a_row; /* recurring failures since the last independent one */
     int cause;    /* the last one's cause and the step the job had reached */
     uint64_t reached;
+    char host[128]; /* the host the last failure was blamed on ("" none) */
+    int on_host;    /* failures in a row blamed on it, none healthy between */
 };
 /* 1 when a launch that resumed at step FROM and reached step REACHED
  * failed in a way that recurs: it trained nothing new, or it failed at the
@@ -139,6 +143,12 @@ int super_failure_recurs(const struct restart_history *h, int cause, uint64_t fr
  * at once) or -1 to give up, and whether it recurred. */
 double super_restart_decide(struct restart_history *h, int cause, uint64_t from, uint64_t reached,
                             double backoff, int max_restarts, int *recurs);
+
+/* Records the host a failure was blamed on (NULL or "": none, which ends
+ * any row): 1 when that makes two failures in a row on the same host with
+ * no stretch of --healthy-after between them (watch.c clears on_host
+ * then): the host is to be set aside. The row starts again after that. */
+int super_blame_host(struct restart_history *h, const char *host);
 
 /* Polls the URL: 1 with the time when a notice is up, else 0. */
 int super_poll_notice(const char *url, char *when, size_t n);

@@ -93,6 +93,13 @@ struct super {
         char name[128], time[64];
     } noticed[SUPER_MAX_HOSTS];
     int nnoticed;
+    /* hosts that failed twice in a row (policy.c), left out of launches
+     * until the time given (capacity.c) */
+    struct {
+        char name[128];
+        double until;
+    } aside[SUPER_MAX_HOSTS];
+    int naside;
 };
 
 /* How one launch ended. */
@@ -123,6 +130,10 @@ json_t *super_host_names(const struct host *h, int n);
  * notices of the hosts of h, the new ones said, counted in the return value. */
 int super_per_host_notices(const struct super *s);
 int super_poll_host_notices(struct super *s, const struct host *h, int nh);
+
+/* Sets aside the host of the launch that name names (its host file
+ * entry, or the host its ranks report): 1 when one was set aside. */
+int super_set_aside(struct super *s, const char *name);
 
 /* watch.c: watches the launch until it ends, how in out; sets
  * *preempt_from_signal when a signal to fsdp-super started a preemption. */

@@ -163,6 +163,8 @@ static int rank_failed(struct super *s, int pass, int r, double now, char *why, 
     char st;
     int v = rank_verdict(rs, &s->job.env, pass, now, s->o.hb_timeout, &st);
     const char *where = rs->local ? "" : " on another host";
+    if (v == RV_DIED || v == RV_SILENT || v == RV_STALLED)
+        snprintf(s->job.failed, sizeof s->job.failed, "%s", rs->host);
     if (v == RV_DIED) {
         snprintf(why, n, "rank %d (pid %d on %s) ended at step %llu (exited or was killed)", r,
                  (int)rs->pid, rs->host, (unsigned long long)rs->step);
@@ -294,8 +296,10 @@ static void account_progress(struct super *s, double now)
         s->downtime += s->job.first_train - s->fail_at;
         s->fail_at = 0;
     }
-    if (s->job.first_train && now - s->job.first_train > s->o.healthy_after)
+    if (s->job.first_train && now - s->job.first_train > s->o.healthy_after) {
         s->restarts.in_a_row = 0;
+        s->restarts.on_host = 0;
+    }
 }
 
 /* Watches the launch until it ends. */

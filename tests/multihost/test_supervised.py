@@ -20,6 +20,9 @@ would be.
   job relaunches once on the other worker with the smaller world size
   (resharded), finishes, and the final checkpoint verifies.
 
+- A flaky host: worker 2's rank killed in two launches in a row; the
+  second failure sets worker 2 aside and the relaunch on worker 1 alone
+  goes ahead at once (no backoff) and finishes.
 - A partition: detected in time, the stranded rank and daemon stop by
   themselves, the final step holds only the last generation's objects.
 - A stale rank: rank 0 frozen past its fence check on a host that is then
@@ -479,6 +482,62 @@ def a_partitioned_host_is_left_out_and_its_processes_stop(tmp):
           f"relaunched without it; the final step holds only generation {last}'s objects")
 
 
+def a_host_that_fails_twice_in_a_row_is_set_aside(tmp):
+    """Worker 2's rank is killed in two launches in a row (a flaky host):
+    the first failure relaunches on both workers at once, the second sets
+    worker 2 aside (host_set_aside naming it) and relaunches at once on
+    worker 1 alone, which finishes; the final checkpoint verifies. The rank
+    on worker 2 holds after step 30 in every launch (HOLD_ON_W2), so no
+    launch with it can finish before its kill."""
+    data, _ = prepare_corpus(tmp)
+    steps = 150
+    with hosts.Cluster(2, tmp, login_env=HOLD_ON_W2) as c:
+        w1, w2 = c.workers
+        ck = os.path.join(tmp, "ck")
+        p, ev = start_super(c, tmp, ["--hosts", c.hostfile(), "--np", "2", "--min-np", "1",
+                                     "--heartbeat-timeout", "20", "--max-restarts", "3",
+                                     "--restart-backoff", "20"],
+                            train_args(data, ck, steps))
+        for launch in (1, 2):
+            gen = wait_event(p, tmp, ev, f"launch {launch}",
+                             lambda e: e["event"] == "launch" and e["launch"] == launch,
+                             120)["generation"]
+            wait_event(p, tmp, ev, f"launch {launch}'s rank on {w2.name}",
+                       lambda e: e["event"] == "rank_up" and e["host"] == w2.hostname
+                       and e["generation"] == gen, 120)
+            if launch == 1:
+                wait_event(p, tmp, ev, "a committed checkpoint at step 20",
+                           lambda e: e["event"] == "checkpoint_committed" and e["step"] >= 20,
+                           120)
+            pids = ranks_on(w2)
+            assert len(pids) == 1, f"launch {launch}: ranks on {w2.name}: {pids}"
+            os.kill(pids[0], signal.SIGKILL)
+            wait_event(p, tmp, ev, f"the restart after launch {launch}",
+                       lambda e: e["event"] == "restart" and
+                       len([x for x in events_of(ev) if x["event"] == "restart"]) == launch, 120)
+        rc = finish(p, tmp, 600)
+        out, err = output(tmp)
+        assert rc == 0, f"fsdp-super exited {rc}:\n{err[-3000:]}"
+        evs = events_of(ev)
+        aside = [e for e in evs if e["event"] == "host_set_aside"]
+        assert [e["host"] for e in aside] == [w2.addr], (aside, err[-2000:])
+        launches = [e for e in evs if e["event"] == "launch"]
+        assert [e["np"] for e in launches] == [2, 2, 1], launches
+        assert launches[2]["hosts"] == [w1.addr] and launches[2]["left_out"] == [w2.addr], \
+            launches[2]
+        restarts = [e for e in evs if e["event"] == "restart"]
+        assert [e["backoff_s"] for e in restarts] == [0, 0], restarts
+        assert f"host {w2.addr} failed twice in a row: set aside" in err, err[-2000:]
+        assert [e["step"] for e in evs if e["event"] == "finished"] == [steps]
+        left = c.wait_no_job_processes([c.controller, w1, w2])
+        assert not left, f"processes of the job left: {left}"
+    assert committed_steps(ck)[-1] == steps
+    run([CKPT, "verify", ck])
+    print(f"  worker 2's rank killed in launches 1 and 2: {aside[0]['host']} set aside for "
+          f"{aside[0]['for_s']:.0f} s; launch 3 on {launches[2]['hosts']} finished at step "
+          f"{steps}, verified")
+
+
 def a_process_an_earlier_launch_left_on_a_host_is_cleared_before_a_launch(tmp):
     """Something of an earlier launch of this job still runs on worker 2: a
     rank stuck in the kernel when its daemon died, or a process a rank
@@ -714,6 +773,7 @@ if __name__ == "__main__":
           a_powered_off_host_is_detected_and_the_job_finishes_without_it,
           a_host_removed_from_the_host_file_gets_a_planned_restart,
           a_spot_notice_for_one_host_moves_the_job_off_it,
+          a_host_that_fails_twice_in_a_row_is_set_aside,
           a_process_an_earlier_launch_left_on_a_host_is_cleared_before_a_launch,
           a_new_supervisor_takes_over_from_a_killed_one,
           a_partitioned_host_is_left_out_and_its_processes_stop,

@@ -998,6 +998,52 @@ static void chaos_specs_that_cannot_be_planned_are_refused(void)
           err);
 }
 
+/* policy.c: independent failures relaunch at once and are not counted;
+ * recurring ones back off doubling to 30 s and give up after
+ * --max-restarts in a row; 0 never relaunches. */
+static void the_restart_policy_tells_recurring_failures_from_independent_ones(void)
+{
+    struct restart_history h = {0};
+    int rec;
+    /* progress since the launch each time: at once, never giving up */
+    for (uint64_t k = 1; k <= 50; k++)
+        CHECK(super_restart_decide(&h, 1, 10 * k, 10 * k + 5, 1, 2, &rec) == 0 && !rec, "%d",
+              (int)k);
+    /* nothing trained since the launch: 1, 2, 4 s ... then give up after 3 */
+    struct restart_history r = {0};
+    CHECK(super_restart_decide(&r, 1, 20, 20, 1, 3, &rec) == 1 && rec, "first wait");
+    CHECK(super_restart_decide(&r, 1, 20, 20, 1, 3, &rec) == 2 && rec, "second");
+    CHECK(super_restart_decide(&r, 1, 20, 20, 1, 3, &rec) == 4 && rec, "third");
+    CHECK(super_restart_decide(&r, 1, 20, 20, 1, 3, &rec) == -1, "a fourth gives up");
+    /* the same step and cause again recurs although it trained; another cause does not */
+    struct restart_history q = {0};
+    CHECK(super_restart_decide(&q, 1, 10, 25, 8, 5, &rec) == 0 && !rec, "first");
+    CHECK(super_restart_decide(&q, 1, 20, 25, 8, 5, &rec) == 8 && rec, "same step, cause");
+    CHECK(super_restart_decide(&q, 2, 20, 25, 8, 5, &rec) == 0 && !rec, "another cause");
+    CHECK(super_restart_decide(&q, 2, 20, 20, 100, 5, &rec) == 30, "the wait is at most 30 s");
+    struct restart_history z = {0};
+    CHECK(super_restart_decide(&z, 1, 10, 25, 1, 0, &rec) == -1, "--max-restarts 0");
+}
+
+/* policy.c: a host is set aside after two failures in a row blamed on it;
+ * a failure elsewhere, or one blamed on no host, ends the row, and so does
+ * a healthy stretch (watch.c clears on_host). */
+static void a_host_that_fails_twice_in_a_row_is_to_be_set_aside(void)
+{
+    struct restart_history h = {0};
+    CHECK(!super_blame_host(&h, "10.0.0.2"), "once");
+    CHECK(super_blame_host(&h, "10.0.0.2"), "twice in a row");
+    CHECK(!super_blame_host(&h, "10.0.0.2"), "a new row after the set-aside");
+    CHECK(!super_blame_host(&h, "10.0.0.3"), "another host");
+    CHECK(!super_blame_host(&h, "10.0.0.2"), "the row was broken");
+    CHECK(!super_blame_host(&h, NULL), "no host");
+    CHECK(!super_blame_host(&h, "10.0.0.2"), "the row was broken by a failure on no host");
+    h.on_host = 0; /* a healthy stretch */
+    CHECK(!super_blame_host(&h, "10.0.0.2"), "the row was broken by a healthy stretch");
+    CHECK(super_blame_host(&h, "10.0.0.2"), "twice in a row again");
+    CHECK(!super_blame_host(&h, ""), "an empty name is no host");
+}
+
 CHECK_MAIN(TEST(a_formatted_heartbeat_parses_back_for_every_phase),
            TEST(malformed_heartbeats_are_dropped),
            TEST(the_parser_reads_only_len_bytes_and_refuses_a_nul),
@@ -1021,4 +1067,6 @@ CHECK_MAIN(TEST(a_formatted_heartbeat_parses_back_for_every_phase),
            TEST(a_host_file_that_is_no_regular_file_is_refused_without_blocking),
            TEST(spot_notices_and_what_is_not_one), TEST(any_bytes_become_a_json_string),
            TEST(chaos_faults_land_on_increasing_steps_within_the_run),
-           TEST(chaos_specs_that_cannot_be_planned_are_refused))
+           TEST(chaos_specs_that_cannot_be_planned_are_refused),
+           TEST(the_restart_policy_tells_recurring_failures_from_independent_ones),
+           TEST(a_host_that_fails_twice_in_a_row_is_to_be_set_aside))
