@@ -64,7 +64,8 @@ void super_render_metrics(struct super *s, int now_or_later)
             "Productive step time over wall time since the start.",
             wall > 0 ? productive / wall : 0);
     counter(b, n, &len, "fsdp_last_checkpoint_step", "gauge",
-            "The newest committed checkpoint's step.", (double)s->last_committed);
+            "The newest committed step a relaunch resumes from (a snapshot in RAM too).",
+            (double)s->last_committed);
     if (s->commit_at > 0)
         counter(b, n, &len, "fsdp_last_checkpoint_age_seconds", "gauge",
                 "Seconds since the newest checkpoint was committed.", now - s->commit_at);

@@ -62,18 +62,26 @@ static void on_event(struct super *s, const struct hbmsg *m)
     } else if (strcmp(m->name, "loaded") == 0 && ev_num(m, "seconds", &x) == 0 && x >= 0) {
         histogram_observe(&s->load_s, x);
     } else if (strcmp(m->name, "checkpoint_committed") == 0) {
-        if (ev_num(m, "seconds", &x) == 0 && x >= 0)
+        /* a snapshot in RAM (memory=1) is what a relaunch resumes from, so
+         * it counts for steps lost; the checkpoint metrics are the store's */
+        int memory = 0;
+        ev_int(m, "memory", &memory);
+        if (!memory && ev_num(m, "seconds", &x) == 0 && x >= 0)
             histogram_observe(&s->save_s, x);
-        if (hbmsg_event_u64(m, "bytes", &bytes) == 0)
+        if (!memory && hbmsg_event_u64(m, "bytes", &bytes) == 0)
             s->bytes_written += bytes;
-        s->commit_at = fsdp_now();
+        if (!memory)
+            s->commit_at = fsdp_now();
         s->last_committed = step;
-        ev_emit("checkpoint_committed", "{s:I, s:I}", "step", (json_int_t)step, "generation",
-                (json_int_t)s->job.generation);
+        ev_emit("checkpoint_committed", "{s:I, s:I, s:b}", "step", (json_int_t)step, "generation",
+                (json_int_t)s->job.generation, "memory", memory == 1);
     } else if (strcmp(m->name, "resumed") == 0 && ev_int(m, "world", &to) == 0) {
         s->job.resumed_from = step;
         s->job.resumed_known = 1;
-        ev_emit("resumed", "{s:I, s:i}", "step", (json_int_t)step, "np", to);
+        int memory = 0;
+        ev_int(m, "memory", &memory); /* 1: from the snapshots in RAM, no shard from --ckpt */
+        ev_emit("resumed", "{s:I, s:i, s:b}", "step", (json_int_t)step, "np", to, "memory",
+                memory == 1);
     } else if (strcmp(m->name, "reshard") == 0 && ev_int(m, "from", &from) == 0 &&
                ev_int(m, "to", &to) == 0) {
         ev_emit("reshard", "{s:I, s:i, s:i}", "step", (json_int_t)step, "from", from, "to", to);

@@ -118,7 +118,7 @@ int tckpt_open(struct tckpt *c, const struct tckpt_opts *o, struct fsdp_engine *
     c->comm = comm;
     c->m = m;
     c->world = e->shard == FSDP_SHARD_NONE ? 1 : comm->world;
-    c->generation = hb_generation();
+    c->generation = o->memory ? 0 : hb_generation();
     int rc = storage_open(o->uri, &c->st, err);
     if (!rc && !(c->codec = ckpt_codec_new(o->write.chunk_bytes)))
         rc = fsdp_err(err, "checkpoint: out of memory for the codec");
@@ -193,6 +193,13 @@ static void chunk_hook(int chunk)
         testhook_stop("shard-chunk");
 }
 
+/* The same for a snapshot in memory: the test hooks are the store's saves'. */
+static void memory_chunk_hook(int chunk)
+{
+    (void)chunk;
+    hb_progress();
+}
+
 /* Writes this rank's shard from bases[kind] (the engine's state, or the
  * async staging copy of it). */
 int tckpt_write_own_shard(struct tckpt *c, uint64_t step, float *const bases[CKPT_NKINDS],
@@ -214,7 +221,7 @@ int tckpt_write_own_shard(struct tckpt *c, uint64_t step, float *const bases[CKP
     snprintf(key, sizeof key, "%s/%s", dir, file);
     struct ckpt_shard shard;
     int rc = ckpt_shard_write(c->st, key, file, &c->o.write, c->codec, src, nsrc, c->comm->rank,
-                              &shard, chunk_hook, err);
+                              &shard, c->o.memory ? memory_chunk_hook : chunk_hook, err);
     free(src);
     if (rc)
         return -1;
@@ -300,10 +307,11 @@ static int commit(struct tckpt *c, uint64_t step, json_t *trainer, const char *a
         json_decref(j);
     }
     if (!rc) {
-        testhook_stop("before-commit");
+        if (!c->o.memory)
+            testhook_stop("before-commit");
         rc = ckpt_fence_check(c->st, c->generation, err);
     }
-    if (!rc)
+    if (!rc && !c->o.memory)
         testhook_stop("fence-checked"); /* a frozen or partitioned rank 0 can stop here */
     if (!rc) {
         *attempted = 1;
@@ -418,10 +426,11 @@ int tckpt_finish_save(struct tckpt *c, uint64_t step, json_t *trainer, char *min
         c->skipped = rc == 1;
         if (rc == 0) {
             c->newest_committed = step;
-            hb_event("checkpoint_committed step=%llu seconds=%.3f bytes=%llu",
+            hb_event("checkpoint_committed step=%llu seconds=%.3f bytes=%llu memory=%d",
                      (unsigned long long)step, fsdp_now() - c->save_t0,
-                     (unsigned long long)c->stored_bytes);
-            testhook_stop("after-commit");
+                     (unsigned long long)c->stored_bytes, c->o.memory);
+            if (!c->o.memory)
+                testhook_stop("after-commit");
             if (c->async)
                 tckpt_async_retain(c, step); /* rank 0's writer thread deletes old steps */
             else
@@ -442,7 +451,8 @@ int tckpt_save(struct tckpt *c, uint64_t step, json_t *trainer, char *err)
 {
     if (c->async) /* an emergency save: rank 0's writer may still apply retention */
         tckpt_async_quiesce(c);
-    testhook_save_begins(++c->saves);
+    if (!c->o.memory)
+        testhook_save_begins(++c->saves);
     c->save_t0 = fsdp_now();
     hb_set(step, HB_SAVE);
     char *mine = NULL;
@@ -728,6 +738,10 @@ int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *loaded, char *err)
         return rc;
     }
     for (int i = ncand - 1; i >= 0; i--) {
+        if (c->o.load_from && cand[i] < c->o.load_from) {
+            c->newest_committed = cand[i]; /* the newer step loaded from elsewhere stands */
+            break;
+        }
         struct ckpt_manifest man = {0};
         rc = try_step(c, cand[i], &man, err);
         if (rc == 0) {
@@ -747,8 +761,9 @@ int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *loaded, char *err)
                     "fsdp-train: checkpoint step %llu is unusable: %s; %s (step %llu "
                     "stays in the store: fsdp-ckpt verify %s@%llu)\n",
                     (unsigned long long)cand[i], err,
-                    i > 0 ? "falling back to the previous committed step"
-                          : "no older committed step: starting from scratch",
+                    i > 0           ? "falling back to the previous committed step"
+                    : c->o.fallback ? c->o.fallback
+                                    : "no older committed step: starting from scratch",
                     (unsigned long long)cand[i], c->st->uri, (unsigned long long)cand[i]);
     }
     free(cand);

@@ -32,6 +32,16 @@ struct tckpt_opts {
     int (*check_trainer)(void *ctx, json_t *trainer, uint64_t step, char *err);
     void *check_ctx;
     struct ckpt_write_opts write;
+    /* The in-memory snapshots' store (train_ckpt.c): its launch claims a
+     * generation of its own in it even under a supervisor (whose
+     * generation is the checkpoint store's), its commits are events with
+     * memory=1, the test hooks of saves leave it alone, and what a resume
+     * says when none of its steps loads is `fallback`. */
+    int memory;
+    const char *fallback;
+    /* tckpt_resume loads only steps from this one on (0: any): the
+     * snapshot loaded from the other store is newer than the rest */
+    uint64_t load_from;
 };
 
 struct tckpt {

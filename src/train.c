@@ -392,7 +392,7 @@ static int end_of_step(struct trainer *t, long long step, const double vote[VOTE
     if (t->have_ckpt && due &&
         (o->ckpt.async ? train_save_async(t, step + 1, err) : train_save(t, step + 1, err)))
         return -1;
-    return 0;
+    return due ? 0 : train_snapshot(t, step + 1, err); /* a checkpoint of the step is newer */
 }
 
 static int train(struct trainer *t, char *err)
@@ -551,6 +551,8 @@ static int setup(struct trainer *t, char *err)
 
 static void teardown(struct trainer *t)
 {
+    if (t->have_snap)
+        tckpt_close(&t->snap);
     if (t->have_ckpt) {
         tckpt_async_stop(&t->ck);
         tckpt_close(&t->ck);
@@ -759,6 +761,8 @@ int main(int argc, char **argv)
         rc = train_setup_checkpoints(&t, err);
     if (!rc)
         rc = train(&t, err);
+    if (!rc)
+        train_end_snapshots(&t);
     if (!rc && t.o.sample_len > 0 && !t.stopped)
         rc = train_generate(&t, err);
     if (rc)

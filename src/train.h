@@ -31,14 +31,18 @@ struct trainer {
     char log_failed[200];      /* rank 0: why a write of the log failed ("": none) */
     struct tckpt ck;
     int have_ckpt;
-    long long start_step;   /* steps already done when this process started */
-    uint64_t sample_rng;    /* state of the sampling generator */
-    int agreed_error;       /* every rank knows: rank 0 reports, nobody aborts */
-    int preempted;          /* an emergency checkpoint was written; exit 0 */
-    const char *stopped;    /* why the run stopped before --steps (NULL: it did not) */
-    long long stopped_at;   /* and after which step */
-    double start;           /* when main began (--time-limit counts from here) */
-    double limit;           /* the time limit, a monotonic time (INFINITY: none; deadline()) */
+    struct tckpt snap; /* --mem-snapshot-every: the snapshots' store in RAM */
+    int have_snap;
+    char snap_dir[512];
+    char ck_claim[65];    /* SHA-256 of the checkpoint store's claim of this launch's generation */
+    long long start_step; /* steps already done when this process started */
+    uint64_t sample_rng;  /* state of the sampling generator */
+    int agreed_error;     /* every rank knows: rank 0 reports, nobody aborts */
+    int preempted;        /* an emergency checkpoint was written; exit 0 */
+    const char *stopped;  /* why the run stopped before --steps (NULL: it did not) */
+    long long stopped_at; /* and after which step */
+    double start;         /* when main began (--time-limit counts from here) */
+    double limit;         /* the time limit, a monotonic time (INFINITY: none; deadline()) */
     const char *limit_from; /* and what set it */
     double step_max;        /* the longest step, validation and checkpoint save of this */
     double val_max;         /* process: the margin kept before a time limit */
@@ -57,6 +61,11 @@ int train_setup_checkpoints(struct trainer *t, char *err);
 int train_save(struct trainer *t, long long step, char *err);
 int train_save_async(struct trainer *t, long long step, char *err);
 int train_finish_async(struct trainer *t, const char *why, char *err);
+/* Collective: step's snapshot into RAM when --mem-snapshot-every says so
+ * (end_of_step skips the steps it checkpoints); after the run's last
+ * checkpoint, the snapshots' store is removed (end_snapshots). */
+int train_snapshot(struct trainer *t, long long step, char *err);
+void train_end_snapshots(struct trainer *t);
 
 /* train_eval.c. Collective: the mean validation loss over the first
  * --val-samples sequences; --sample's tokens, which rank 0 prints. */

@@ -8,11 +8,15 @@
 #include "heartbeat.h"
 #include "util.h"
 
+#include <errno.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* The training data's identity: its size and the SHA-256 of its header and
  * 64 blocks of 4 KiB spread evenly over it (the whole file when smaller):
@@ -55,16 +59,19 @@ static json_t *trainer_state(const struct trainer *t, long long step)
     json_t *data = data_identity(&t->train_file);
     if (!data)
         return NULL;
-    return json_pack(
+    json_t *state = json_pack(
         "{s:I, s:I, s:I, s:I, s:s, s:I, s:i, s:o, s:{s:f, s:f, s:I, s:I}, "
-        "s:{s:s, s:f, s:f, s:f, s:f, s:f, s:I}}",
+        "s:{s:s, s:f, s:f, s:f, s:f, s:f, s:I}, s:I}",
         "step", (json_int_t)step, "tokens_seen", (json_int_t)(t->cursor * (uint64_t)o->cfg.seq),
         "data_cursor", (json_int_t)t->cursor, "seed", (json_int_t)o->seed, "rng_state", rng,
         "global_batch", (json_int_t)o->global_batch, "seq", o->cfg.seq, "data", data, "schedule",
         "lr", o->lr, "min_lr_frac", o->min_lr_frac, "warmup", (json_int_t)o->warmup, "total_steps",
         (json_int_t)o->steps, "optimizer", "name", "adamw", "beta1", o->beta1, "beta2", o->beta2,
         "eps", o->eps, "weight_decay", o->weight_decay, "grad_clip", o->grad_clip, "t",
-        (json_int_t)step);
+        (json_int_t)step, "ckpt_generation", (json_int_t)t->ck.generation);
+    if (state && t->ck_claim[0]) /* which launch of the store a snapshot belongs to */
+        json_object_set_new(state, "ckpt_claim", json_string(t->ck_claim));
+    return state;
 }
 
 /* One value of the checkpoint's trainer state against this run's: 0 when
@@ -309,7 +316,236 @@ int train_save_async(struct trainer *t, long long step, char *err)
     return 0;
 }
 
-/* Collective: opens the checkpoint store and resumes from it. */
+/* ---- snapshots in memory (--mem-snapshot-every) ------------------------------------- */
+
+/* A snapshot is of this run only if the launch that wrote it is one of
+ * the checkpoint store's: the claim of its ckpt_generation there is the
+ * one it recorded (ckpt_claim, a digest of the claim's body). A store
+ * removed and started again (or another run's leftovers under the same
+ * directory) never resumes from RAM. Then the usual checks. */
+/* The SHA-256 of the checkpoint store's claim of generation gen (its body
+ * holds a random nonce, so no other store's claim has it): 0, or -1 when
+ * there is no such claim. */
+static int claim_digest(struct storage *st, uint64_t gen, char hex[65])
+{
+    char key[64], sub[FSDP_ERR_LEN];
+    snprintf(key, sizeof key, "generations/%020llu", (unsigned long long)gen);
+    void *buf;
+    size_t len;
+    if (storage_get_all(st, key, 4096, &buf, &len, sub))
+        return -1;
+    int rc = fsdp_sha256_hex(buf, len, hex);
+    free(buf);
+    return rc;
+}
+
+static int check_snapshot(void *ctx, json_t *j, uint64_t step, char *err)
+{
+    struct trainer *t = ctx;
+    json_int_t gen = 0;
+    const char *claim = "";
+    json_unpack(j, "{s?I, s?s}", "ckpt_generation", &gen, "ckpt_claim", &claim);
+    char hex[65];
+    if (gen <= 0 || (uint64_t)gen >= t->ck.generation ||
+        claim_digest(t->ck.st, (uint64_t)gen, hex) || strcmp(hex, claim) != 0)
+        return fsdp_err(err,
+                        "snapshot step %llu was written by generation %lld, which %s never "
+                        "claimed (its claim there is not the snapshot's): another run's",
+                        (unsigned long long)step, (long long)gen, t->ck.st->uri);
+    return check_unchanged(ctx, j, step, err);
+}
+
+/* The default directory: under /dev/shm (tmpfs: RAM, and gone at a
+ * reboot), named by a digest of where the checkpoints are, so that every
+ * launch of the run finds it and two runs never share it. */
+static int snapshot_dir_private(const char *dir, char *err)
+{
+    if (mkdir(dir, 0700) && errno != EEXIST)
+        return fsdp_err(err, "--mem-snapshot-dir %s: %s", dir, strerror(errno));
+    struct stat sb;
+    if (lstat(dir, &sb))
+        return fsdp_err(err, "--mem-snapshot-dir %s: %s", dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return fsdp_err(err,
+                        "--mem-snapshot-dir %s: not a directory (a link or a file is never "
+                        "followed: what it holds is loaded as this run's state)",
+                        dir);
+    if (sb.st_uid != geteuid() || (sb.st_mode & 077))
+        return fsdp_err(err,
+                        "--mem-snapshot-dir %s: owned by uid %u with mode %03o; it must be this "
+                        "user's (uid %u) and closed to others (chmod 700): what it holds is "
+                        "loaded as this run's state",
+                        dir, (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 0777),
+                        (unsigned)geteuid());
+    return 0;
+}
+
+static int snapshot_dir(struct trainer *t, char *err)
+{
+    const struct train_opts *o = &t->o;
+    if (o->snap_dir) {
+        snprintf(t->snap_dir, sizeof t->snap_dir, "%s", o->snap_dir);
+        return snapshot_dir_private(t->snap_dir, err);
+    }
+    char where[PATH_MAX + 512];
+    const char *uri = o->ckpt.uri;
+    if (strncmp(uri, "s3://", 5) == 0) {
+        const char *ep = getenv("AWS_ENDPOINT_URL");
+        snprintf(where, sizeof where, "%s %s", uri, ep ? ep : "");
+    } else {
+        const char *path = strncmp(uri, "file://", 7) == 0 ? uri + 7 : uri;
+        if (!realpath(path, where)) /* opened a moment ago: it exists */
+            return fsdp_err(err, "--ckpt %s: %s", uri, strerror(errno));
+    }
+    char hex[65];
+    if (fsdp_sha256_hex(where, strlen(where), hex))
+        return fsdp_err(err, "checkpoint: cannot digest the store's address");
+    snprintf(t->snap_dir, sizeof t->snap_dir, "/dev/shm/fsdp-snap-%.16s", hex);
+    return snapshot_dir_private(t->snap_dir, err);
+}
+
+/* Collective: 1 when every rank runs on this rank 0's host (a store in
+ * this host's RAM holds every shard), 0 when not, -1 on a failed
+ * collective. */
+static int one_host(struct trainer *t, char *err)
+{
+    char name[256] = "";
+    gethostname(name, sizeof name - 1);
+    char hex[65];
+    fsdp_sha256_hex(name, strlen(name), hex);
+    char root[65];
+    memcpy(root, hex, sizeof root);
+    if (t->comm.bcast_bytes(&t->comm, root, sizeof root, 0, err))
+        return -1;
+    double other = strcmp(root, hex) != 0;
+    if (t->comm.allreduce_sum_f64(&t->comm, &other, 1, err))
+        return -1;
+    return other == 0;
+}
+
+/* Collective: opens the snapshots' store when --mem-snapshot-every is
+ * given and every rank is on one host. */
+static int open_snapshots(struct trainer *t, char *err)
+{
+    const struct train_opts *o = &t->o;
+    if (!o->snap_every)
+        return 0;
+    int on = one_host(t, err);
+    if (on < 0)
+        return -1;
+    if (!on) {
+        if (t->comm.rank == 0)
+            fprintf(stderr, "fsdp-train: --mem-snapshot-every: off, the ranks are on more than "
+                            "one host (copies to a buddy host are not built yet); healing "
+                            "reads --ckpt\n");
+        return 0;
+    }
+    double failed = t->comm.rank == 0 && snapshot_dir(t, err) != 0;
+    if (t->comm.rank == 0 && !failed && claim_digest(t->ck.st, t->ck.generation, t->ck_claim))
+        failed = fsdp_err(err, "%s: generation %llu's claim cannot be read", t->ck.st->uri,
+                          (unsigned long long)t->ck.generation) != 0;
+    if (t->comm.allreduce_sum_f64(&t->comm, &failed, 1, err))
+        return -1;
+    if (failed > 0)
+        return t->comm.rank == 0 ? -1
+                                 : fsdp_err(err, "rank 0 could not name the snapshots' directory");
+    if (t->comm.bcast_bytes(&t->comm, t->snap_dir, sizeof t->snap_dir, 0, err) ||
+        t->comm.bcast_bytes(&t->comm, t->ck_claim, sizeof t->ck_claim, 0, err))
+        return -1;
+    struct tckpt_opts so = o->ckpt;
+    so.uri = t->snap_dir;
+    so.every = o->snap_every;
+    so.keep = 1;
+    so.async = 0;
+    so.memory = 1;
+    so.fallback = "no older snapshot: the checkpoint store decides";
+    so.check_trainer = check_snapshot;
+    so.check_ctx = t;
+    so.write.codec = CKPT_CODEC_RAW; /* RAM is cheaper than the codec's time here */
+    if (tckpt_open(&t->snap, &so, &t->eng, &t->comm, &t->model, err))
+        return -1;
+    t->have_snap = 1;
+    if (t->comm.rank == 0)
+        fprintf(stderr,
+                "fsdp-train: in-memory snapshots every %lld step%s in %s (RAM: up to 2x each "
+                "rank's shard, %.1f MiB a rank)\n",
+                o->snap_every, o->snap_every == 1 ? "" : "s", t->snap_dir,
+                2.0 * 3 * (double)t->eng.shard_total * sizeof(float) / 1048576.0);
+    return 0;
+}
+
+int train_snapshot(struct trainer *t, long long step, char *err)
+{
+    if (!t->have_snap || step % t->o.snap_every != 0 || t->ck.newest_committed == (uint64_t)step)
+        return 0;
+    json_t *state = trainer_state(t, step);
+    if (!state)
+        return fsdp_err(err, "snapshot: out of memory");
+    double t0 = fsdp_now();
+    int rc = tckpt_save(&t->snap, (uint64_t)step, state, err);
+    json_decref(state);
+    t->ckpt_s += fsdp_now() - t0;
+    if (rc) {
+        t->agreed_error = 1;
+        char msg[FSDP_ERR_LEN];
+        snprintf(msg, sizeof msg, "%s", err);
+        return fsdp_err(err, "in-memory snapshot of step %lld in %s failed: %s", step, t->snap_dir,
+                        msg);
+    }
+    return 0;
+}
+
+struct keys {
+    char **v;
+    size_t n, cap;
+};
+
+static int collect_key(void *arg, const char *key, uint64_t size)
+{
+    (void)size;
+    struct keys *k = arg;
+    if (k->n == k->cap) {
+        size_t cap = k->cap ? 2 * k->cap : 64;
+        char **v = realloc(k->v, cap * sizeof *v);
+        if (!v)
+            return -1;
+        k->v = v;
+        k->cap = cap;
+    }
+    return (k->v[k->n] = strdup(key)) ? (k->n++, 0) : -1;
+}
+
+/* Rank 0: removes the objects of the snapshots' store under prefix (a
+ * cache of this run's state, never a checkpoint: the one place its
+ * contents are deleted besides its own retention). What cannot be removed
+ * stays for the next clean-up. */
+static void drop_snapshots(struct trainer *t, const char *prefix)
+{
+    struct keys k = {0};
+    char err[FSDP_ERR_LEN];
+    storage_list_special(t->snap.st, prefix, collect_key, &k, err);
+    for (size_t i = 0; i < k.n; i++) {
+        storage_delete(t->snap.st, k.v[i], err);
+        free(k.v[i]);
+    }
+    free(k.v);
+}
+
+void train_end_snapshots(struct trainer *t)
+{
+    if (!t->have_snap)
+        return;
+    /* the checkpoint store holds the last step: the snapshots are spent */
+    if (t->comm.rank == 0 && t->ck.newest_committed >= t->snap.newest_committed) {
+        drop_snapshots(t, "");
+        rmdir(t->snap_dir);
+    }
+    tckpt_close(&t->snap);
+    t->have_snap = 0;
+}
+
+/* Collective: opens the checkpoint store and resumes from it (or from a
+ * newer snapshot in RAM). */
 int train_setup_checkpoints(struct trainer *t, char *err)
 {
     if (!t->o.ckpt.uri)
@@ -323,20 +559,53 @@ int train_setup_checkpoints(struct trainer *t, char *err)
     t->have_ckpt = 1;
     if (t->o.ckpt.async && tckpt_async_start(&t->ck, err))
         return -1;
-    json_t *state;
-    uint64_t step;
-    int rc = tckpt_resume(&t->ck, &state, &step, err);
-    if (rc)
+    if (open_snapshots(t, err))
+        return -1;
+    json_t *state = NULL;
+    uint64_t step = 0;
+    int rc = 0, from_memory = 0;
+    if (t->have_snap && t->o.ckpt.resume) {
+        if ((rc = tckpt_resume(&t->snap, &state, &step, err)))
+            return rc;
+        from_memory = state != NULL;
+        if (from_memory) /* only a newer checkpoint is read from the store */
+            t->ck.o.load_from = step + 1;
+    }
+    json_t *stored = NULL;
+    uint64_t stored_step = 0;
+    rc = tckpt_resume(&t->ck, &stored, &stored_step, err);
+    if (rc) {
+        json_decref(state);
         return rc;
+    }
+    if (stored) {
+        json_decref(state);
+        state = stored;
+        step = stored_step;
+        from_memory = 0;
+    }
+    /* snapshots not resumed from are no use to this run (none, refused, or
+     * older than the checkpoint): they go, lest retention keep a stale
+     * newer step number over this run's */
+    if (t->have_snap && !from_memory && t->comm.rank == 0)
+        drop_snapshots(t, "step-");
     if (state) {
         rc = restore_state(t, state, step, err);
         json_decref(state);
         if (rc)
             return rc;
         if (t->comm.rank == 0) {
-            fprintf(stderr, "fsdp-train: resumed from checkpoint step %llu in %s\n",
-                    (unsigned long long)step, t->ck.st->uri);
-            hb_event("resumed step=%llu world=%d", (unsigned long long)step, t->comm.world);
+            if (from_memory)
+                fprintf(stderr,
+                        "fsdp-train: resumed from the in-memory snapshot of step %llu in %s (no "
+                        "shard read from %s, whose newest checkpoint is step %llu)\n",
+                        (unsigned long long)step, t->snap_dir, t->ck.st->uri,
+                        (unsigned long long)t->ck.newest_committed);
+            else
+                fprintf(stderr, "fsdp-train: resumed from checkpoint step %llu in %s\n",
+                        (unsigned long long)step, t->ck.st->uri);
+            hb_event("resumed step=%llu world=%d memory=%d", (unsigned long long)step,
+                     t->comm.world, from_memory);
         }
         hb_set(step, HB_TRAIN);
     } else {

@@ -250,6 +250,13 @@ static const struct opt train_flags[] = {
              "the digests must be cryptographic)"},
     {"--ckpt-async", OPT_SWITCH, AT(o.ckpt.async),
      .help = "write checkpoints in the background (training goes on)"},
+    {"--mem-snapshot-every", OPT_LLONG, AT(o.snap_every), .min = 1, .max = 1LL << 40, .arg = "K",
+     .help = "also snapshot the state every K steps into RAM (a\n"
+             "store on tmpfs, --mem-snapshot-dir): a relaunch on\n"
+             "this host resumes from it, no shard read from --ckpt;\n"
+             "costs up to 2x the rank's shard in RAM"},
+    {"--mem-snapshot-dir", OPT_STR, AT(o.snap_dir), .arg = "DIR",
+     .help = "where (default /dev/shm/fsdp-snap-<digest of --ckpt>)"},
     {"--verify-load", OPT_WORD, AT(o.ckpt.verify_load), .words = {"off", "on"}, .arg = "on",
      .help = "after loading, check the state's digest against the\n"
              "checkpoint's (proves a reshard; reads it twice)"},
@@ -369,6 +376,16 @@ static int set_model(struct given *g, char *err)
 /* What the flags mean together. */
 static int check_combinations(const struct train_opts *o, char *err)
 {
+    if ((o->snap_every || o->snap_dir) && !o->ckpt.uri)
+        return fsdp_err(err,
+                        "%s needs --ckpt URI: a snapshot in memory stands beside the "
+                        "checkpoints, not instead of them",
+                        o->snap_every ? "--mem-snapshot-every" : "--mem-snapshot-dir");
+    if (o->snap_dir && !o->snap_every)
+        return fsdp_err(err, "--mem-snapshot-dir needs --mem-snapshot-every K");
+    if (o->snap_dir && strncmp(o->snap_dir, "s3://", 5) == 0)
+        return fsdp_err(err, "--mem-snapshot-dir %s: a directory on this host (tmpfs), not S3",
+                        o->snap_dir);
     if ((o->ckpt.every || o->ckpt.async) && !o->ckpt.uri)
         return fsdp_err(err, "%s needs --ckpt URI",
                         o->ckpt.async ? "--ckpt-async" : "--ckpt-every");

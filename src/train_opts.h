@@ -22,6 +22,8 @@ struct train_opts {
     long long steps, warmup, val_every, val_samples, log_every, sample_len, threads;
     /* stopping early with a checkpoint; the schedule still follows --steps */
     long long stop_at_step; /* --stop-at-step: 0 none */
+    long long snap_every;   /* --mem-snapshot-every: 0 none */
+    const char *snap_dir;   /* --mem-snapshot-dir: NULL for the default under /dev/shm */
     double time_limit;      /* --time-limit, seconds from the start: 0 none */
     double slurm_end;       /* SLURM_JOB_END_TIME, Unix seconds: 0 none */
     double temperature, lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip;

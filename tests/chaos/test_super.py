@@ -645,6 +645,45 @@ def independent_failures_relaunch_at_once_recurring_ones_back_off(tmp):
     print(f"  a trainer that cannot start: backoff {[e['backoff_s'] for e in restarts]}, gave up")
 
 
+def a_killed_rank_heals_from_the_snapshot_in_memory(tmp):
+    """--mem-snapshot-every 1 (issue 33): a rank killed at a planned step;
+    the relaunch resumes from the snapshot in RAM of the step before
+    (the resumed event says memory, and it is newer than the store's
+    checkpoint), at most one step is lost, the final state is bit for bit
+    the uninterrupted run's (which took no snapshots), and the snapshots'
+    directory is gone once the last checkpoint is committed."""
+    data, _ = prepare_corpus(tmp)
+    steps, snap = 60, f"/dev/shm/fsdp-test-snap-{os.getpid()}"
+    ref = f"{tmp}/ref"
+    mpirun(2, trainer(data, ref, steps, ["--ckpt-every", "25"]))
+    ev = f"{tmp}/ev.jsonl"
+    try:
+        rc, err, took = run_super(
+            ["--np", "2", "--restart-backoff", "0.1", "--events", ev, "--chaos", "seed=1,kill=1"],
+            trainer(data, f"{tmp}/ck", steps, ["--ckpt-every", "25", "--mem-snapshot-every", "1",
+                                               "--mem-snapshot-dir", snap]), limit=300)
+        assert rc == 0, err[-2000:]
+        evs = events_of(ev)
+        killed = [e for e in evs if e["event"] == "chaos"]
+        resumed = [e for e in evs if e["event"] == "resumed"]
+        assert len(killed) == 1 and len(resumed) == 2, (killed, resumed)
+        assert resumed[0]["memory"] is False and resumed[1]["memory"] is True, resumed
+        at = resumed[1]["step"]
+        assert 25 < at <= killed[0]["at_step"] and at >= killed[0]["at_step"] - 1, \
+            (killed, resumed)
+        assert f"resumed from the in-memory snapshot of step {at} in {snap} (no shard read " \
+            f"from {tmp}/ck, whose newest checkpoint is step 25)" in err, err[-2000:]
+        summary = [e for e in evs if e["event"] == "summary"][0]
+        assert summary["steps_lost"] <= 1, summary
+        assert not os.path.exists(snap), os.listdir(snap)
+    finally:
+        shutil.rmtree(snap, ignore_errors=True)
+    assert digest(f"{tmp}/ck") == digest(ref), "healing from RAM changed the bits"
+    print(f"  killed at step {killed[0]['at_step']}: healed from the snapshot of step {at} "
+          f"(the store's newest: 25), {summary['steps_lost']} step lost, "
+          f"{summary['downtime_s']:.2f} s down; digest equal to the run without snapshots")
+
+
 def the_report_plots_a_supervised_run_with_its_restart(tmp):
     """tools/report.py on a real supervised run with one rank killed: a PNG
     and a summary that counts the launch, the restart and the commits;
@@ -1054,6 +1093,7 @@ if __name__ == "__main__":
           a_real_prometheus_scrapes_restarts_and_the_last_checkpoint,
           the_report_plots_a_supervised_run_with_its_restart,
           independent_failures_relaunch_at_once_recurring_ones_back_off,
+          a_killed_rank_heals_from_the_snapshot_in_memory,
           open_mpi_explains_a_failed_launch_without_an_event_log,
           a_users_open_mpi_env_list_does_not_break_the_launch,
           the_work_directory_is_private_and_removed,
