@@ -96,20 +96,22 @@ int ckpt_writer_begin(struct storage *st, const char *key, const char *file,
     return 0;
 }
 
-static int flush_chunk(struct ckpt_shard_writer *w, char *err)
+/* The next chunk: the len bytes filled into the codec's buffer (raw is
+ * NULL), or len bytes of the caller's stored as they are (raw). */
+static int flush_chunk(struct ckpt_shard_writer *w, const unsigned char *raw, size_t len, char *err)
 {
-    const unsigned char *p;
-    size_t plen;
+    const unsigned char *p = raw;
+    size_t plen = len;
     int ci = w->shard.nchunks;
     if (ci >= w->chunk_cap) {
         fsdp_err(err, "%s: more bytes than its sections declare", w->key);
         return -1;
     }
     struct ckpt_chunk *c = &w->shard.chunks[ci];
-    c->codec = ckpt_encode(w->codec, w->o, w->fill, &p, &plen);
+    c->codec = raw ? CKPT_CODEC_RAW : ckpt_encode(w->codec, w->o, len, &p, &plen);
     c->raw_off = w->chunk_start;
-    c->raw_len = w->fill;
-    w->chunk_start += w->fill;
+    c->raw_len = len;
+    w->chunk_start += len;
     c->stored_off = w->shard.stored_size;
     c->stored_len = plen;
     ckpt_digest_bytes(w->o->hash, p, plen, c->digest);
@@ -130,16 +132,22 @@ int ckpt_writer_append(struct ckpt_shard_writer *w, const void *data, size_t byt
         fsdp_err(err, "%s: more bytes than its sections declare", w->key);
         return -1;
     }
+    const size_t chunk = w->codec->chunk_bytes;
     while (bytes) {
-        size_t take = w->codec->chunk_bytes - w->fill;
+        size_t take = chunk - w->fill;
         take = take < bytes ? take : bytes;
-        memcpy(w->codec->raw + w->fill, p, take);
-        w->fill += take;
+        if (w->o->codec == CKPT_CODEC_RAW && take == chunk) { /* stored as it is: no copy */
+            if (flush_chunk(w, p, chunk, err))
+                return -1;
+        } else {
+            memcpy(w->codec->raw + w->fill, p, take);
+            w->fill += take;
+            if (w->fill == chunk && flush_chunk(w, NULL, chunk, err))
+                return -1;
+        }
         w->appended += take;
         p += take;
         bytes -= take;
-        if (w->fill == w->codec->chunk_bytes && flush_chunk(w, err))
-            return -1;
     }
     return 0;
 }
@@ -170,7 +178,7 @@ int ckpt_writer_finish(struct ckpt_shard_writer *w, struct ckpt_shard *out, char
                  (unsigned long long)w->shard.raw_size);
         rc = -1;
     }
-    if (!rc && w->fill && flush_chunk(w, err))
+    if (!rc && w->fill && flush_chunk(w, NULL, w->fill, err))
         rc = -1;
     if (!rc && write_index(w, err))
         rc = -1;
