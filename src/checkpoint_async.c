@@ -14,15 +14,15 @@
  *
  * One background thread per rank, at nice 10 so the compute threads keep
  * their cores (when it competes with one, the fair scheduler gives it about
- * a tenth of that core). At a due step boundary the trainer only hands it
- * the step: the thread first copies this rank's shard of every state kind
- * into staging buffers (allocated and touched once), which overlaps with the
- * next step's forward and backward, since those only read the shard; the
- * trainer waits for the copy (tckpt_async_snapshot_wait) only before the
- * optimizer step, the first thing that writes the shard. Then the thread
- * chunks, shuffles, compresses, hashes and writes the staged copy. Each
- * step the trainer adds "my write is done" and "my write failed" to the
- * loss all-reduce it makes anyway; the step in which every rank is done
+ * a tenth of that core). The in-memory snapshots' store (--mem-snapshot-every,
+ * train_ckpt.c) has a writer of its own, at nice 0: its write is waited for
+ * at the next step's vote, so it must not be starved. At a due step boundary the trainer only hands
+ * it the step: the thread first copies this rank's shard of every state kind into staging buffers
+ * (allocated and touched once), which overlaps with the next step's forward and backward, since
+ * those only read the shard; the trainer waits for the copy (tckpt_async_snapshot_wait) only before
+ * the optimizer step, the first thing that writes the shard. Then the thread chunks, shuffles,
+ * compresses, hashes and writes the staged copy. Each step the trainer adds "my write is done" and
+ * "my write failed" to the loss all-reduce it makes anyway; the step in which every rank is done
  * runs the commit (the chunk-table gather and rank 0's manifest), so no step
  * waits on storage unless a checkpoint is due while the previous one is
  * still being written. After a commit, rank 0's thread applies retention
@@ -70,7 +70,8 @@ static void *async_main(void *arg)
 {
     struct tckpt *c = arg;
     struct tckpt_async *a = c->async;
-    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
+    /* a snapshot in RAM is waited for at the next step's vote: no nice */
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), c->o.memory ? 0 : 10);
     pthread_mutex_lock(&a->mu);
     for (;;) {
         while (!a->job && !a->retain && !a->quit)
@@ -191,7 +192,8 @@ int tckpt_async_state(struct tckpt *c, int *in_flight, int *failed)
 int tckpt_save_async(struct tckpt *c, uint64_t step, json_t *trainer, char *err)
 {
     struct tckpt_async *a = c->async;
-    testhook_save_begins(++c->saves);
+    if (!c->o.memory) /* the test hooks count the checkpoint store's saves */
+        testhook_save_begins(++c->saves);
     c->save_t0 = fsdp_now();
     pthread_mutex_lock(&a->mu);
     a->step = step;

@@ -404,7 +404,8 @@ static int train(struct trainer *t, char *err)
     for (long long step = t->start_step; step < o->steps; step++) {
         double t0 = fsdp_now(), loss, norm, vote[VOTE_N], val;
         if (forward_backward(t, tokens, &loss, err) ||
-            reduce_and_vote(t, step, loss, vote, &norm, err))
+            reduce_and_vote(t, step, loss, vote, &norm, err) ||
+            (t->snap_pending && train_finish_snapshot(t, err))) /* the last step's */
             return -1;
         loss = vote[VOTE_LOSS] / tokens;
         double lr = optimizer_step(t, step, norm);
@@ -551,8 +552,10 @@ static int setup(struct trainer *t, char *err)
 
 static void teardown(struct trainer *t)
 {
-    if (t->have_snap)
+    if (t->have_snap) {
+        tckpt_async_stop(&t->snap);
         tckpt_close(&t->snap);
+    }
     if (t->have_ckpt) {
         tckpt_async_stop(&t->ck);
         tckpt_close(&t->ck);

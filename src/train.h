@@ -49,8 +49,9 @@ struct trainer {
     double save_max;
     int async_pending; /* an async checkpoint is being written (same on every rank) */
     double async_t0;
-    double train_t0; /* when the training loop began (the log's elapsed_s) */
-    double ckpt_s;   /* time the loop spent in checkpoint work (the log's ckpt_s) */
+    int snap_pending; /* a snapshot is being written (same on every rank) */
+    double train_t0;  /* when the training loop began (the log's elapsed_s) */
+    double ckpt_s;    /* time the loop spent in checkpoint work (the log's ckpt_s) */
 };
 
 /* train_ckpt.c. Collective, every one: opens the checkpoint store and
@@ -62,9 +63,14 @@ int train_save(struct trainer *t, long long step, char *err);
 int train_save_async(struct trainer *t, long long step, char *err);
 int train_finish_async(struct trainer *t, const char *why, char *err);
 /* Collective: step's snapshot into RAM when --mem-snapshot-every says so
- * (end_of_step skips the steps it checkpoints); after the run's last
- * checkpoint, the snapshots' store is removed (end_snapshots). */
+ * (end_of_step skips the steps it checkpoints), handed to the snapshots'
+ * background writer, which copies the state while the next step's
+ * forward and backward run and writes it; finish_snapshot, right after
+ * that step's vote, waits for this rank's write and commits: a snapshot
+ * of step s is committed before step s + 1 is reported done. After the
+ * run's last checkpoint, the snapshots' store is removed (end_snapshots). */
 int train_snapshot(struct trainer *t, long long step, char *err);
+int train_finish_snapshot(struct trainer *t, char *err);
 void train_end_snapshots(struct trainer *t);
 
 /* train_eval.c. Collective: the mean validation loss over the first

@@ -456,7 +456,7 @@ static int open_snapshots(struct trainer *t, char *err)
     so.uri = t->snap_dir;
     so.every = o->snap_every;
     so.keep = 1;
-    so.async = 0;
+    so.async = 1; /* training waits only for the copy into staging */
     so.memory = 1;
     so.fallback = "no older snapshot: the checkpoint store decides";
     so.check_trainer = check_snapshot;
@@ -465,12 +465,15 @@ static int open_snapshots(struct trainer *t, char *err)
     if (tckpt_open(&t->snap, &so, &t->eng, &t->comm, &t->model, err))
         return -1;
     t->have_snap = 1;
+    if (tckpt_async_start(&t->snap, err))
+        return -1;
     if (t->comm.rank == 0)
         fprintf(stderr,
-                "fsdp-train: in-memory snapshots every %lld step%s in %s (RAM: up to 2x each "
-                "rank's shard, %.1f MiB a rank)\n",
+                "fsdp-train: in-memory snapshots every %lld step%s in %s, written in the "
+                "background (RAM: a staging copy of each rank's shard and up to two "
+                "snapshots of it, %.1f MiB a rank)\n",
                 o->snap_every, o->snap_every == 1 ? "" : "s", t->snap_dir,
-                2.0 * 3 * (double)t->eng.shard_total * sizeof(float) / 1048576.0);
+                3.0 * CKPT_NKINDS * (double)t->eng.shard_total * sizeof(float) / 1048576.0);
     return 0;
 }
 
@@ -482,15 +485,28 @@ int train_snapshot(struct trainer *t, long long step, char *err)
     if (!state)
         return fsdp_err(err, "snapshot: out of memory");
     double t0 = fsdp_now();
-    int rc = tckpt_save(&t->snap, (uint64_t)step, state, err);
+    int rc = tckpt_save_async(&t->snap, (uint64_t)step, state, err);
     json_decref(state);
+    t->ckpt_s += fsdp_now() - t0;
+    if (rc)
+        return -1;
+    t->snap_pending = 1;
+    return 0;
+}
+
+int train_finish_snapshot(struct trainer *t, char *err)
+{
+    double t0 = fsdp_now();
+    uint64_t step = tckpt_async_step(&t->snap);
+    int rc = tckpt_async_finish(&t->snap, err);
+    t->snap_pending = 0;
     t->ckpt_s += fsdp_now() - t0;
     if (rc) {
         t->agreed_error = 1;
         char msg[FSDP_ERR_LEN];
         snprintf(msg, sizeof msg, "%s", err);
-        return fsdp_err(err, "in-memory snapshot of step %lld in %s failed: %s", step, t->snap_dir,
-                        msg);
+        return fsdp_err(err, "in-memory snapshot of step %llu in %s failed: %s",
+                        (unsigned long long)step, t->snap_dir, msg);
     }
     return 0;
 }
@@ -536,6 +552,7 @@ void train_end_snapshots(struct trainer *t)
     if (!t->have_snap)
         return;
     /* the checkpoint store holds the last step: the snapshots are spent */
+    tckpt_async_stop(&t->snap); /* after its last retention */
     if (t->comm.rank == 0 && t->ck.newest_committed >= t->snap.newest_committed) {
         drop_snapshots(t, "");
         rmdir(t->snap_dir);

@@ -56,7 +56,7 @@ if [ $# -eq 0 ]; then
     FSDP_QUICK=1 ASAN_OPTIONS=detect_leaks=0 meson test -C build-asan --print-errorlogs \
         --logbase programs \
         cli token-files checkpoint reshard no-loss bad-inputs bad-files formats s3-signing-and-storage \
-        knobs llama llama-hf
+        knobs llama llama-hf snapshots
     # ThreadSanitizer: our threads (async checkpoint writers, the O_DIRECT
     # I/O thread, the parallel chunk readers and verifiers, S3 requests from
     # several threads, the heartbeat thread; flash.cu's kernels on emulated
@@ -68,7 +68,8 @@ if [ $# -eq 0 ]; then
     OMP_NUM_THREADS=1 \
     TSAN_OPTIONS="halt_on_error=1:exitcode=66:suppressions=$PWD/tests/sanitizers/tsan.supp" \
         meson test -C build-tsan --print-errorlogs --logbase tsan \
-        storage ckpt s3-requests super-parsers tsan-async-checkpoint tsan-heartbeat tsan-flash-emu
+        storage ckpt s3-requests super-parsers tsan-async-checkpoint tsan-snapshots tsan-heartbeat \
+        tsan-flash-emu
     # libFuzzer: every target over its seeds (the regression inputs among
     # them), then 20000 executions each (tests/fuzz/README.md)
     (export CC=clang && configure build-fuzz -Dfuzz=true -Db_sanitize=address,undefined \
