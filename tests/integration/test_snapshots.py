@@ -9,6 +9,8 @@ snapshot of step 14 in RAM beside the store's checkpoint of step 10.
 - A snapshot that outlived its store (the store removed and the run begun
   again, its generation 1 claimed anew) is another run's: refused, the new
   store's checkpoint is loaded, same bits.
+- A snapshot written by 2 ranks resumes on 1, resharded as a checkpoint
+  in storage would be, to the same bits.
 - Snapshots on or off, the bits are the same; --mem-snapshot-dir without
   --ckpt or on S3 is one line; one that others may write, or a link, is
   refused (what it holds would be loaded as the run's state)."""
@@ -114,6 +116,27 @@ def snapshots_heal_and_keep_the_bits(tmp):
           "run's snapshot refused; digests equal to the run without snapshots")
 
 
+def a_snapshot_reshards_to_another_world_size(tmp):
+    """Two ranks killed with their snapshot of step 14 in RAM (store: step
+    10); the relaunch on one rank resumes from the snapshot, resharded, and
+    ends bit for bit where the same world change from a checkpoint of step
+    14 in storage ends."""
+    data, _ = prepare_corpus(tmp)
+    ref = f"{tmp}/ref"
+    mpirun(2, args(data, ref, extra=["--stop-at-step", "14"]))
+    mpirun(1, args(data, ref))
+    ck, snap = f"{tmp}/ck", f"/dev/shm/fsdp-test-snaps-reshard-{os.getpid()}"
+    try:
+        crashed_run(tmp, data, ck, snap)
+        err = mpirun(1, args(data, ck, snap)).stderr
+        assert f"resumed from the in-memory snapshot of step 14 in {snap} (no shard read " \
+            f"from {ck}, whose newest checkpoint is step 10)" in err, err[-2000:]
+        assert digest(ck) == digest(ref), "resharding from RAM changed the bits"
+    finally:
+        shutil.rmtree(snap, ignore_errors=True)
+    print("  a snapshot of 2 ranks resumed on 1: digest equal to the same change from storage")
+
+
 def snapshot_flags_that_cannot_work_are_one_line(tmp):
     data, _ = prepare_corpus(tmp)
     for extra, want in ((["--mem-snapshot-every", "1"], "--mem-snapshot-every needs --ckpt"),
@@ -140,4 +163,5 @@ def snapshot_flags_that_cannot_work_are_one_line(tmp):
 
 
 if __name__ == "__main__":
-    main([snapshots_heal_and_keep_the_bits, snapshot_flags_that_cannot_work_are_one_line])
+    main([snapshots_heal_and_keep_the_bits, a_snapshot_reshards_to_another_world_size,
+          snapshot_flags_that_cannot_work_are_one_line])
