@@ -61,10 +61,32 @@ static struct {
 
 static atomic_int preempt_requested;
 
-static void on_usr1(int sig)
+static sigset_t preempt_signals; /* SIGUSR1 */
+
+static void *preempt_main(void *arg)
 {
-    (void)sig;
-    atomic_store(&preempt_requested, 1);
+    (void)arg;
+    for (;;) {
+        int sig;
+        if (sigwait(&preempt_signals, &sig) == 0 && sig == SIGUSR1)
+            atomic_store(&preempt_requested, 1);
+    }
+    return NULL;
+}
+
+int hb_catch_preemption(char *err)
+{
+    sigemptyset(&preempt_signals);
+    sigaddset(&preempt_signals, SIGUSR1);
+    pthread_t t;
+    pthread_attr_t a;
+    int rc = pthread_sigmask(SIG_BLOCK, &preempt_signals, NULL);
+    if (!rc && !(rc = pthread_attr_init(&a))) {
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        rc = pthread_create(&t, &a, preempt_main, NULL);
+        pthread_attr_destroy(&a);
+    }
+    return rc ? fsdp_err(err, "cannot start the thread that takes SIGUSR1: %s", strerror(rc)) : 0;
 }
 
 int hb_preempted(void) { return atomic_load(&preempt_requested) != 0; }
@@ -239,12 +261,6 @@ static void *beat(void *arg)
 
 int hb_start(int rank, char *err)
 {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_usr1;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGUSR1, &sa, NULL);
     const char *g = getenv("FSDP_GENERATION");
     if (g && hbmsg_parse_generation(g, &hb.generation))
         return bad_env(err, "FSDP_GENERATION", g, "a generation number (digits for 1..2^63-1)");

@@ -42,7 +42,9 @@
  * Without FSDP_SUPER_ADDR (an unsupervised run) nothing of this runs.
  *
  * SIGUSR1 asks for an emergency checkpoint (preemption) too: hb_preempted()
- * turns true and the trainer checkpoints at the next step boundary.
+ * turns true and the trainer checkpoints at the next step boundary. It is
+ * taken by a thread of its own, never by a thread that computes (see
+ * hb_catch_preemption).
  */
 #ifndef FSDP_HEARTBEAT_H
 #define FSDP_HEARTBEAT_H
@@ -54,6 +56,17 @@
 
 #define HB_LOST_CONTACT_EXIT 3 /* the exit status of a rank that lost its supervisor */
 
+/* Blocks SIGUSR1 in the calling thread, and so in every thread it starts
+ * from now on, and starts the one thread that waits for it (sigwait) and
+ * sets the preemption flag. Call first thing in main, before MPI and
+ * OpenMP start their threads. Why not a handler: a handler runs on
+ * whichever thread the signal lands on, with that thread's stack pointer,
+ * and oneDNN's JIT f32 sgemm for AVX-512 (Debian 12's 2.6.3; fixed in
+ * oneDNN 3.11.2, its issue 4845) points the stack pointer into the heap
+ * while it computes: the handler's frame is written over malloc's chunks
+ * and a later free aborts ("corrupted size vs. prev_size"). -1 with err
+ * when the thread cannot start. */
+int hb_catch_preemption(char *err);
 /* Reads the launch's environment and starts the thread if FSDP_SUPER_ADDR
  * is set; -1 with err (FSDP_ERR_LEN) on a malformed value. */
 int hb_start(int rank, char *err);

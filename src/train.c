@@ -739,6 +739,10 @@ int main(int argc, char **argv)
     char err[FSDP_ERR_LEN] = "";
     keep_freed_memory();
     fsdp_kernels_cpu_fix_blas_core(argv);
+    if (hb_catch_preemption(err)) { /* before any other thread starts */
+        fprintf(stderr, "fsdp-train: %s\n", err);
+        return 1;
+    }
     int rc = train_opts_parse(&t.o, argc, argv, err);
     if (rc == 1) {
         train_opts_usage();
