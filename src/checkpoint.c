@@ -743,6 +743,7 @@ int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *loaded, char *err)
             break;
         }
         struct ckpt_manifest man = {0};
+        c->tried++;
         rc = try_step(c, cand[i], &man, err);
         if (rc == 0) {
             *trainer = json_incref(man.trainer);

@@ -55,6 +55,7 @@ struct tckpt {
     int world;                 /* ranks whose shards form a checkpoint (1 for NO_SHARD) */
     int saves;                 /* checkpoints written by this process */
     uint64_t newest_committed; /* 0 if none */
+    int tried;                 /* steps tckpt_resume began to load into the engine */
     int skipped;               /* rank 0: the last save met a step already committed, kept it */
     double save_t0;            /* when the save being committed began (its event's seconds) */
     double load_s;             /* how long the resume's load took (0: none) */

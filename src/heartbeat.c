@@ -63,6 +63,15 @@ static atomic_int preempt_requested;
 
 static sigset_t preempt_signals; /* SIGUSR1 */
 
+/* For threads that started before main (a pthreads OpenBLAS starts its
+ * pool in a constructor) and so do not block SIGUSR1: they never run
+ * oneDNN's kernels, and the flag is all this does. */
+static void on_usr1(int sig)
+{
+    (void)sig;
+    atomic_store(&preempt_requested, 1);
+}
+
 static void *preempt_main(void *arg)
 {
     (void)arg;
@@ -78,6 +87,12 @@ int hb_catch_preemption(char *err)
 {
     sigemptyset(&preempt_signals);
     sigaddset(&preempt_signals, SIGUSR1);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, NULL);
     pthread_t t;
     pthread_attr_t a;
     int rc = pthread_sigmask(SIG_BLOCK, &preempt_signals, NULL);

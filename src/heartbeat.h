@@ -64,8 +64,10 @@
  * and oneDNN's JIT f32 sgemm for AVX-512 (Debian 12's 2.6.3; fixed in
  * oneDNN 3.11.2, its issue 4845) points the stack pointer into the heap
  * while it computes: the handler's frame is written over malloc's chunks
- * and a later free aborts ("corrupted size vs. prev_size"). -1 with err
- * when the thread cannot start. */
+ * and a later free aborts ("corrupted size vs. prev_size"). Threads that
+ * started before main (a pthreads OpenBLAS's pool) get a handler that only
+ * sets the flag: they run no oneDNN kernel. -1 with err when the thread
+ * cannot start. */
 int hb_catch_preemption(char *err);
 /* Reads the launch's environment and starts the thread if FSDP_SUPER_ADDR
  * is set; -1 with err (FSDP_ERR_LEN) on a malformed value. */

@@ -8,7 +8,10 @@
 #include "heartbeat.h"
 #include "util.h"
 
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -358,26 +361,63 @@ static int check_snapshot(void *ctx, json_t *j, uint64_t step, char *err)
 /* The default directory: under /dev/shm (tmpfs: RAM, and gone at a
  * reboot), named by a digest of where the checkpoints are, so that every
  * launch of the run finds it and two runs never share it. */
+/* The names a snapshots' store puts at its top (checkpoint.c, ckpt/fence.c):
+ * nothing else is ever deleted there. */
+static int store_name(const char *n)
+{
+    return strcmp(n, "generations") == 0 || strcmp(n, "fences") == 0 ||
+           strncmp(n, "step-", 5) == 0 || strncmp(n, "probe-", 6) == 0;
+}
+
+/* The directory (made 0700 if missing) must be this user's, closed to
+ * others, not a link, and hold nothing but a snapshots' store: what it
+ * holds is loaded as this run's state, and the run's end removes it. */
 static int snapshot_dir_private(const char *dir, char *err)
 {
     if (mkdir(dir, 0700) && errno != EEXIST)
         return fsdp_err(err, "--mem-snapshot-dir %s: %s", dir, strerror(errno));
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     struct stat sb;
-    if (lstat(dir, &sb))
-        return fsdp_err(err, "--mem-snapshot-dir %s: %s", dir, strerror(errno));
-    if (!S_ISDIR(sb.st_mode))
-        return fsdp_err(err,
-                        "--mem-snapshot-dir %s: not a directory (a link or a file is never "
-                        "followed: what it holds is loaded as this run's state)",
-                        dir);
-    if (sb.st_uid != geteuid() || (sb.st_mode & 077))
+    if (fd < 0 || fstat(fd, &sb)) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return fsdp_err(err, "--mem-snapshot-dir %s: %s", dir,
+                        e == ELOOP || e == ENOTDIR
+                            ? "not a directory (a link or a file is never followed: what it "
+                              "holds is loaded as this run's state)"
+                            : strerror(e));
+    }
+    if (sb.st_uid != geteuid() || (sb.st_mode & 077)) {
+        close(fd);
         return fsdp_err(err,
                         "--mem-snapshot-dir %s: owned by uid %u with mode %03o; it must be this "
                         "user's (uid %u) and closed to others (chmod 700): what it holds is "
                         "loaded as this run's state",
                         dir, (unsigned)sb.st_uid, (unsigned)(sb.st_mode & 0777),
                         (unsigned)geteuid());
-    return 0;
+    }
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return fsdp_err(err, "--mem-snapshot-dir %s: %s", dir, strerror(errno));
+    }
+    int rc = 0;
+    struct dirent *e;
+    while (!rc && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && !store_name(e->d_name)) {
+            char shown[65];
+            size_t i = 0;
+            for (; e->d_name[i] && i < sizeof shown - 1; i++)
+                shown[i] = isprint((unsigned char)e->d_name[i]) ? e->d_name[i] : '?';
+            shown[i] = 0;
+            rc = fsdp_err(err,
+                          "--mem-snapshot-dir %s holds '%s', which is not a snapshots' store's: "
+                          "name a directory of its own (the run's end removes the store)",
+                          dir, shown);
+        }
+    closedir(d);
+    return rc;
 }
 
 static int snapshot_dir(struct trainer *t, char *err)
@@ -479,7 +519,7 @@ static int open_snapshots(struct trainer *t, char *err)
 
 int train_snapshot(struct trainer *t, long long step, char *err)
 {
-    if (!t->have_snap || step % t->o.snap_every != 0 || t->ck.newest_committed == (uint64_t)step)
+    if (!t->have_snap || step % t->o.snap_every != 0)
         return 0;
     json_t *state = trainer_state(t, step);
     if (!state)
@@ -498,15 +538,18 @@ int train_finish_snapshot(struct trainer *t, char *err)
 {
     double t0 = fsdp_now();
     uint64_t step = tckpt_async_step(&t->snap);
-    int rc = tckpt_async_finish(&t->snap, err);
+    int rc = tckpt_async_finish(&t->snap, err); /* its verdict is every rank's */
     t->snap_pending = 0;
     t->ckpt_s += fsdp_now() - t0;
-    if (rc) {
-        t->agreed_error = 1;
-        char msg[FSDP_ERR_LEN];
-        snprintf(msg, sizeof msg, "%s", err);
-        return fsdp_err(err, "in-memory snapshot of step %llu in %s failed: %s",
-                        (unsigned long long)step, t->snap_dir, msg);
+    if (rc) { /* a full tmpfs, most likely: training goes on, healing reads --ckpt */
+        if (t->comm.rank == 0)
+            fprintf(stderr,
+                    "fsdp-train: in-memory snapshot of step %llu in %s failed: %s; snapshots "
+                    "are off for the rest of this run (healing reads %s)\n",
+                    (unsigned long long)step, t->snap_dir, err, t->ck.st->uri);
+        tckpt_async_stop(&t->snap);
+        tckpt_close(&t->snap);
+        t->have_snap = 0;
     }
     return 0;
 }
@@ -541,7 +584,10 @@ static void drop_snapshots(struct trainer *t, const char *prefix)
     char err[FSDP_ERR_LEN];
     storage_list_special(t->snap.st, prefix, collect_key, &k, err);
     for (size_t i = 0; i < k.n; i++) {
-        storage_delete(t->snap.st, k.v[i], err);
+        char top[64];
+        snprintf(top, sizeof top, "%.*s", (int)strcspn(k.v[i], "/"), k.v[i]);
+        if (store_name(top))
+            storage_delete(t->snap.st, k.v[i], err);
         free(k.v[i]);
     }
     free(k.v);
@@ -582,7 +628,14 @@ int train_setup_checkpoints(struct trainer *t, char *err)
     uint64_t step = 0;
     int rc = 0, from_memory = 0;
     if (t->have_snap && t->o.ckpt.resume) {
-        if ((rc = tckpt_resume(&t->snap, &state, &step, err)))
+        rc = tckpt_resume(&t->snap, &state, &step, err);
+        if (rc == TCKPT_REFUSED) { /* another model's: the checkpoint store decides */
+            if (t->comm.rank == 0)
+                fprintf(stderr, "fsdp-train: the snapshots in %s are not used: %s\n", t->snap_dir,
+                        err);
+            rc = 0;
+        }
+        if (rc)
             return rc;
         from_memory = state != NULL;
         if (from_memory) /* only a newer checkpoint is read from the store */
@@ -594,6 +647,20 @@ int train_setup_checkpoints(struct trainer *t, char *err)
     if (rc) {
         json_decref(state);
         return rc;
+    }
+    if (from_memory && !stored && t->ck.tried) {
+        /* a newer checkpoint failed to load, part of it over the snapshot's
+         * state on some ranks: the snapshot again (it loaded a moment ago) */
+        json_decref(state);
+        state = NULL;
+        uint64_t again = 0;
+        if ((rc = tckpt_resume(&t->snap, &state, &again, err)))
+            return rc;
+        if (!state || again != step) {
+            json_decref(state);
+            return fsdp_err(err, "the snapshot of step %llu in %s cannot be loaded again",
+                            (unsigned long long)step, t->snap_dir);
+        }
     }
     if (stored) {
         json_decref(state);

@@ -137,6 +137,92 @@ def a_snapshot_reshards_to_another_world_size(tmp):
     print("  a snapshot of 2 ranks resumed on 1: digest equal to the same change from storage")
 
 
+def a_failed_newer_checkpoint_leaves_the_snapshot_whole(tmp):
+    """RAM holds step 14 (of the store's first launch); a later launch
+    without snapshots left steps 10 and 20 in the store, and rank 1's shard
+    of step 20 is damaged. The resume loads the snapshot, tries step 20
+    (rank 0 reads its shard into the engine, rank 1 fails), falls back, and
+    loads the snapshot again: the bits are the uninterrupted run's."""
+    data, _ = prepare_corpus(tmp)
+    ref = f"{tmp}/ref"
+    mpirun(2, args(data, ref))
+    ck, snap = f"{tmp}/ck", f"/dev/shm/fsdp-test-snaps-newer-{os.getpid()}"
+    saved = f"{tmp}/saved"
+    try:
+        crashed_run(tmp, data, ck, snap)
+        shutil.copytree(snap, saved, symlinks=True)
+        mpirun(2, args(data, ck, extra=["--stop-at-step", "20"]))  # no snapshots
+        assert committed_steps(ck)[-1] == 20, committed_steps(ck)
+        shutil.rmtree(snap, ignore_errors=True)
+        shutil.copytree(saved, snap, symlinks=True)
+        shard = sorted(f for f in glob.glob(f"{ck}/step-00000020/*")
+                       if not f.endswith("MANIFEST.json"))[1]
+        with open(shard, "r+b") as f:
+            f.seek(100)
+            b = f.read(1)
+            f.seek(100)
+            f.write(bytes([b[0] ^ 0x01]))
+        err = mpirun(2, args(data, ck, snap)).stderr
+        assert "checkpoint step 20 is unusable" in err, err[-2000:]
+        assert f"resumed from the in-memory snapshot of step 14 in {snap}" in err, err[-2000:]
+        assert digest(ck) == digest(ref), "the failed newer checkpoint changed the bits"
+    finally:
+        shutil.rmtree(snap, ignore_errors=True)
+    print("  step 20 of the store failed on rank 1 after rank 0 read it: the snapshot of "
+          "step 14 loaded again, digest equal")
+
+
+def a_full_tmpfs_turns_snapshots_off_and_training_goes_on(tmp):
+    """--mem-snapshot-dir on a 64 KiB tmpfs: the first snapshot cannot be
+    written; one line says snapshots are off, the run trains to the end
+    with its checkpoints, exit 0, the bits of a run without snapshots."""
+    data, _ = prepare_corpus(tmp)
+    ref = f"{tmp}/ref"
+    mpirun(2, args(data, ref))
+    mnt = f"{tmp}/small-tmpfs"
+    os.mkdir(mnt, 0o700)
+    run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", mnt])
+    try:
+        ck = f"{tmp}/ck"
+        err = mpirun(2, args(data, ck, f"{mnt}/snaps")).stderr
+        off = [l for l in err.splitlines() if "snapshots are off for the rest of this run" in l]
+        assert len(off) == 1 and "failed" in off[0], err[-2000:]
+        assert digest(ck) == digest(ref), "turning snapshots off changed the bits"
+    finally:
+        run(["umount", mnt], check=False)
+    print(f"  {off[0][len('fsdp-train: '):][:110]}...; trained on, digest equal")
+
+
+def snapshots_that_are_not_this_runs_are_passed_over(tmp):
+    """A directory holding files of its own is refused (the run's end would
+    remove them) and they stay; snapshots of another model left in the
+    directory are passed over by a new run, not fatal."""
+    data, _ = prepare_corpus(tmp)
+    mine = f"{tmp}/mine"
+    os.mkdir(mine, 0o700)
+    with open(f"{mine}/notes.txt", "w") as f:
+        f.write("mine\n")
+    p = run([TRAIN, "--data", data] + MODEL + ["--steps", "2", "--ckpt", f"{tmp}/ck0",
+                                               "--mem-snapshot-every", "1",
+                                               "--mem-snapshot-dir", mine], check=False)
+    assert p.returncode != 0 and f"--mem-snapshot-dir {mine} holds 'notes.txt'" in p.stderr, \
+        p.stderr
+    assert os.listdir(mine) == ["notes.txt"], os.listdir(mine)
+    ck, snap = f"{tmp}/ck", f"/dev/shm/fsdp-test-snaps-other-{os.getpid()}"
+    try:
+        crashed_run(tmp, data, ck, snap)
+        other = [TRAIN, "--data", data, "--layers", "1", "--dim", "32", "--heads", "2",
+                 "--seq", "64", "--global-batch", "4", "--steps", "3", "--ckpt", f"{tmp}/ck2",
+                 "--mem-snapshot-every", "1", "--mem-snapshot-dir", snap]
+        p = mpirun(2, other)
+        assert f"the snapshots in {snap} are not used" in p.stderr, p.stderr[-2000:]
+        assert committed_steps(f"{tmp}/ck2")[-1] == 3, committed_steps(f"{tmp}/ck2")
+    finally:
+        shutil.rmtree(snap, ignore_errors=True)
+    print("  a directory with a file of its own refused, the file kept; another model's "
+          "snapshots passed over")
+
+
 def snapshot_flags_that_cannot_work_are_one_line(tmp):
     data, _ = prepare_corpus(tmp)
     for extra, want in ((["--mem-snapshot-every", "1"], "--mem-snapshot-every needs --ckpt"),
@@ -164,4 +250,7 @@ def snapshot_flags_that_cannot_work_are_one_line(tmp):
 
 if __name__ == "__main__":
     main([snapshots_heal_and_keep_the_bits, a_snapshot_reshards_to_another_world_size,
+          a_failed_newer_checkpoint_leaves_the_snapshot_whole,
+          a_full_tmpfs_turns_snapshots_off_and_training_goes_on,
+          snapshots_that_are_not_this_runs_are_passed_over,
           snapshot_flags_that_cannot_work_are_one_line])
