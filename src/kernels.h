@@ -83,8 +83,9 @@ struct fsdp_kernels {
     /* causal grouped-query attention: NH query heads of HS channels, KVH
      * K/V heads (query head h reads K/V head h / (NH/KVH); KVH = NH is
      * multi-head attention). qkv (B,T,(NH+2KVH)HS) holds each row as [q |
-     * k | v]; att (B,NH,T,T) keeps the softmax for the backward pass; out
-     * (B,T,NH*HS) */
+     * k | v]; att (B,NH,T,T) keeps the softmax for the backward pass (the
+     * CPU's leaves the masked entries past a row's block of 64 unwritten and
+     * never reads them); out (B,T,NH*HS) */
     void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int NH,
                               int KVH, int HS);
     /* datt is scratch of (B,NH,T,T); dqkv (B,T,(NH+2KVH)HS) is overwritten */
@@ -141,6 +142,10 @@ struct fsdp_kernels {
     void (*swiglu_forward)(float *out, const float *inp, size_t N, int F);
     void (*swiglu_forward_bf16)(uint16_t *out16, const float *inp, size_t N, int F);
     void (*swiglu_backward)(float *dinp, const float *inp, const float *dout, size_t N, int F);
+    /* Optional (NULL: swiglu_backward, then matmul_backward_bf16 rounds):
+     * dinp rounded as it is written, for gate/up's matmul_backward_from_bf16 */
+    void (*swiglu_backward_bf16)(uint16_t *dinp16, const float *inp, const float *dout, size_t N,
+                                 int F);
     /* The loss over the first V of each row's Vp logits, which stay as they
      * are: lse[i] = log sum_j exp(logits[i,j]) (what the backward needs of
      * the softmax: one value a row), losses[i] = lse[i] - logits[i,target] */

@@ -19,6 +19,7 @@
 struct llama_acts {
     float *ln1, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_rstd, *fch, *fch_act;
     float *dbig, *dmid, *datt;  /* one layer's worth, reused */
+    uint16_t *dbig16;           /* bf16 with the kernels for it: d(gate | up), rounded as written */
     float *rope_cos, *rope_sin; /* (T, HS/2) each */
     uint16_t *ln1_16, *atty16, *ln2_16, *fch_act16;
     size_t off[BL_COUNT]; /* the block's tensors in its unit */
@@ -57,6 +58,9 @@ static int llama_plan(struct fsdp_engine *e, struct fsdp_plan *p)
     /* bf16: the products' inputs in bf16 only, the attention's fp32 output
      * in one shared slot it is rounded from */
     const size_t Lx = e->bf16 ? 0 : L, L16 = e->bf16 ? L : 0, Latt = e->bf16 ? 1 : L;
+    /* bf16: SwiGLU's backward writes gate/up's gradient in bf16 for its
+     * products (the bits matmul_backward_bf16 would round it to) */
+    const int d16 = e->bf16 && e->k->swiglu_backward_bf16 && e->k->matmul_backward_from_bf16;
     fsdp_plan_add(p, &a->ln1, Lx * BT * C);
     fsdp_plan_add(p, &a->ln1_rstd, L * BT);
     fsdp_plan_add(p, &a->qkv, L * BT * W);
@@ -67,7 +71,7 @@ static int llama_plan(struct fsdp_engine *e, struct fsdp_plan *p)
     fsdp_plan_add(p, &a->ln2_rstd, L * BT);
     fsdp_plan_add(p, &a->fch, L * BT * 2 * F);
     fsdp_plan_add(p, &a->fch_act, Lx * BT * F);
-    fsdp_plan_add(p, &a->dbig, BT * max2(W, 2 * F));
+    fsdp_plan_add(p, &a->dbig, BT * (d16 ? W : max2(W, 2 * F)));
     fsdp_plan_add(p, &a->dmid, BT * max2(F, Q));
     fsdp_plan_add(p, &a->datt, TT);
     fsdp_plan_add(p, &a->rope_cos, T * (size_t)(d.HS / 2));
@@ -76,6 +80,7 @@ static int llama_plan(struct fsdp_engine *e, struct fsdp_plan *p)
     fsdp_plan_add16(p, &a->atty16, L16 * BT * Q);
     fsdp_plan_add16(p, &a->ln2_16, L16 * BT * C);
     fsdp_plan_add16(p, &a->fch_act16, L16 * BT * F);
+    fsdp_plan_add16(p, &a->dbig16, d16 ? BT * 2 * F : 0);
     return 0;
 }
 
@@ -227,9 +232,16 @@ static void llama_block_backward(struct fsdp_engine *e, int l)
     /* the MLP: dmid = d(swiglu output), dbig = d(gate | up) */
     fsdp_mm_backward(e, u, a->dmid, g.t[BL_DOWN], NULL, ea->dres, la->fch_act, la->fch_act16,
                      p.t[BL_DOWN], BT, d.F, d.C);
-    k->swiglu_backward(a->dbig, la->fch, a->dmid, BT, d.F);
-    fsdp_mm_backward(e, u, ea->dbtc, g.t[BL_GATE], NULL, a->dbig, la->ln2, la->ln2_16, p.t[BL_GATE],
-                     BT, d.C, 2 * d.F);
+    if (a->dbig16) {
+        k->swiglu_backward_bf16(a->dbig16, la->fch, a->dmid, BT, d.F);
+        k->matmul_backward_from_bf16(ea->dbtc, g.t[BL_GATE], a->dbig16, la->ln2_16,
+                                     fsdp_twin16(e, u, p.t[BL_GATE]), BT, d.C, 2 * d.F);
+        fsdp_poke(e);
+    } else {
+        k->swiglu_backward(a->dbig, la->fch, a->dmid, BT, d.F);
+        fsdp_mm_backward(e, u, ea->dbtc, g.t[BL_GATE], NULL, a->dbig, la->ln2, la->ln2_16,
+                         p.t[BL_GATE], BT, d.C, 2 * d.F);
+    }
     k->rmsnorm_backward(ea->dres, g.t[BL_POST_NORM], ea->dbtc, la->res2, p.t[BL_POST_NORM],
                         la->ln2_rstd, BT, d.C);
     /* the attention: dmid = d(attention output), dbig = d(qkv), rotated back */

@@ -386,12 +386,33 @@ static void cpu_matmul_backward_bf16(float *dinp, float *dw, float *dbias, const
     }
 }
 
+/* matmul_backward_bf16's products on a dout already in bf16 (a whole one:
+ * no chunks, so the weight gradient is one product, as there when dout fits
+ * the scratch) */
+static void cpu_matmul_backward_from_bf16(float *dinp, float *dw, const uint16_t *d,
+                                          const uint16_t *inp, const uint16_t *w, size_t N, int C,
+                                          int OC)
+{
+    if (dinp)
+        fsdp_gemm_bf16('N', 'N', (int)N, C, OC, d, OC, w, C, 0.0f, dinp, C);
+    fsdp_gemm_bf16('T', 'N', OC, C, (int)N, d, OC, inp, C, 1.0f, dw, C);
+}
+
 /* ---- attention ------------------------------------------------------------- */
 
 /* Rows (and in the backward, columns) are processed in blocks so the
  * products skip the masked upper triangle beyond each block's diagonal:
  * 10 of the 16 blocks at T = 256. */
 #define ATT_BLOCK 64
+
+/* Row t of a softmax (or its gradient) is read by the products up to the
+ * end of t's block of rows: the columns past it, in the masked upper
+ * triangle, are neither written nor read. */
+static inline int att_row_end(int t, int T)
+{
+    int end = (t / ATT_BLOCK + 1) * ATT_BLOCK;
+    return end < T ? end : T;
+}
 
 /* Query head h of a row of qkv, [q (NH heads) | k (KVH) | v (KVH)], reads
  * K/V head h / (NH / KVH); rows are S = (NH + 2 KVH) HS floats apart. With
@@ -417,6 +438,9 @@ static void cpu_attention_forward(float *out, float *att, const float *qkv, int 
             for (int t = 0; t < T; t++) {
                 float *a = A + (size_t)t * T;
                 float mx = -INFINITY;
+                /* max is exact in any order: lanes give the same bits (a
+                 * scalar chain of compares was 65% of this kernel) */
+#pragma omp simd reduction(max : mx)
                 for (int t2 = 0; t2 <= t; t2++)
                     mx = a[t2] > mx ? a[t2] : mx;
                 float sum = 0.0f;
@@ -429,7 +453,8 @@ static void cpu_attention_forward(float *out, float *att, const float *qkv, int 
 #pragma omp simd
                 for (int t2 = 0; t2 <= t; t2++)
                     a[t2] *= inv;
-                for (int t2 = t + 1; t2 < T; t2++)
+                /* the products read a row up to its block's end only */
+                for (int t2 = t + 1; t2 < att_row_end(t, T); t2++)
                     a[t2] = 0.0f;
             }
             for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
@@ -486,7 +511,7 @@ static void cpu_attention_backward(float *dqkv, float *datt, const float *dout, 
 #pragma omp simd
                     for (int t2 = 0; t2 <= t; t2++)
                         g[t2] = a[t2] * (g[t2] - dot) * scale;
-                    for (int t2 = t + 1; t2 < T; t2++)
+                    for (int t2 = t + 1; t2 < att_row_end(t, T); t2++)
                         g[t2] = 0.0f;
                 }
                 /* dQ = dpre K, dK = dpre^T Q, over the lower triangle's blocks */
@@ -673,17 +698,50 @@ static void cpu_swiglu_forward_bf16(uint16_t *out16, const float *inp, size_t N,
 }
 
 /* d silu(g)/dg = s (1 + g (1 - s)), s = sigmoid(g) */
+/* SwiGLU's backward over n columns of one row. Both kernels below call this
+ * one compiled copy: the compiler contracts a*b+c into FMAs as each loop's
+ * context suggests, so an inlined copy in each could round differently
+ * (one value in a million was a bf16 step off) */
+__attribute__((noinline)) static void swiglu_bwd_span(float *dg, float *du, const float *g,
+                                                      const float *u, const float *d, int n)
+{
+#pragma omp simd
+    for (int j = 0; j < n; j++) {
+        const float s = sigmoid(g[j]);
+        du[j] = d[j] * g[j] * s;
+        dg[j] = d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
+    }
+}
+
 static void cpu_swiglu_backward(float *dinp, const float *inp, const float *dout, size_t N, int F)
 {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < N; i++) {
-        const float *g = inp + i * 2 * F, *u = g + F, *d = dout + i * F;
-        float *dg = dinp + i * 2 * F, *du = dg + F;
+        const float *g = inp + i * 2 * F;
+        float *dg = dinp + i * 2 * F;
+        swiglu_bwd_span(dg, dg + F, g, g + F, dout + i * F, F);
+    }
+}
+
+/* cpu_swiglu_backward's values rounded to bf16 as they are written: the
+ * same bits as to_bf16 after it */
+static void cpu_swiglu_backward_bf16(uint16_t *dinp16, const float *inp, const float *dout,
+                                     size_t N, int F)
+{
+    enum { SPAN = 512 };
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < N; i++) {
+        float dg[SPAN], du[SPAN];
+        const float *g = inp + i * 2 * F, *d = dout + i * F;
+        uint16_t *out = dinp16 + i * 2 * F;
+        for (int j0 = 0; j0 < F; j0 += SPAN) {
+            const int n = F - j0 < SPAN ? F - j0 : SPAN;
+            swiglu_bwd_span(dg, du, g + j0, g + F + j0, d + j0, n);
 #pragma omp simd
-        for (int j = 0; j < F; j++) {
-            const float s = sigmoid(g[j]);
-            du[j] = d[j] * g[j] * s;
-            dg[j] = d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
+            for (int j = 0; j < n; j++) {
+                out[j0 + j] = bf16_rne(dg[j]);
+                out[F + j0 + j] = bf16_rne(du[j]);
+            }
         }
     }
 }
@@ -796,6 +854,7 @@ static const struct fsdp_kernels cpu_kernels = {
     .from_bf16 = cpu_from_bf16,
     .matmul_forward_bf16 = cpu_matmul_forward_bf16,
     .matmul_backward_bf16 = cpu_matmul_backward_bf16,
+    .matmul_backward_from_bf16 = cpu_matmul_backward_from_bf16,
     .bf16_scratch = cpu_bf16_scratch,
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
@@ -810,6 +869,7 @@ static const struct fsdp_kernels cpu_kernels = {
     .swiglu_forward = cpu_swiglu_forward,
     .swiglu_forward_bf16 = cpu_swiglu_forward_bf16,
     .swiglu_backward = cpu_swiglu_backward,
+    .swiglu_backward_bf16 = cpu_swiglu_backward_bf16,
     .crossentropy_forward = cpu_crossentropy_forward,
     .crossentropy_backward = cpu_crossentropy_backward,
     .adamw = cpu_adamw,

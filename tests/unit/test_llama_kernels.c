@@ -212,7 +212,11 @@ static void swiglu(void)
     numeric_grad(ng, s.x, SN * 2 * SF, swiglu_loss, &s);
     CHECK(norm_rel_err(g, ng, SN * 2 * SF) < BWD_TOL, "%s: SwiGLU's backward off by %.3g", isa,
           norm_rel_err(g, ng, SN * 2 * SF));
-    free(s.x), free(s.r), free(s.out), free(want), free(out16), free(g), free(ng);
+    uint16_t *g16 = calloc(SN * 2 * SF, sizeof *g16);
+    K->swiglu_backward_bf16(g16, s.x, s.r, SN, SF);
+    CHECK(bits_equal_rounded(g16, g, SN * 2 * SF),
+          "%s: the bf16 SwiGLU backward is not the fp32 one rounded", isa);
+    free(s.x), free(s.r), free(s.out), free(want), free(out16), free(g), free(ng), free(g16);
 }
 
 /* ---- grouped-query attention ---------------------------------------------------- */
@@ -290,11 +294,41 @@ static void attention_one(int NH, int KVH)
     free(s.qkv), free(s.r), free(s.out), free(s.att), free(want), free(g), free(ng), free(datt);
 }
 
+/* Past one block of rows (64) the kernels skip the masked upper triangle
+ * of the stored softmax and its gradient: entries there hold whatever the
+ * buffer held (NaN here) and must change no output. */
+static void attention_long(void)
+{
+    enum { LB = 2, LT = 150, LNH = 4, LKVH = 2, LHS = 8 };
+    const size_t S = (size_t)(LNH + 2 * LKVH) * LHS, nq = (size_t)LB * LT * S;
+    const size_t no = (size_t)LB * LT * LNH * LHS, na = (size_t)LB * LNH * LT * LT;
+    float *qkv = randv(nq, 91, 1.0f), *dout = randv(no, 92, 1.0f);
+    float *out[2], *dq[2];
+    for (int run = 0; run < 2; run++) {
+        float *att = malloc(na * sizeof *att), *datt = malloc(na * sizeof *datt);
+        for (size_t i = 0; i < na; i++)
+            att[i] = datt[i] = run ? NAN : 0.0f;
+        out[run] = calloc(no, sizeof(float));
+        dq[run] = calloc(nq, sizeof(float));
+        K->attention_forward(out[run], att, qkv, LB, LT, LNH, LKVH, LHS);
+        K->attention_backward(dq[run], datt, dout, qkv, att, LB, LT, LNH, LKVH, LHS);
+        free(att), free(datt);
+    }
+    CHECK(!memcmp(out[0], out[1], no * sizeof(float)) && !memcmp(dq[0], dq[1], nq * sizeof(float)),
+          "%s: the attention at T %d read a masked entry of its softmax buffers", isa, LT);
+    int finite = 1;
+    for (size_t i = 0; i < nq; i++)
+        finite &= isfinite(dq[1][i]);
+    CHECK(finite, "%s: the attention's backward at T %d is not finite", isa, LT);
+    free(qkv), free(dout), free(out[0]), free(out[1]), free(dq[0]), free(dq[1]);
+}
+
 static void attention(void)
 {
     attention_one(4, 4); /* multi-head */
     attention_one(4, 2); /* grouped */
     attention_one(6, 1); /* multi-query */
+    attention_long();
 }
 
 static void on_every_isa(void (*body)(void))
