@@ -24,8 +24,9 @@ extern "C" {
  * 4 layernorm_forward_bf16 and gelu_forward_bf16, 5 the bf16 attention on
  * bf16 qkv and out (matmul_forward_to_bf16), 6 the loss kept as lse
  * (crossentropy_*) and the head's gradient in bf16, 7 grouped-query
- * attention and the Llama family's kernels (rmsnorm_*, rope, swiglu_*) */
-#define FSDP_CUDA_MODULE_ABI 7
+ * attention and the Llama family's kernels (rmsnorm_*, rope, swiglu_*), 8
+ * swiglu_backward_bf16 */
+#define FSDP_CUDA_MODULE_ABI 8
 
 struct fsdp_cuda_module {
     int abi; /* FSDP_CUDA_MODULE_ABI: a module of another build is refused */
