@@ -364,6 +364,16 @@ static void round_dout(uint16_t *d, float *dbias, const float *dout, size_t N, i
     }
 }
 
+/* The products of matmul_backward_bf16 on a dout already in bf16 */
+static void cpu_matmul_backward_from_bf16(float *dinp, float *dw, const uint16_t *d,
+                                          const uint16_t *inp, const uint16_t *w, size_t N, int C,
+                                          int OC)
+{
+    if (dinp)
+        fsdp_gemm_bf16('N', 'N', (int)N, C, OC, d, OC, w, C, 0.0f, dinp, C);
+    fsdp_gemm_bf16('T', 'N', OC, C, (int)N, d, OC, inp, C, 1.0f, dw, C);
+}
+
 /* The rounded dout goes through the scratch fsdp_init reserved (a block's
  * widest, B*T x 4C) in chunks of rows: the head's (B*T x vocabulary, 824
  * MiB for gpt2-124m at 8 x 1024) would need a scratch of its own size. A
@@ -380,22 +390,9 @@ static void cpu_matmul_backward_bf16(float *dinp, float *dw, float *dbias, const
         const size_t n = N - r0 < rows ? N - r0 : rows;
         /* dbias from the fp32 gradient, as in fp32 */
         round_dout(d, dbias, dout + r0 * (size_t)OC, n, OC);
-        if (dinp)
-            fsdp_gemm_bf16('N', 'N', (int)n, C, OC, d, OC, w, C, 0.0f, dinp + r0 * (size_t)C, C);
-        fsdp_gemm_bf16('T', 'N', OC, C, (int)n, d, OC, inp + r0 * (size_t)C, C, 1.0f, dw, C);
+        cpu_matmul_backward_from_bf16(dinp ? dinp + r0 * (size_t)C : NULL, dw, d,
+                                      inp + r0 * (size_t)C, w, n, C, OC);
     }
-}
-
-/* matmul_backward_bf16's products on a dout already in bf16 (a whole one:
- * no chunks, so the weight gradient is one product, as there when dout fits
- * the scratch) */
-static void cpu_matmul_backward_from_bf16(float *dinp, float *dw, const uint16_t *d,
-                                          const uint16_t *inp, const uint16_t *w, size_t N, int C,
-                                          int OC)
-{
-    if (dinp)
-        fsdp_gemm_bf16('N', 'N', (int)N, C, OC, d, OC, w, C, 0.0f, dinp, C);
-    fsdp_gemm_bf16('T', 'N', OC, C, (int)N, d, OC, inp, C, 1.0f, dw, C);
 }
 
 /* ---- attention ------------------------------------------------------------- */
@@ -697,8 +694,8 @@ static void cpu_swiglu_forward_bf16(uint16_t *out16, const float *inp, size_t N,
     swiglu_rows(NULL, out16, inp, N, F);
 }
 
-/* d silu(g)/dg = s (1 + g (1 - s)), s = sigmoid(g) */
-/* SwiGLU's backward over n columns of one row. Both kernels below call this
+/* SwiGLU's backward over n columns of one row, d silu(g)/dg = s (1 + g (1 -
+ * s)), s = sigmoid(g). Both kernels below call this
  * one compiled copy: the compiler contracts a*b+c into FMAs as each loop's
  * context suggests, so an inlined copy in each could round differently
  * (one value in a million was a bf16 step off) */
