@@ -279,6 +279,18 @@ static int alloc_bf16_params(struct fsdp_engine *e, size_t max_shard)
     for (int u = 0; u < e->m->nunits; u++)
         e->units[u].full16 = e->gather16_buf + (e->units[u].full - base);
     e->mem.gather_bytes += n16 * sizeof(uint16_t);
+    /* A gather widens only what the passes read in fp32 (widen): the rest
+     * of the fp32 buffer is NaN, so a pass that read a twin_only tensor's
+     * fp32 copy would turn every bf16 test's loss to NaN. */
+    enum { CHUNK = 1 << 16 };
+    float *nan = malloc(CHUNK * sizeof *nan);
+    if (!nan)
+        return -1;
+    for (size_t i = 0; i < CHUNK; i++)
+        nan[i] = NAN;
+    for (size_t off = 0; off < n16; off += CHUNK)
+        e->k->upload(base + off, nan, (n16 - off < CHUNK ? n16 - off : CHUNK) * sizeof *nan);
+    free(nan);
     return 0;
 }
 
@@ -520,6 +532,29 @@ static size_t group_stride(const struct fsdp_engine *e, int g)
     return e->units[g].group_n > 1 ? (size_t)(e->units[g + 1].full - e->units[g].full) : 0;
 }
 
+/* bf16: unit u's fp32 copy, widened from the bf16 one that was gathered,
+ * so every kernel sees the same values; only the tensors the passes read
+ * in fp32 (norms, biases, embeddings), runs of them at a time: a product's
+ * weight is read through its bf16 twin alone (model.h: twin_only). */
+static void widen(struct fsdp_engine *e, int u)
+{
+    const struct fsdp_unit *U = &e->units[u];
+    size_t lo = 0, hi = 0; /* a run of fp32-read tensors, back to back */
+    for (int i = 0; i < e->m->units[u].ntensors; i++) {
+        const struct model_tensor *t = model_unit_tensor(e->m, u, i);
+        if (t->twin_only)
+            continue;
+        if (t->offset != hi) {
+            if (hi > lo)
+                e->k->from_bf16(U->full + lo, U->full16 + lo, hi - lo);
+            lo = t->offset;
+        }
+        hi = t->offset + t->numel;
+    }
+    if (hi > lo)
+        e->k->from_bf16(U->full + lo, U->full16 + lo, hi - lo);
+}
+
 /* Finishes the gather in flight: its group becomes gathered. */
 static int gather_finish(struct fsdp_engine *e, char *err)
 {
@@ -531,8 +566,8 @@ static int gather_finish(struct fsdp_engine *e, char *err)
         return -1;
     for (int u = g; u < g + e->units[g].group_n; u++) {
         struct fsdp_unit *U = &e->units[u];
-        if (e->bf16) /* the fp32 copy is widened from the bf16 one: every kernel sees the same */
-            e->k->from_bf16(U->full, U->full16, U->padded);
+        if (e->bf16)
+            widen(e, u);
         U->gathered = 1; /* and in bf16, full16 with it */
     }
     return 0;
@@ -562,7 +597,7 @@ static int gather_start(struct fsdp_engine *e, int u, char *err)
             struct fsdp_unit *U = &e->units[v];
             if (e->bf16) {
                 e->k->to_bf16(U->full16, e->params + U->shard_off, U->shard_n);
-                e->k->from_bf16(U->full, U->full16, U->padded);
+                widen(e, v);
             } else {
                 e->k->copy(U->full, e->params + U->shard_off, U->shard_n);
             }
@@ -718,6 +753,10 @@ int fsdp_unit_grad_end(struct fsdp_engine *e, int u, char *err)
         for (int v = g; v < g + n; v++) {
             const struct fsdp_unit *U = &e->units[v];
             const float *grad = U->full_grad;
+            if (e->reduce_bf16 && e->k->add_bf16_rounded) {
+                e->k->add_bf16_rounded(e->grads + U->shard_off, grad, U->shard_n);
+                continue;
+            }
             if (e->reduce_bf16) {
                 e->k->to_bf16(e->grad16, U->full_grad, U->padded);
                 e->k->from_bf16(e->rs_tmp, e->grad16, U->padded);

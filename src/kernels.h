@@ -178,6 +178,9 @@ struct fsdp_kernels {
     double (*sumsq)(const float *x, size_t n);
     /* dst += src */
     void (*add)(float *dst, const float *src, size_t n);
+    /* Optional (NULL: to_bf16, from_bf16, then add): dst += src rounded to
+     * bf16, what a one-rank bf16 run makes of its gradient */
+    void (*add_bf16_rounded)(float *dst, const float *src, size_t n);
 };
 
 /* Call first thing in main: may re-execute the program so that OpenBLAS

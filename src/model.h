@@ -82,6 +82,9 @@ struct model_tensor {
     float init_value;
     size_t init_numel; /* elements initialised so; the rest start at zero (wte's padded
                           rows: never looked up, no gradient, so they stay zero) */
+    /* bf16: the passes read it only through its bf16 twin (fsdp_twin16: a
+     * product's weight), so a gather need not widen it to fp32 */
+    int twin_only;
 };
 
 struct model_unit {

@@ -27,6 +27,7 @@ static void add_block_tensor(struct model_layout *m, int layer, const char *suff
     char name[MODEL_MAX_NAME];
     snprintf(name, sizeof name, "h.%d.%s", layer, suffix);
     model_add_tensor(m, model_unit_block(layer), name, rows, cols, decay, std, value);
+    m->tensors[m->ntensors - 1].twin_only = cols > 0; /* the matrices: products' weights */
 }
 
 static void gpt2_layout(struct model_layout *m)

@@ -47,6 +47,7 @@ static void add_block_tensor(struct model_layout *m, int layer, const char *suff
     char name[MODEL_MAX_NAME];
     snprintf(name, sizeof name, "model.layers.%d.%s", layer, suffix);
     model_add_tensor(m, model_unit_block(layer), name, rows, cols, decay, std, value);
+    m->tensors[m->ntensors - 1].twin_only = cols > 0; /* the matrices: products' weights */
 }
 
 static void llama_layout(struct model_layout *m)
@@ -86,6 +87,7 @@ static void llama_layout(struct model_layout *m)
         model_add_tensor(m, fin, "lm_head.weight", Vp, C, 1, std, 0);
         m->head_tensor = m->ntensors - 1;
         m->tensors[m->head_tensor].init_numel = V * C;
+        m->tensors[m->head_tensor].twin_only = 1; /* untied: the head's product alone reads it */
     }
     size_t wide = Q + 2 * KV > 2 * F ? Q + 2 * KV : 2 * F;
     m->widest_row = wide > C ? wide : C;

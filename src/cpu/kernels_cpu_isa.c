@@ -750,6 +750,19 @@ static void cpu_add(float *dst, const float *src, size_t n)
         dst[i] += src[i];
 }
 
+/* dst += src rounded to bf16: the bits of to_bf16, from_bf16 and add, in one
+ * pass over memory instead of three */
+static void cpu_add_bf16_rounded(float *dst, const float *src, size_t n)
+{
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)bf16_rne(src[i]) << 16;
+        float r;
+        memcpy(&r, &u, sizeof r);
+        dst[i] += r;
+    }
+}
+
 /* ---- loss ------------------------------------------------------------------ */
 
 /* Two passes over a row's logits (the maximum, then the sum of exponentials
@@ -872,6 +885,7 @@ static const struct fsdp_kernels cpu_kernels = {
     .adamw = cpu_adamw,
     .sumsq = cpu_sumsq,
     .add = cpu_add,
+    .add_bf16_rounded = cpu_add_bf16_rounded,
 };
 
 const struct fsdp_kernels *FSDP_ISA_FN(void) { return &cpu_kernels; }

@@ -243,7 +243,8 @@ static void bf16_rounds_to_nearest_even(void)
 
 /* A bf16 run's LayerNorm and GELU write the products' inputs rounded as
  * they go: the bits to_bf16 makes of the fp32 kernels' outputs, on every
- * kernel table this CPU runs (one fewer pass, nothing else changed). */
+ * kernel table this CPU runs (one fewer pass, nothing else changed); the
+ * same for the gradient rounding that adds as it goes. */
 static void fused_rounding_is_to_bf16_bit_for_bit(void)
 {
     enum { N = 37, C = 200 }; /* rows not a multiple of the threads, C not of the vectors */
@@ -270,6 +271,20 @@ static void fused_rounding_is_to_bf16_bit_for_bit(void)
         k->gelu_forward_bf16(got, x, (size_t)N * C);
         CHECK(memcmp(got, want, sizeof got) == 0, "%s: gelu_forward_bf16 is not to_bf16(out)",
               isa[t]);
+        /* a one-rank bf16 gradient: dst += round(src) in one pass; ties,
+         * infinities and a NaN among the values */
+        float acc[N * C], acc2[N * C], wide[N * C];
+        for (size_t i = 0; i < (size_t)N * C; i++)
+            acc[i] = acc2[i] = out[i], wide[i] = x[i];
+        const uint32_t odd[] = {0x3f808000u, 0x3f818000u, 0x7f800000u, 0xff800000u, 0x7fc00001u};
+        for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++)
+            memcpy(&wide[i * 7], &odd[i], sizeof(float));
+        k->to_bf16(want, wide, (size_t)N * C);
+        k->from_bf16(out, want, (size_t)N * C);
+        k->add(acc, out, (size_t)N * C);
+        k->add_bf16_rounded(acc2, wide, (size_t)N * C);
+        CHECK(memcmp(acc, acc2, sizeof acc) == 0,
+              "%s: add_bf16_rounded is not add(from_bf16(to_bf16(src)))", isa[t]);
     }
     char err[256];
     REQUIRE(fsdp_kernels_cpu_select("auto", err, sizeof err) == 0, "%s", err);
