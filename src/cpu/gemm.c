@@ -16,6 +16,7 @@
 #include "gemm.h"
 
 #include <cblas.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,10 +101,16 @@ struct plan {
     dnnl_memory_t a, b, c;
 };
 
-static struct plan plans[PLANS];
-static int next_victim;
+/* Lane 0 is the compute thread's, its plans for all the threads;
+ * fsdp_gemm_bf16_rows runs lane 1 + t's products on OpenMP thread t, each
+ * lane with plans (for one thread) and a stream of its own. A plan is
+ * found by its shape, so a lane's plans never mix with another's. */
+#define LANES 65
+
+static struct plan plans[LANES][PLANS];
+static int next_victim[LANES];
 static dnnl_engine_t engine;
-static dnnl_stream_t stream;
+static dnnl_stream_t stream[LANES];
 static int broken; /* the engine could not be created: OpenBLAS from then on */
 
 static void plan_free(struct plan *p)
@@ -161,25 +168,32 @@ static int plan_make(struct plan *p)
     return ok ? 0 : -1;
 }
 
-static struct plan *plan_for(int bf16, char ta, char tb, int M, int N, int K, int lda, int ldb,
-                             int ldc, int accumulate)
+/* The engine, made by the compute thread before any lane runs. -1: oneDNN
+ * is broken here. */
+static int engine_ready(void)
 {
-    if (!engine && !broken) {
-        if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success ||
-            dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success)
-            broken = 1;
-    }
-    if (broken)
+    if (!engine && !broken)
+        broken = dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success;
+    return broken ? -1 : 0;
+}
+
+static struct plan *plan_for(int lane, int bf16, char ta, char tb, int M, int N, int K, int lda,
+                             int ldb, int ldc, int accumulate)
+{
+    /* a lane's stream is made by the one thread that uses the lane */
+    if (engine_ready() || (!stream[lane] && dnnl_stream_create(&stream[lane], engine,
+                                                               dnnl_stream_default_flags) !=
+                                                dnnl_success))
         return NULL;
     for (int i = 0; i < PLANS; i++) {
-        struct plan *p = &plans[i];
+        struct plan *p = &plans[lane][i];
         if (p->used && p->bf16 == bf16 && p->ta == ta && p->tb == tb && p->M == M && p->N == N &&
             p->K == K && p->lda == lda && p->ldb == ldb && p->ldc == ldc &&
             p->accumulate == accumulate)
             return p->failed ? NULL : p;
     }
-    struct plan *p = &plans[next_victim];
-    next_victim = (next_victim + 1) % PLANS;
+    struct plan *p = &plans[lane][next_victim[lane]];
+    next_victim[lane] = (next_victim[lane] + 1) % PLANS;
     plan_free(p);
     *p = (struct plan){1,   0,   bf16, ta,         tb,   M,    N,    K,
                        lda, ldb, ldc,  accumulate, NULL, NULL, NULL, NULL};
@@ -195,10 +209,10 @@ static struct plan *plan_for(int bf16, char ta, char tb, int M, int N, int K, in
 /* -1 before C was touched (OpenBLAS can take the call). A failure once the
  * primitive runs may leave C half-written, and with beta 1 nothing can redo
  * the call: that ends the process. */
-static int onednn_gemm(int bf16, char ta, char tb, int M, int N, int K, const void *A, int lda,
-                       const void *B, int ldb, float beta, float *C, int ldc)
+static int onednn_gemm(int lane, int bf16, char ta, char tb, int M, int N, int K, const void *A,
+                       int lda, const void *B, int ldb, float beta, float *C, int ldc)
 {
-    struct plan *p = plan_for(bf16, ta, tb, M, N, K, lda, ldb, ldc, beta != 0.0f);
+    struct plan *p = plan_for(lane, bf16, ta, tb, M, N, K, lda, ldb, ldc, beta != 0.0f);
     if (!p)
         return -1;
     dnnl_exec_arg_t args[3] = {
@@ -207,8 +221,8 @@ static int onednn_gemm(int bf16, char ta, char tb, int M, int N, int K, const vo
         dnnl_memory_set_data_handle(p->b, (void *)B) != dnnl_success ||
         dnnl_memory_set_data_handle(p->c, C) != dnnl_success)
         return -1;
-    if (dnnl_primitive_execute(p->prim, stream, 3, args) != dnnl_success ||
-        dnnl_stream_wait(stream) != dnnl_success) {
+    if (dnnl_primitive_execute(p->prim, stream[lane], 3, args) != dnnl_success ||
+        dnnl_stream_wait(stream[lane]) != dnnl_success) {
         fprintf(stderr, "fsdp-train: oneDNN failed while running a %dx%dx%d matmul\n", M, N, K);
         abort();
     }
@@ -217,16 +231,17 @@ static int onednn_gemm(int bf16, char ta, char tb, int M, int N, int K, const vo
 
 #endif /* FSDP_HAVE_ONEDNN */
 
-/* 0 when oneDNN did the product (the library chosen, M, N, K > 0); -1 when
- * OpenBLAS must, said once on stderr if oneDNN was chosen but could not. */
-static int by_onednn(int bf16, char ta, char tb, int M, int N, int K, const void *A, int lda,
-                     const void *B, int ldb, float beta, float *C, int ldc)
+/* 0 when oneDNN did the product (the library chosen, M, N, K > 0) on
+ * lane's plans; -1 when OpenBLAS must, said once on stderr if oneDNN was
+ * chosen but could not. */
+static int by_onednn_on(int lane, int bf16, char ta, char tb, int M, int N, int K, const void *A,
+                        int lda, const void *B, int ldb, float beta, float *C, int ldc)
 {
     if (use_onednn < 0)
         fsdp_gemm_name(); /* chooses "auto" */
 #ifdef FSDP_HAVE_ONEDNN
     if (use_onednn && M > 0 && N > 0 && K > 0) {
-        if (onednn_gemm(bf16, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
+        if (onednn_gemm(lane, bf16, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
             return 0;
         static int said;
         if (!said++)
@@ -236,10 +251,16 @@ static int by_onednn(int bf16, char ta, char tb, int M, int N, int K, const void
                     M, N, K, bf16 ? "bf16" : "fp32", bf16 ? ", widened to fp32 (slow)" : "");
     }
 #else
-    (void)bf16, (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B,
-        (void)ldb, (void)beta, (void)C, (void)ldc;
+    (void)lane, (void)bf16, (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)A, (void)lda,
+        (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
 #endif
     return -1;
+}
+
+static int by_onednn(int bf16, char ta, char tb, int M, int N, int K, const void *A, int lda,
+                     const void *B, int ldb, float beta, float *C, int ldc)
+{
+    return by_onednn_on(0, bf16, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
 
 void fsdp_gemm(char ta, char tb, int M, int N, int K, const float *A, int lda, const float *B,
@@ -320,11 +341,11 @@ static float *widen(const uint16_t *x, char trans, int r, int c, int ld)
     return f;
 }
 
-void fsdp_gemm_bf16(char ta, char tb, int M, int N, int K, const uint16_t *A, int lda,
-                    const uint16_t *B, int ldb, float beta, float *C, int ldc)
+static void gemm_bf16_on(int lane, char ta, char tb, int M, int N, int K, const uint16_t *A,
+                         int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc)
 {
     if (M <= 0 || N <= 0 || K <= 0 ||
-        by_onednn(1, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
+        by_onednn_on(lane, 1, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
         return;
     float *a = widen(A, ta, M, K, lda), *b = widen(B, tb, K, N, ldb);
     if (!a || !b) {
@@ -334,4 +355,43 @@ void fsdp_gemm_bf16(char ta, char tb, int M, int N, int K, const uint16_t *A, in
     blas_gemm(ta, tb, M, N, K, a, lda, b, ldb, beta, C, ldc);
     free(a);
     free(b);
+}
+
+void fsdp_gemm_bf16(char ta, char tb, int M, int N, int K, const uint16_t *A, int lda,
+                    const uint16_t *B, int ldb, float beta, float *C, int ldc)
+{
+    gemm_bf16_on(0, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* Rows of C per lane: a multiple of 32 (AMX tiles are 16 rows). */
+#define LANE_ROWS 32
+
+void fsdp_gemm_bf16_rows(char ta, char tb, int M, int N, int K, const uint16_t *A, int lda,
+                         const uint16_t *B, int ldb, float beta, float *C, int ldc)
+{
+    int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+    nt = nt > LANES - 1 ? LANES - 1 : nt;
+    if (use_onednn < 0)
+        fsdp_gemm_name(); /* chooses "auto" before the lanes look */
+    if (nt < 2 || use_onednn != 1 || M < 2 * LANE_ROWS * nt || N <= 0 || K <= 0) {
+        fsdp_gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+#ifdef FSDP_HAVE_ONEDNN
+    if (engine_ready()) {
+        fsdp_gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+#endif
+    const int blocks = (M + LANE_ROWS - 1) / LANE_ROWS;
+#pragma omp parallel num_threads(nt)
+    {
+        const int t = omp_get_thread_num(), n = omp_get_num_threads();
+        omp_set_num_threads(1); /* the lane's products: one thread, planned so */
+        const int r0 = blocks * t / n * LANE_ROWS, r1e = blocks * (t + 1) / n * LANE_ROWS;
+        const int r1 = r1e < M ? r1e : M;
+        if (r1 > r0)
+            gemm_bf16_on(1 + t, ta, tb, r1 - r0, N, K, A + (size_t)r0 * (ta == 'T' ? 1 : (size_t)lda),
+                         lda, B, ldb, beta, C + (size_t)r0 * ldc, ldc);
+    }
 }

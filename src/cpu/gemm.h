@@ -43,6 +43,13 @@ void fsdp_gemm_small(char ta, char tb, int M, int N, int K, float alpha, const f
  * slow). */
 void fsdp_gemm_bf16(char ta, char tb, int M, int N, int K, const uint16_t *A, int lda,
                     const uint16_t *B, int ldb, float beta, float *C, int ldc);
+/* As fsdp_gemm_bf16, C's rows split between the OpenMP threads, each
+ * thread's share one single-threaded product: the weight gradients
+ * (op(A) = dout^T, K the batch's rows), which oneDNN's own split of such a
+ * product ran 1.3x slower on 2 cores. Bits depend on the thread count, as
+ * a library's own split does. */
+void fsdp_gemm_bf16_rows(char ta, char tb, int M, int N, int K, const uint16_t *A, int lda,
+                         const uint16_t *B, int ldb, float beta, float *C, int ldc);
 /* 1 when oneDNN is chosen and runs bf16 products in hardware here; else 0
  * with the reason. */
 int fsdp_gemm_bf16_fast(char *why, size_t len);

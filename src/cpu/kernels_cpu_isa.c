@@ -371,7 +371,7 @@ static void cpu_matmul_backward_from_bf16(float *dinp, float *dw, const uint16_t
 {
     if (dinp)
         fsdp_gemm_bf16('N', 'N', (int)N, C, OC, d, OC, w, C, 0.0f, dinp, C);
-    fsdp_gemm_bf16('T', 'N', OC, C, (int)N, d, OC, inp, C, 1.0f, dw, C);
+    fsdp_gemm_bf16_rows('T', 'N', OC, C, (int)N, d, OC, inp, C, 1.0f, dw, C);
 }
 
 /* The rounded dout goes through the scratch fsdp_init reserved (a block's

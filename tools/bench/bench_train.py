@@ -73,6 +73,8 @@ SETTINGS = [
     ("bf16", ["--precision", "bf16"]),
     ("bf16, prefetch off", ["--precision", "bf16", "--prefetch", "off"]),
     ("bf16, recompute blocks", ["--precision", "bf16", "--activation-checkpointing", "blocks"]),
+    # SHARD_GRAD_OP (ZeRO-2): the forward's gathers kept for the backward
+    ("bf16, shard grad-op", ["--precision", "bf16", "--shard", "grad-op"]),
 ]
 
 
