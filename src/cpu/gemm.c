@@ -181,9 +181,9 @@ static struct plan *plan_for(int lane, int bf16, char ta, char tb, int M, int N,
                              int ldb, int ldc, int accumulate)
 {
     /* a lane's stream is made by the one thread that uses the lane */
-    if (engine_ready() || (!stream[lane] && dnnl_stream_create(&stream[lane], engine,
-                                                               dnnl_stream_default_flags) !=
-                                                dnnl_success))
+    if (engine_ready() ||
+        (!stream[lane] &&
+         dnnl_stream_create(&stream[lane], engine, dnnl_stream_default_flags) != dnnl_success))
         return NULL;
     for (int i = 0; i < PLANS; i++) {
         struct plan *p = &plans[lane][i];
@@ -243,8 +243,11 @@ static int by_onednn_on(int lane, int bf16, char ta, char tb, int M, int N, int 
     if (use_onednn && M > 0 && N > 0 && K > 0) {
         if (onednn_gemm(lane, bf16, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
             return 0;
-        static int said;
-        if (!said++)
+        static int said; /* lanes may get here at once */
+        int before;
+#pragma omp atomic capture
+        before = said++;
+        if (!before)
             fprintf(stderr,
                     "fsdp-train: oneDNN could not plan a %dx%dx%d %s matmul (out of "
                     "memory?); OpenBLAS takes such calls%s\n",
@@ -391,7 +394,8 @@ void fsdp_gemm_bf16_rows(char ta, char tb, int M, int N, int K, const uint16_t *
         const int r0 = blocks * t / n * LANE_ROWS, r1e = blocks * (t + 1) / n * LANE_ROWS;
         const int r1 = r1e < M ? r1e : M;
         if (r1 > r0)
-            gemm_bf16_on(1 + t, ta, tb, r1 - r0, N, K, A + (size_t)r0 * (ta == 'T' ? 1 : (size_t)lda),
-                         lda, B, ldb, beta, C + (size_t)r0 * ldc, ldc);
+            gemm_bf16_on(1 + t, ta, tb, r1 - r0, N, K,
+                         A + (size_t)r0 * (ta == 'T' ? 1 : (size_t)lda), lda, B, ldb, beta,
+                         C + (size_t)r0 * ldc, ldc);
     }
 }
