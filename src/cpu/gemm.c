@@ -89,6 +89,12 @@ static void blas_gemm(char ta, char tb, int M, int N, int K, const float *A, int
                 tb == 'T' ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
 }
 
+/* Lane 0 is the compute thread's, its plans for all the threads;
+ * fsdp_gemm_bf16_rows runs lane 1 + t's products on OpenMP thread t, each
+ * lane with plans (for one thread) and a stream of its own. A plan is
+ * found by its shape, so a lane's plans never mix with another's. */
+#define LANES 65
+
 #ifdef FSDP_HAVE_ONEDNN
 
 #define PLANS 64
@@ -100,12 +106,6 @@ struct plan {
     dnnl_primitive_t prim;
     dnnl_memory_t a, b, c;
 };
-
-/* Lane 0 is the compute thread's, its plans for all the threads;
- * fsdp_gemm_bf16_rows runs lane 1 + t's products on OpenMP thread t, each
- * lane with plans (for one thread) and a stream of its own. A plan is
- * found by its shape, so a lane's plans never mix with another's. */
-#define LANES 65
 
 static struct plan plans[LANES][PLANS];
 static int next_victim[LANES];
