@@ -92,7 +92,8 @@ struct fsdp_unit {
     size_t shard_n;   /* elements this rank owns */
     size_t shard_off; /* where this unit's shard starts in each state kind */
     size_t shard_lo;  /* first unit element this rank owns */
-    float *full;      /* gathered parameters (valid while gathered) */
+    float *full;      /* gathered parameters (valid while gathered; in bf16 only the
+                         tensors not twin_only, model.h: the rest is NaN or stale) */
     uint16_t *full16; /* bf16: the same, as gathered (valid while gathered) */
     float *full_grad; /* the unit's full gradient during backward */
     int gathered;

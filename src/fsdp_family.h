@@ -78,7 +78,8 @@ const struct fsdp_family_passes *fsdp_family_passes(int arch);
 /* ---- what the engine lends the families (fsdp_pass.c) ---------------------------- */
 
 /* Parameters of unit u: its gathered fp32 buffer; the bf16 twin of a
- * pointer x into it (bf16 runs). */
+ * pointer x into it (bf16 runs, where a twin_only tensor, model.h, is valid
+ * in its twin alone: its fp32 copy is never widened). */
 const uint16_t *fsdp_twin16(const struct fsdp_engine *e, int u, const float *x);
 /* The products of unit u, on its fp32 or (bf16) bf16 weights (the twin of
  * w): in bf16 the input's producer wrote it in bf16 (inp16), and the

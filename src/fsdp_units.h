@@ -17,9 +17,10 @@
 
 static inline size_t fsdp_round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
-/* fsdp.c. fsdp_unit_gather makes unit u's full parameters valid (and in
- * bf16 mode their bf16 copy, which the matmuls read), with the rest of its
- * group; fsdp_unit_prefetch starts the gather of the group computed next
+/* fsdp.c. fsdp_unit_gather makes unit u's full parameters valid (in bf16
+ * mode their bf16 copy, which the matmuls read, and the fp32 copy of the
+ * tensors not twin_only), with the rest of its group; fsdp_unit_prefetch starts the gather of the
+ * group computed next
  * (--prefetch; u < 0: none); fsdp_unit_reshard drops a group's gathered
  * parameters after its last use (FULL_SHARD). */
 int fsdp_unit_gather(struct fsdp_engine *e, int u, char *err);

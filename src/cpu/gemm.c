@@ -89,11 +89,14 @@ static void blas_gemm(char ta, char tb, int M, int N, int K, const float *A, int
                 tb == 'T' ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
 }
 
-/* Lane 0 is the compute thread's, its plans for all the threads;
- * fsdp_gemm_bf16_rows runs lane 1 + t's products on OpenMP thread t, each
- * lane with plans (for one thread) and a stream of its own. A plan is
- * found by its shape, so a lane's plans never mix with another's. */
+/* Lane 0 is the compute thread's, its plans for all the threads. Each
+ * thread that runs a share of fsdp_gemm_bf16_rows takes a lane of its own
+ * the first time (thread-local: oneDNN wants a primitive run by the thread
+ * that made it), with plans for one thread and a stream; a plan is found by
+ * its shape, so one lane's plans never mix with another's. */
 #define LANES 65
+static _Thread_local int my_lane; /* 0: none taken yet; -1: none left */
+static int lanes_taken;
 
 #ifdef FSDP_HAVE_ONEDNN
 
@@ -344,11 +347,12 @@ static float *widen(const uint16_t *x, char trans, int r, int c, int ld)
     return f;
 }
 
+/* lane -1: no oneDNN lane for this thread; OpenBLAS on widened copies */
 static void gemm_bf16_on(int lane, char ta, char tb, int M, int N, int K, const uint16_t *A,
                          int lda, const uint16_t *B, int ldb, float beta, float *C, int ldc)
 {
     if (M <= 0 || N <= 0 || K <= 0 ||
-        by_onednn_on(lane, 1, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
+        (lane >= 0 && by_onednn_on(lane, 1, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0))
         return;
     float *a = widen(A, ta, M, K, lda), *b = widen(B, tb, K, N, ldb);
     if (!a || !b) {
@@ -372,8 +376,7 @@ void fsdp_gemm_bf16(char ta, char tb, int M, int N, int K, const uint16_t *A, in
 void fsdp_gemm_bf16_rows(char ta, char tb, int M, int N, int K, const uint16_t *A, int lda,
                          const uint16_t *B, int ldb, float beta, float *C, int ldc)
 {
-    int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
-    nt = nt > LANES - 1 ? LANES - 1 : nt;
+    const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
     if (use_onednn < 0)
         fsdp_gemm_name(); /* chooses "auto" before the lanes look */
     if (nt < 2 || use_onednn != 1 || M < 2 * LANE_ROWS * nt || N <= 0 || K <= 0) {
@@ -391,10 +394,16 @@ void fsdp_gemm_bf16_rows(char ta, char tb, int M, int N, int K, const uint16_t *
     {
         const int t = omp_get_thread_num(), n = omp_get_num_threads();
         omp_set_num_threads(1); /* the lane's products: one thread, planned so */
+        if (!my_lane) {
+            int l;
+#pragma omp atomic capture
+            l = ++lanes_taken;
+            my_lane = l < LANES ? l : -1; /* -1: OpenBLAS does this thread's shares */
+        }
         const int r0 = blocks * t / n * LANE_ROWS, r1e = blocks * (t + 1) / n * LANE_ROWS;
         const int r1 = r1e < M ? r1e : M;
         if (r1 > r0)
-            gemm_bf16_on(1 + t, ta, tb, r1 - r0, N, K,
+            gemm_bf16_on(my_lane, ta, tb, r1 - r0, N, K,
                          A + (size_t)r0 * (ta == 'T' ? 1 : (size_t)lda), lda, B, ldb, beta,
                          C + (size_t)r0 * ldc, ldc);
     }

@@ -450,8 +450,43 @@ static void bf16_backward_in_chunks_matches_fp32(void)
     free(dw16), free(dw32), free(db16), free(db32), free(x16), free(w16), free(t16);
 }
 
+/* The weight gradients' product split by rows between two threads (each
+ * share one single-threaded product, fsdp_gemm_bf16_rows) against one
+ * product of all the threads: the same sums, perhaps in another order.
+ * M is not a multiple of a share's 32 rows; op(A) transposed (the weight
+ * gradient's dout^T) and not; C accumulates (beta 1). */
+static void bf16_products_split_by_rows_match_one_product(void)
+{
+    enum { M = 200, N = 48, K = 96 };
+    float *af = randv((size_t)M * K, 21, 1.0f), *bf = randv((size_t)K * N, 22, 1.0f);
+    float *c0 = randv((size_t)M * N, 23, 1.0f);
+    uint16_t *a = calloc((size_t)M * K, sizeof *a), *b = calloc((size_t)K * N, sizeof *b);
+    float *one = calloc((size_t)M * N, sizeof *one), *split = calloc((size_t)M * N, sizeof *split);
+    const struct fsdp_kernels *k = fsdp_kernels_cpu();
+    k->to_bf16(a, af, (size_t)M * K);
+    k->to_bf16(b, bf, (size_t)K * N);
+    fsdp_kernels_cpu_threads(2);
+    for (int t = 0; t < 2; t++) {
+        const char ta = t ? 'T' : 'N';
+        const int lda = t ? M : K;
+        memcpy(one, c0, (size_t)M * N * sizeof *one);
+        memcpy(split, c0, (size_t)M * N * sizeof *split);
+        fsdp_gemm_bf16(ta, 'N', M, N, K, a, lda, b, N, 1.0f, one, N);
+        fsdp_gemm_bf16_rows(ta, 'N', M, N, K, a, lda, b, N, 1.0f, split, N);
+        double worst = 0, scale = 0;
+        for (size_t i = 0; i < (size_t)M * N; i++) {
+            worst = fmax(worst, fabs((double)one[i] - split[i]));
+            scale = fmax(scale, fabs((double)one[i]));
+        }
+        CHECK(worst <= 1e-5 * scale, "op(A) %c: the split product is off by %.3g (of %.3g)", ta,
+              worst, scale);
+    }
+    free(af), free(bf), free(c0), free(a), free(b), free(one), free(split);
+}
+
 CHECK_MAIN(TEST(forward_matches_reference_gpt2), TEST(bf16_rounds_to_nearest_even),
            TEST(fused_rounding_is_to_bf16_bit_for_bit),
            TEST(bf16_matmuls_match_fp32_on_rounded_operands),
            TEST(bf16_backward_in_chunks_matches_fp32),
-           TEST(attention_backward_matches_naive_products))
+           TEST(attention_backward_matches_naive_products),
+           TEST(bf16_products_split_by_rows_match_one_product))
