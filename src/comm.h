@@ -28,7 +28,11 @@ enum fsdp_coll_kind {
  *
  * pieces > 1 moves that many units in one collective (--unit-blocks):
  * piece k is the blocking call on in + k * in_stride and out + k *
- * out_stride (strides in elements). */
+ * out_stride (strides in elements).
+ *
+ * rank_stride > n (a reduce-scatter of one piece): rank r's part of in
+ * starts at in + r * rank_stride, not r * n, so a shard too big for tmp
+ * is reduced a slice at a time. */
 struct fsdp_coll {
     enum fsdp_coll_kind kind;
     const void *in;
@@ -36,6 +40,7 @@ struct fsdp_coll {
     size_t n;
     int pieces;                   /* 0 means 1 */
     size_t in_stride, out_stride; /* pieces > 1 */
+    size_t rank_stride;           /* 0 means n */
     int state;                    /* 0 idle, 1 running, 2 arrived (wait finishes it) */
     int phase;                    /* the backend's: an all-reduce runs in two */
     union {

@@ -183,8 +183,11 @@ static int mpi_start(struct fsdp_comm *c, struct fsdp_coll *op, char *err)
         return fsdp_err(err, "mpi: %s started while %s", what,
                         op->state ? "it runs already" : "too many collectives run");
     if (count_ok(op->n * (size_t)pieces, what, err) || count_ok(op->in_stride, what, err) ||
-        count_ok(op->out_stride, what, err))
+        count_ok(op->out_stride, what, err) || count_ok(op->rank_stride, what, err))
         return -1;
+    if (op->rank_stride > op->n && (gather || pieces > 1 || op->kind == FSDP_COLL_ALLREDUCE ||
+                                    op->kind == FSDP_COLL_ALLREDUCE_BF16))
+        return fsdp_err(err, "mpi: a %s takes no rank stride", what);
     int rc = phase1_to_phase2(c);
     if (rc != MPI_SUCCESS)
         return mpi_fail(rc, "an allreduce's second phase", err);
@@ -209,6 +212,11 @@ static int mpi_start(struct fsdp_comm *c, struct fsdp_coll *op, char *err)
                                 pieces, op->n, what);
             if (!gather) /* what arrives from each rank: its parts, back to back */
                 rcount = n * pieces;
+        } else if (op->rank_stride > op->n) { /* a slice of each rank's part */
+            scount = 1;
+            if (pieces_type(base, esize, 1, op->n, op->n, op->rank_stride, &send))
+                return fsdp_err(err, "mpi: cannot describe a slice of %zu elements for a %s", op->n,
+                                what);
         }
         if (gather) {
             const char *mine = (const char *)op->out + (size_t)c->rank * op->n * esize;

@@ -96,6 +96,7 @@ static int plan_buckets(struct fsdp_engine *e, size_t bytes)
     size_t tmp = biggest + (size_t)e->comm->world; /* world * ceil(n / world) */
     if (!(e->rs_parts = e->k->alloc(tmp * sizeof(float))))
         return -1;
+    e->rs_parts_bytes = tmp * sizeof(float);
     e->mem.grad_full_bytes += tmp * sizeof(float);
     return 0;
 }
@@ -222,6 +223,13 @@ static int alloc_unsharded(struct fsdp_engine *e)
     return 0;
 }
 
+/* The most elements of a shard one reduce-scatter through rs_parts takes. */
+static size_t rs_slice(const struct fsdp_engine *e)
+{
+    const size_t es = e->reduce_bf16 ? sizeof(uint16_t) : sizeof(float);
+    return e->rs_parts_bytes / es / (size_t)e->comm->world;
+}
+
 /* full and grad-op: full-size buffers. grad-op keeps every unit, full
  * shares nbuf group buffers of K blocks between all groups (group i of
  * blocks uses buffer i % nbuf). Full gradients always share nbuf group
@@ -237,7 +245,11 @@ static int alloc_gathered(struct fsdp_engine *e, size_t max_shard)
     size_t pb = fsdp_round_up(e->units[blk].padded, ALIGN_FLOATS);
     size_t pl = fsdp_round_up(e->units[lnf].padded, ALIGN_FLOATS);
     size_t gather = e->shard == FSDP_SHARD_FULL ? pe + pb * kb * nb + pl : pe + pb * L + pl;
-    size_t max_padded = pe > pb * kb ? (pe > pl ? pe : pl) : (pb * kb > pl ? pb * kb : pl);
+    /* the all-to-all's landing place fits the largest group but the first
+     * unit (the embedding), which fsdp_unit_grad_end reduces in slices when it is
+     * bigger: a vocabulary-wide embedding would otherwise add its whole size
+     * to every rank (1 GB for Llama 3.2 1B's) */
+    size_t land = pb * kb > pl ? pb * kb : pl;
     e->gather_buf = k->alloc(gather * sizeof(float));
     e->grad_full_buf = k->alloc((pe + pb * kb * nb + pl) * sizeof(float));
     e->rs_tmp = k->alloc(fsdp_round_up(max_shard, ALIGN_FLOATS) * kb * sizeof(float));
@@ -246,9 +258,12 @@ static int alloc_gathered(struct fsdp_engine *e, size_t max_shard)
     e->mem.gather_bytes = gather * sizeof(float);
     e->mem.grad_full_bytes = (pe + pb * kb * nb + pl) * sizeof(float);
     if (e->comm->start && e->comm->start_uses_tmp) { /* the all-to-all's landing place */
-        if (!(e->rs_parts = k->alloc(max_padded * sizeof(float))))
+        if (!(e->rs_parts = k->alloc(land * sizeof(float))))
             return -1;
-        e->mem.grad_full_bytes += max_padded * sizeof(float);
+        e->rs_parts_bytes = land * sizeof(float);
+        e->mem.grad_full_bytes += land * sizeof(float);
+        size_t step = rs_slice(e), n0 = e->units[0].shard_n;
+        e->mem.rs_slices = step ? (int)((n0 + step - 1) / step) : 0;
     }
     e->units[0].full = e->gather_buf;
     e->units[0].full_grad = e->grad_full_buf;
@@ -684,6 +699,32 @@ int fsdp_rs_finish(struct fsdp_engine *e, char *err)
     return 0;
 }
 
+/* A reduce-scatter whose parts outgrow the landing place (the first unit:
+ * a vocabulary-wide embedding) goes a slice of the shard at a time, each
+ * waited for: the same sums in the same order, so the same bits. It is
+ * the backward's last, so there is nothing to overlap it with but the
+ * next micro-batch's forward. */
+static int rs_in_slices(struct fsdp_engine *e, int g, char *err)
+{
+    struct fsdp_coll *op = &e->rs_op;
+    const struct fsdp_coll whole = *op;
+    const size_t es = e->reduce_bf16 ? sizeof(uint16_t) : sizeof(float), step = rs_slice(e);
+    if (whole.pieces > 1 || step == 0)
+        return fsdp_err(err, "fsdp: a group of %d units outgrows the reduce-scatter's %zu bytes",
+                        whole.pieces, e->rs_parts_bytes);
+    for (size_t lo = 0; lo < whole.n; lo += step) {
+        *op = whole;
+        op->in = (const char *)whole.in + lo * es;
+        op->out = (char *)whole.out + lo * es;
+        op->n = whole.n - lo < step ? whole.n - lo : step;
+        op->rank_stride = whole.n;
+        if (coll_start(e, op, err) || coll_wait(e, op, err))
+            return -1;
+    }
+    e->rs_unit = g;
+    return fsdp_rs_finish(e, err);
+}
+
 /* Reduce-scatters the full gradients of unit u's group (one collective);
  * with prefetch it runs while the next group's backward computes, and is
  * finished before the one after starts (its buffers are reused) or at the
@@ -784,6 +825,9 @@ int fsdp_unit_grad_end(struct fsdp_engine *e, int u, char *err)
     op->pieces = n;
     op->in_stride = gstride;
     op->out_stride = fsdp_round_up(G->shard_n, ALIGN_FLOATS);
+    const size_t es = e->reduce_bf16 ? sizeof(uint16_t) : sizeof(float);
+    if (e->rs_parts && (size_t)e->comm->world * G->shard_n * (size_t)n * es > e->rs_parts_bytes)
+        return rs_in_slices(e, g, err);
     if (coll_start(e, op, err))
         return -1;
     e->rs_unit = g;

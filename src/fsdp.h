@@ -131,6 +131,7 @@ struct fsdp_mem {
     size_t gather_bytes;   /* full parameter buffers */
     size_t grad_full_bytes;
     size_t act_bytes;
+    int rs_slices; /* > 1: the first unit's reduce-scatter outgrows its landing place */
 };
 
 struct fsdp_family_passes;
@@ -154,10 +155,11 @@ struct fsdp_engine {
     uint16_t *gather16_buf, *shard16; /* bf16: gathered units; a shard on its way out */
     uint16_t *grad16, *rs16; /* reduce_bf16: a unit's gradient (none: all of them); a shard */
     void *rs_parts;          /* every rank's part of this rank's shard, on their way in */
-    int nbuf;                /* group buffers: 2 with prefetch (one computes, one fills) */
-    int unit_blocks;         /* fsdp_opts: blocks per group */
-    int holder[2];           /* FULL: the group (first unit) each group buffer holds */
-    int prefetch;            /* fsdp_opts */
+    size_t rs_parts_bytes;
+    int nbuf;        /* group buffers: 2 with prefetch (one computes, one fills) */
+    int unit_blocks; /* fsdp_opts: blocks per group */
+    int holder[2];   /* FULL: the group (first unit) each group buffer holds */
+    int prefetch;    /* fsdp_opts */
     struct fsdp_coll gather_op, rs_op; /* at most one of each in flight: */
     int gather_unit, rs_unit;          /* their groups (first unit), or -1 */
     /* none: buckets of units lo..hi, in the order the backward finishes them */

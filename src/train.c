@@ -84,14 +84,18 @@ static void print_banner(const struct trainer *t)
             t->o.cuda ? (t->eng.flash ? "cuBLAS matmuls, flash attention, NCCL collectives"
                                       : "cuBLAS matmuls, NCCL collectives")
                       : fsdp_kernels_cpu_blas());
+    char slices[64] = "";
+    if (m->rs_slices > 1)
+        snprintf(slices, sizeof slices, "; the embedding's gradient reduced in %d slices",
+                 m->rs_slices);
     fprintf(stderr,
             "fsdp-train: per rank: params %.2f MiB, grads %.2f MiB, optimizer %.2f MiB "
             "(unsharded %.2f / %.2f / %.2f MiB); gathered params %.2f MiB, full grads %.2f MiB, "
-            "activations %.2f MiB (activation checkpointing %s)\n",
+            "activations %.2f MiB (activation checkpointing %s)%s\n",
             mib(m->state_bytes[0]), mib(m->state_bytes[1]),
             mib(m->state_bytes[2] + m->state_bytes[3]), mib(full), mib(full), mib(2 * full),
             mib(m->gather_bytes), mib(m->grad_full_bytes), mib(m->act_bytes),
-            fsdp_recompute_name(t->o.recompute_every, ac, sizeof ac));
+            fsdp_recompute_name(t->o.recompute_every, ac, sizeof ac), slices);
     fprintf(stderr,
             "fsdp-train: global batch %lld = %d ranks x %d micro-batch x %d accumulation, %zu "
             "training sequences\n",

@@ -183,6 +183,8 @@ static int nccl_start(struct fsdp_comm *c, struct fsdp_coll *op, char *err)
 {
     struct nccl_impl *m = impl(c);
     const int pieces = op->pieces > 1 ? op->pieces : 1;
+    if (op->rank_stride > op->n) /* the engine slices only where start_uses_tmp */
+        return snprintf(err, 256, "NCCL: a collective takes no rank stride"), -1;
     if (enter(m, err))
         return -1;
     for (int p = 0; p < pieces; p++)

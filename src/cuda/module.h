@@ -25,8 +25,9 @@ extern "C" {
  * bf16 qkv and out (matmul_forward_to_bf16), 6 the loss kept as lse
  * (crossentropy_*) and the head's gradient in bf16, 7 grouped-query
  * attention and the Llama family's kernels (rmsnorm_*, rope, swiglu_*), 8
- * swiglu_backward_bf16, 9 add_bf16_rounded */
-#define FSDP_CUDA_MODULE_ABI 9
+ * swiglu_backward_bf16, 9 add_bf16_rounded, 10 struct fsdp_coll's
+ * rank_stride */
+#define FSDP_CUDA_MODULE_ABI 10
 
 struct fsdp_cuda_module {
     int abi; /* FSDP_CUDA_MODULE_ABI: a module of another build is refused */

@@ -3,8 +3,8 @@
 The same seed and global batch on 1, 2 and 4 real Open MPI ranks
 (oversubscribed) gives per-step losses within 1e-4 relative for 20 steps, for
 every strategy (full, grad-op, none) and with gradient accumulation; two runs
-at the same world size give bit-identical losses; per-rank state shrinks as
-1/N."""
+at the same world size give bit-identical losses, and so do an embedding's
+gradient reduced whole and in slices; per-rank state shrinks as 1/N."""
 
 import os
 import re
@@ -61,6 +61,24 @@ def same_world_size_is_bit_identical(tmp):
         assert a == b, f"{shard}: two 2-rank runs differ: {a} vs {b}"
 
 
+def a_wide_embeddings_gradient_reduced_in_slices_is_bit_identical(tmp):
+    """A vocabulary 16x the model width makes the embedding outgrow the
+    reduce-scatter's landing place (sized for one block), so its gradient
+    goes in slices; two blocks per unit make the landing place big enough.
+    Both give the same bits (the same sums in the same order)."""
+    train, _ = prepare_corpus(tmp)
+    for np, extra in ((2, ["--vocab", "2048"]), (4, ["--vocab", "2048", "--micro-batch", "1"]),
+                      (2, ["--vocab", "4096", "--precision", "bf16", "--reduce-dtype", "bf16"])):
+        # (bf16 parts are half the bytes: twice the vocabulary to outgrow it)
+        sliced, err1 = losses(tmp, train, np, "full", extra + ["--unit-blocks", "1"], "-k1")
+        whole, err2 = losses(tmp, train, np, "full", extra + ["--unit-blocks", "2"], "-k2")
+        assert re.search(r"embedding's gradient reduced in \d+ slices", err1), err1
+        assert "slices" not in err2, err2
+        print(f"  {np} ranks {' '.join(extra)}: sliced and whole reduce-scatters "
+              f"agree over {STEPS} steps")
+        assert sliced == whole, f"{np} ranks {extra}: {sliced} vs {whole}"
+
+
 def per_rank_state_shrinks_with_world_size(tmp):
     train, _ = prepare_corpus(tmp)
     mib = {}
@@ -81,4 +99,5 @@ if __name__ == "__main__":
     main([losses_agree_across_world_sizes_and_strategies,
           gradient_accumulation_matches_one_big_batch,
           same_world_size_is_bit_identical,
+          a_wide_embeddings_gradient_reduced_in_slices_is_bit_identical,
           per_rank_state_shrinks_with_world_size])

@@ -19,9 +19,13 @@ state (16 bytes a parameter: 19.8 GB over the ranks, before gathers and
 activations) does not fit this 24 GiB machine beside the ranks' gathered
 embedding, so it measures the peak RSS of every rank (the largest is
 reported) at 2 and 4 of the 16 layers and extrapolates linearly to 16
-(each layer adds its state shard and nothing else that stays; the
-embedding, the gathered units and the activations of a micro-batch are the
-fixed part), next to the engine's own per-rank accounting for 16 layers.
+(each layer adds its state shard, its activations and nothing else that
+stays; the embedding, the gathered units and the activations of the head
+are the fixed part). Where 4 layers do not fit (4 ranks: the fixed part,
+about 5 GiB a rank, is mostly the gathered 128,256 x 2,048 embedding and
+its full gradient, which every rank holds), the rank count is measured at 2
+layers, and a layer costs what it costs on 2 ranks less the half of its
+state shard that 4 ranks do not hold.
 """
 
 import argparse
@@ -64,6 +68,32 @@ def one(data, mode, prec, steps, threads, tmp):
             "steps_ms": ms}
 
 
+def llama_run(data, seq, steps, ranks, mode, layers, env):
+    """(peak RSS MiB of the largest rank, the banner's per-rank figures), or
+    None where the OOM killer ended it."""
+    p = subprocess.run(
+        ["mpirun", "--oversubscribe", "-np", str(ranks), TRAIN, "--data", data,
+         "--model", "llama-1b", "--layers", str(layers), "--seq", str(seq),
+         "--global-batch", str(ranks), "--steps", str(steps), "--threads", "1",
+         "--activation-checkpointing", mode, "--log-every", "1000"],
+        capture_output=True, text=True, errors="replace", env=env)
+    if p.returncode != 0 and "signal 9" in p.stderr:
+        # the kernel's OOM killer: the ranks' fixed part (the gathered
+        # embedding, its gradient, its state shard) times the ranks does
+        # not fit this machine
+        print(f"  {ranks} ranks, {mode}, L{layers}: killed by the OOM killer "
+              "(does not fit this machine)", flush=True)
+        return None
+    if p.returncode != 0:
+        sys.exit(f"bench: llama-1b L{layers} on {ranks} ranks failed:\n{p.stderr[-2000:]}")
+    m = re.search(r"peak resident memory per rank: ([\d.]+) MiB", p.stderr)
+    acct = re.search(r"per rank: params ([\d.]+) MiB, grads ([\d.]+) MiB, optimizer "
+                     r"([\d.]+) MiB .*gathered params ([\d.]+) MiB, full grads "
+                     r"([\d.]+) MiB, activations ([\d.]+) MiB", p.stderr)
+    print(f"  {ranks} ranks, {mode}, L{layers}: peak {float(m.group(1)):.0f} MiB", flush=True)
+    return float(m.group(1)), [float(x) for x in acct.groups()]
+
+
 def llama_1b(data, tmp, seq, steps, out):
     rows, killed = [], []
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -71,63 +101,40 @@ def llama_1b(data, tmp, seq, steps, out):
         for mode in ("none", "blocks"):
             peaks, plan = {}, {}
             for layers in (2, 4):
-                p = subprocess.run(
-                    ["mpirun", "--oversubscribe", "-np", str(ranks), TRAIN, "--data", data,
-                     "--model", "llama-1b", "--layers", str(layers), "--seq", str(seq),
-                     "--global-batch", str(ranks), "--steps", str(steps), "--threads", "1",
-                     "--activation-checkpointing", mode, "--log-every", "1000"],
-                    capture_output=True, text=True, errors="replace", env=env)
-                if p.returncode != 0 and "signal 9" in p.stderr:
-                    # the kernel's OOM killer: the ranks' fixed part (the gathered
-                    # embedding, its gradient, its state shard) times the ranks
-                    # does not fit this machine
-                    print(f"  {ranks} ranks, {mode}, L{layers}: killed by the OOM killer "
-                          "(does not fit this machine)", flush=True)
+                got = llama_run(data, seq, steps, ranks, mode, layers, env)
+                if got is None:
                     killed.append({"ranks": ranks, "mode": mode, "layers": layers})
                     break
-                if p.returncode != 0:
-                    sys.exit(f"bench: llama-1b L{layers} on {ranks} ranks failed:\n"
-                             f"{p.stderr[-2000:]}")
-                m = re.search(r"peak resident memory per rank: ([\d.]+) MiB", p.stderr)
-                peaks[layers] = float(m.group(1))
-                acct = re.search(r"per rank: params ([\d.]+) MiB, grads ([\d.]+) MiB, optimizer "
-                                 r"([\d.]+) MiB .*gathered params ([\d.]+) MiB, full grads "
-                                 r"([\d.]+) MiB, activations ([\d.]+) MiB", p.stderr)
-                plan[layers] = [float(x) for x in acct.groups()]
-                print(f"  {ranks} ranks, {mode}, L{layers}: peak {peaks[layers]:.0f} MiB",
-                      flush=True)
-            if len(peaks) < 2:
+                peaks[layers], plan[layers] = got
+            if len(peaks) == 2:
+                per_layer = (peaks[4] - peaks[2]) / 2
+                # the sharded state (params, grads, optimizer) of a layer, per rank
+                state_layer = (sum(plan[4][:3]) - sum(plan[2][:3])) / 2
+                rows.append({"ranks": ranks, "mode": mode, "peak_l2_mib": peaks[2],
+                             "peak_l4_mib": peaks[4], "per_layer_mib": per_layer,
+                             "state_layer_mib": state_layer,
+                             "peak_l16_mib": peaks[4] + 12 * per_layer, "acct_l4": plan[4],
+                             "how": "measured at L2 and L4, extrapolated"})
                 continue
-            per_layer = (peaks[4] - peaks[2]) / 2
-            # the sharded state (params, grads, optimizer) of 16 layers, per rank
-            state16 = sum(plan[4][:3]) + 6 * (sum(plan[4][:3]) - sum(plan[2][:3]))
+            # L4 does not fit: a layer costs what it costs on fewer ranks
+            # (its activations and gathered slots do not depend on the world
+            # size) less the part of its state shard these ranks do not hold
+            base = [r for r in rows if r["mode"] == mode and r["ranks"] < ranks]
+            if 2 not in peaks or not base:
+                continue
+            b = base[-1]
+            per_layer = b["per_layer_mib"] - b["state_layer_mib"] * (1 - b["ranks"] / ranks)
             rows.append({"ranks": ranks, "mode": mode, "peak_l2_mib": peaks[2],
-                         "peak_l4_mib": peaks[4], "per_layer_mib": per_layer,
-                         "peak_l16_mib": peaks[4] + 12 * per_layer, "state_l16_mib": state16,
-                         "acct_l4": plan[4], "measured": True})
-    # where N ranks did not fit: the measured M-rank run with its per-rank
-    # state shard rescaled from 1/M to 1/N (the gathered units, activations
-    # and runtime do not depend on the world size)
-    for k in killed:
-        base = [r for r in rows if r["mode"] == k["mode"] and r["measured"]]
-        if not base or any(r["ranks"] == k["ranks"] and r["mode"] == k["mode"] for r in rows):
-            continue
-        b, n = base[0], k["ranks"]
-        shrink = b["state_l16_mib"] * (1 - b["ranks"] / n)
-        rows.append({"ranks": n, "mode": k["mode"], "peak_l2_mib": None, "peak_l4_mib": None,
-                     "per_layer_mib": None,
-                     "peak_l16_mib": b["peak_l16_mib"] - shrink, "measured": False,
-                     "from_ranks": b["ranks"]})
+                         "peak_l4_mib": None, "per_layer_mib": per_layer,
+                         "peak_l16_mib": peaks[2] + 14 * per_layer, "acct_l2": plan[2],
+                         "how": f"measured at L2 (L4 OOM-killed); a layer as on {b['ranks']} "
+                                f"ranks less the state shard {ranks} ranks do not hold"})
     print(f"{'ranks':>5} {'recompute':<9} {'L2 MiB':>8} {'L4 MiB':>8} {'per layer':>10} "
           f"{'L16 MiB':>9}  how")
     for r in sorted(rows, key=lambda r: (r["ranks"], r["mode"])):
-        how = ("measured at L2 and L4, extrapolated" if r["measured"] else
-               f"projected from {r['from_ranks']} ranks (did not fit: OOM-killed)")
-        l2 = f"{r['peak_l2_mib']:8.0f}" if r["peak_l2_mib"] else f"{'-':>8}"
         l4 = f"{r['peak_l4_mib']:8.0f}" if r["peak_l4_mib"] else f"{'-':>8}"
-        pl = f"{r['per_layer_mib']:10.0f}" if r["per_layer_mib"] else f"{'-':>10}"
-        print(f"{r['ranks']:>5} {r['mode']:<9} {l2} {l4} {pl} "
-              f"{r['peak_l16_mib']:9.0f}  {how}")
+        print(f"{r['ranks']:>5} {r['mode']:<9} {r['peak_l2_mib']:8.0f} {l4} "
+              f"{r['per_layer_mib']:10.0f} {r['peak_l16_mib']:9.0f}  {r['how']}")
     print(f"(llama-1b shapes at --seq {seq}, global batch = ranks (micro-batch 1), shard full, "
           f"fp32, 1 thread per rank; peak RSS of the largest rank after {steps} steps)")
     with open(out, "w") as f:
