@@ -16,18 +16,23 @@
  * their cores (when it competes with one, the fair scheduler gives it about
  * a tenth of that core). The in-memory snapshots' store (--mem-snapshot-every,
  * train_ckpt.c) has a writer of its own, at nice 0: its write is waited for
- * at the next step's vote, so it must not be starved. At a due step boundary the trainer only hands
- * it the step: the thread first copies this rank's shard of every state kind into staging buffers
- * (allocated and touched once), which overlaps with the next step's forward and backward, since
- * those only read the shard; the trainer waits for the copy (tckpt_async_snapshot_wait) only before
- * the optimizer step, the first thing that writes the shard. Then the thread chunks, shuffles,
- * compresses, hashes and writes the staged copy. Each step the trainer adds "my write is done" and
- * "my write failed" to the loss all-reduce it makes anyway; the step in which every rank is done
- * runs the commit (the chunk-table gather and rank 0's manifest), so no step
- * waits on storage unless a checkpoint is due while the previous one is
- * still being written. After a commit, rank 0's thread applies retention
- * (tckpt_async_retain); a synchronous save in between (an emergency
- * checkpoint) first waits for it (tckpt_async_quiesce).
+ * at the next step's vote, so it must not be starved, and on the CPU it
+ * writes the state itself, with no staging copy (tckpt_async_start).
+ *
+ * At a due step boundary the trainer only hands the writer the step: the
+ * thread first copies this rank's shard of every state kind into staging
+ * buffers (allocated and touched once), which overlaps with the next
+ * step's forward and backward, since those only read the shard; the
+ * trainer waits for the copy (tckpt_async_snapshot_wait) only before the
+ * optimizer step, the first thing that writes the shard. Then the thread
+ * chunks, shuffles, compresses, hashes and writes the staged copy. Each
+ * step the trainer adds "my write is done" and "my write failed" to the
+ * loss all-reduce it makes anyway; the step in which every rank is done
+ * runs the commit (the chunk-table gather and rank 0's manifest), so no
+ * step waits on storage unless a checkpoint is due while the previous one
+ * is still being written. After a commit, rank 0's thread applies
+ * retention (tckpt_async_retain); a synchronous save in between (an
+ * emergency checkpoint) first waits for it (tckpt_async_quiesce).
  */
 #include "checkpoint_internal.h"
 
@@ -52,6 +57,7 @@ struct tckpt_async {
     uint64_t retain_upto;      /* the step just committed */
     uint64_t step;
     json_t *trainer;
+    int direct; /* the state itself is written: no staging (see tckpt_async_start) */
     float *staging[CKPT_NKINDS];
     char *json;
     char err[FSDP_ERR_LEN], retain_err[FSDP_ERR_LEN];
@@ -94,13 +100,17 @@ static void *async_main(void *arg)
             break;
         uint64_t step = a->step;
         pthread_mutex_unlock(&a->mu);
-        async_snapshot(c, a);
+        float *from[CKPT_NKINDS];
+        for (int k = 0; k < CKPT_NKINDS; k++)
+            from[k] = a->direct ? tckpt_kind_base(c->e, k) : a->staging[k];
+        if (!a->direct)
+            async_snapshot(c, a);
         pthread_mutex_lock(&a->mu);
         a->state = A_WRITING;
         pthread_cond_broadcast(&a->cv);
         pthread_mutex_unlock(&a->mu);
         char *json = NULL, err[FSDP_ERR_LEN] = "";
-        int rc = tckpt_write_own_shard(c, step, a->staging, &json, err);
+        int rc = tckpt_write_own_shard(c, step, from, &json, err);
         pthread_mutex_lock(&a->mu);
         a->json = json;
         snprintf(a->err, sizeof a->err, "%s", err);
@@ -135,7 +145,14 @@ int tckpt_async_start(struct tckpt *c, char *err)
 {
     struct tckpt_async *a = calloc(1, sizeof *a);
     int rc = a ? 0 : -1;
-    for (int k = 0; !rc && k < CKPT_NKINDS; k++)
+    /* A snapshot in RAM is waited for before the next optimizer step (at
+     * that step's vote), and until then the state is only read (the
+     * forward and backward write activations and gradients): on the CPU
+     * its writer reads the state itself, which saves a copy of the shard
+     * in RAM and a pass over it. A device's state still comes down first. */
+    if (a)
+        a->direct = c->o.memory && !c->e->k->on_device;
+    for (int k = 0; !rc && !a->direct && k < CKPT_NKINDS; k++)
         if (!(a->staging[k] = c->e->k->host_alloc(c->e->shard_total * sizeof(float))))
             rc = -1;
     if (!rc) {
@@ -168,7 +185,8 @@ void tckpt_async_stop(struct tckpt *c)
     pthread_mutex_unlock(&a->mu);
     pthread_join(a->thread, NULL);
     for (int k = 0; k < CKPT_NKINDS; k++)
-        c->e->k->host_free(a->staging[k]);
+        if (a->staging[k])
+            c->e->k->host_free(a->staging[k]);
     free(a->json);
     json_decref(a->trainer);
     free(a);

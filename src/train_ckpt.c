@@ -507,13 +507,17 @@ static int open_snapshots(struct trainer *t, char *err)
     t->have_snap = 1;
     if (tckpt_async_start(&t->snap, err))
         return -1;
+    /* a device's state comes down to a staging copy first (checkpoint_async.c) */
+    const int copies = t->eng.k->on_device ? 3 : 2;
     if (t->comm.rank == 0)
         fprintf(stderr,
                 "fsdp-train: in-memory snapshots every %lld step%s in %s, written in the "
-                "background (RAM: a staging copy of each rank's shard and up to two "
-                "snapshots of it, %.1f MiB a rank)\n",
+                "background (RAM: %s of each rank's shard of the state, "
+                "%.1f MiB a rank)\n",
                 o->snap_every, o->snap_every == 1 ? "" : "s", t->snap_dir,
-                3.0 * CKPT_NKINDS * (double)t->eng.shard_total * sizeof(float) / 1048576.0);
+                copies == 3 ? "a staging copy and up to two snapshots" : "up to two snapshots",
+                copies * (double)CKPT_NKINDS * (double)t->eng.shard_total * sizeof(float) /
+                    1048576.0);
     return 0;
 }
 
