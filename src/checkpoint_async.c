@@ -20,8 +20,9 @@
  * writes the state itself, with no staging copy (tckpt_async_start).
  *
  * At a due step boundary the trainer only hands the writer the step: the
- * thread first copies this rank's shard of every state kind into staging
- * buffers (allocated and touched once), which overlaps with the next
+ * thread of the checkpoint store (and a device's snapshot writer) first
+ * copies this rank's shard of every state kind into staging buffers
+ * (allocated and touched once), which overlaps with the next
  * step's forward and backward, since those only read the shard; the
  * trainer waits for the copy (tckpt_async_snapshot_wait) only before the
  * optimizer step, the first thing that writes the shard. Then the thread
@@ -231,6 +232,9 @@ int tckpt_save_async(struct tckpt *c, uint64_t step, json_t *trainer, char *err)
     return 0;
 }
 
+/* Not for a direct writer (no copy: it returns at once), whose state must
+ * not change until tckpt_async_finish; train.c finishes a snapshot before
+ * the optimizer step. */
 int tckpt_async_snapshot_wait(struct tckpt *c)
 {
     struct tckpt_async *a = c->async;

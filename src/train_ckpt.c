@@ -496,7 +496,7 @@ static int open_snapshots(struct trainer *t, char *err)
     so.uri = t->snap_dir;
     so.every = o->snap_every;
     so.keep = 1;
-    so.async = 1; /* training waits only for the copy into staging */
+    so.async = 1; /* written while the next step computes; finished before its optimizer */
     so.memory = 1;
     so.fallback = "no older snapshot: the checkpoint store decides";
     so.check_trainer = check_snapshot;
