@@ -825,8 +825,7 @@ int fsdp_unit_grad_end(struct fsdp_engine *e, int u, char *err)
     op->pieces = n;
     op->in_stride = gstride;
     op->out_stride = fsdp_round_up(G->shard_n, ALIGN_FLOATS);
-    const size_t es = e->reduce_bf16 ? sizeof(uint16_t) : sizeof(float);
-    if (e->rs_parts && (size_t)e->comm->world * G->shard_n * (size_t)n * es > e->rs_parts_bytes)
+    if (e->rs_parts && G->shard_n * (size_t)n > rs_slice(e))
         return rs_in_slices(e, g, err);
     if (coll_start(e, op, err))
         return -1;
