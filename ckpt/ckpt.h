@@ -479,6 +479,11 @@ struct ckpt_commit_result {
 };
 int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const char *tag,
                      struct ckpt_commit_result *res, char *err);
+/* The same in a store that holds only some of the step's shards (held[s]
+ * = 1; the in-memory snapshots' store of one host among several): only
+ * those must be there once the manifest is. NULL: every shard. */
+int ckpt_commit_step_held(struct storage *st, const struct ckpt_manifest *m, const char *tag,
+                          const unsigned char *held, struct ckpt_commit_result *res, char *err);
 void ckpt_commit_result_free(struct ckpt_commit_result *res);
 
 void ckpt_hex(const unsigned char sha[32], char out[65]);
@@ -495,6 +500,9 @@ int ckpt_fence_current(struct storage *st, uint64_t *gen, char *err);
 /* Claims the next generation and seals the store with it; nothing may be
  * launched with the generation before this returns 0. */
 int ckpt_fence_claim(struct storage *st, uint64_t *gen, char *err);
+/* Claims generation gen itself (one launch's stores on several hosts share
+ * their largest claim); 0 too when gen is the store's newest already. */
+int ckpt_fence_claim_at(struct storage *st, uint64_t gen, char *err);
 int ckpt_fence_check(struct storage *st, uint64_t mine, char *err);
 /* The newest sealed generation (0: none). */
 int ckpt_fence_sealed_max(struct storage *st, uint64_t *gen, char *err);

@@ -361,7 +361,8 @@ static int on_step_key(void *arg, const char *key, uint64_t size)
  * provably ours, and live, so nobody else may touch it - is withdrawn; a
  * dead one stays. */
 static int settle_ours(struct storage *st, const struct ckpt_manifest *m, const char *tag,
-                       const char *key, struct ckpt_commit_result *res, char *err)
+                       const unsigned char *held, const char *key, struct ckpt_commit_result *res,
+                       char *err)
 {
     char sub[FSDP_ERR_LEN];
     uint64_t by;
@@ -400,7 +401,7 @@ static int settle_ours(struct storage *st, const struct ckpt_manifest *m, const 
     }
     int missing = -1;
     for (int s = 0; s < m->nshards && missing < 0; s++)
-        if (!seen[s])
+        if (!seen[s] && (!held || held[s]))
             missing = s;
     free(seen);
     if (missing < 0) {
@@ -446,6 +447,12 @@ static int settle_ours(struct storage *st, const struct ckpt_manifest *m, const 
 int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const char *tag,
                      struct ckpt_commit_result *res, char *err)
 {
+    return ckpt_commit_step_held(st, m, tag, NULL, res, err);
+}
+
+int ckpt_commit_step_held(struct storage *st, const struct ckpt_manifest *m, const char *tag,
+                          const unsigned char *held, struct ckpt_commit_result *res, char *err)
+{
     memset(res, 0, sizeof *res);
     res->outcome = CKPT_UNKNOWN;
     char sub[FSDP_ERR_LEN];
@@ -476,7 +483,7 @@ int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const ch
     for (int attempt = 0;; attempt++) {
         if (storage_put_if_absent(st, key, doc, len, err) == 0) {
             free(doc);
-            return settle_ours(st, m, tag, key, res, err);
+            return settle_ours(st, m, tag, held, key, res, err);
         }
         /* EXISTS, or an error after which the put may or may not have landed
          * (a lost answer, a failed directory sync): read what is there */
@@ -484,7 +491,7 @@ int ckpt_commit_step(struct storage *st, const struct ckpt_manifest *m, const ch
         if (gr == 0 && got == len && memcmp(buf, doc, len) == 0) {
             free(buf);
             free(doc);
-            return settle_ours(st, m, tag, key, res, err);
+            return settle_ours(st, m, tag, held, key, res, err);
         }
         /* a fenced writer's late commit in the way: the current generation
          * removes it (remove_dead judges it again) and puts once more */

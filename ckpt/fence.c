@@ -257,6 +257,27 @@ static void claimant_id(char *out, size_t n)
     snprintf(out, n, "%s %d %016llx", host, (int)getpid(), (unsigned long long)nonce);
 }
 
+/* Claims generation gen (put-if-absent) and seals the store: 0, 1 when a
+ * rival holds gen, -1 on another failure. */
+static int claim_one(struct storage *st, uint64_t gen, const char *claimant, char *err)
+{
+    char key[64], body[160];
+    snprintf(key, sizeof key, GEN_PREFIX "%020llu", (unsigned long long)gen);
+    int n = snprintf(body, sizeof body, "%llu %s\n", (unsigned long long)gen, claimant);
+    int rc = storage_put_if_absent(st, key, body, (size_t)n, err);
+    if (rc == STORAGE_EXISTS)
+        return 1;
+    if (rc)
+        return -1;
+    char sub[FSDP_ERR_LEN];
+    if (seal_write(st, gen, sub)) {
+        fsdp_err(err, "claimed generation %llu but could not seal the store: %s",
+                 (unsigned long long)gen, sub);
+        return -1;
+    }
+    return 0;
+}
+
 int ckpt_fence_claim(struct storage *st, uint64_t *gen, char *err)
 {
     char claimant[128];
@@ -269,25 +290,35 @@ int ckpt_fence_claim(struct storage *st, uint64_t *gen, char *err)
             fsdp_err(err, "%s: generations are exhausted (2^63 - 1 claimed)", st->uri);
             return -1;
         }
-        char key[64], body[160];
-        snprintf(key, sizeof key, GEN_PREFIX "%020llu", (unsigned long long)(cur + 1));
-        int n = snprintf(body, sizeof body, "%llu %s\n", (unsigned long long)(cur + 1), claimant);
-        int rc = storage_put_if_absent(st, key, body, (size_t)n, err);
+        int rc = claim_one(st, cur + 1, claimant, err);
+        if (rc < 0)
+            return -1;
         if (rc == 0) {
             *gen = cur + 1;
-            char sub[FSDP_ERR_LEN];
-            if (seal_write(st, *gen, sub)) {
-                fsdp_err(err, "claimed generation %llu but could not seal the store: %s",
-                         (unsigned long long)*gen, sub);
-                return -1;
-            }
             return 0;
         }
-        if (rc != STORAGE_EXISTS)
-            return -1;
     }
     fsdp_err(err, "%s: could not claim a generation (too many racing launchers)", st->uri);
     return -1;
+}
+
+int ckpt_fence_claim_at(struct storage *st, uint64_t gen, char *err)
+{
+    uint64_t cur;
+    if (ckpt_fence_current(st, &cur, err))
+        return -1;
+    if (cur == gen)
+        return 0; /* this launcher's own claim */
+    if (cur > gen || gen >= (UINT64_C(1) << 63))
+        return fsdp_err(err, "%s already belongs to generation %llu, not %llu", st->uri,
+                        (unsigned long long)cur, (unsigned long long)gen);
+    char claimant[128];
+    claimant_id(claimant, sizeof claimant);
+    int rc = claim_one(st, gen, claimant, err);
+    if (rc == 1)
+        fsdp_err(err, "%s: generation %llu was claimed by another launcher", st->uri,
+                 (unsigned long long)gen);
+    return rc ? -1 : 0;
 }
 
 int ckpt_fence_check(struct storage *st, uint64_t mine, char *err)

@@ -109,6 +109,30 @@ static int claim_and_probe(struct tckpt *c, char *err)
     return 0;
 }
 
+/* Collective, per_host: the leaders claimed a generation each in their
+ * stores; all take the largest (claimed where a store is behind), so that
+ * one number fences the launch everywhere. */
+static int share_generation(struct tckpt *c, char *err)
+{
+    struct fsdp_comm *comm = c->comm;
+    uint64_t mine = c->leader ? c->generation : 0, top = 0;
+    char *all = NULL;
+    size_t lens[comm->world];
+    if (comm->gather_bytes(comm, &mine, sizeof mine, 0, &all, lens, err))
+        return -1;
+    for (int r = 0; comm->rank == 0 && r < comm->world; r++) {
+        uint64_t g;
+        memcpy(&g, all + (size_t)r * sizeof g, sizeof g);
+        top = g > top ? g : top;
+    }
+    free(all);
+    if (comm->bcast_bytes(comm, &top, sizeof top, 0, err))
+        return -1;
+    int rc = c->leader && c->generation != top ? ckpt_fence_claim_at(c->st, top, err) : 0;
+    c->generation = top;
+    return tckpt_agree(comm, rc, err);
+}
+
 int tckpt_open(struct tckpt *c, const struct tckpt_opts *o, struct fsdp_engine *e,
                struct fsdp_comm *comm, const struct model_layout *m, char *err)
 {
@@ -127,9 +151,18 @@ int tckpt_open(struct tckpt *c, const struct tckpt_opts *o, struct fsdp_engine *
     for (int k = 0; !rc && e->k->on_device && k < CKPT_NKINDS; k++)
         if (!(c->host[k] = e->k->host_alloc(e->shard_total * sizeof(float))))
             rc = fsdp_err(err, "checkpoint: out of host memory for a copy of the state");
-    if (!rc && comm->rank == 0)
+    c->leader = comm->rank == 0 || (o->per_host && comm->local_rank == 0);
+    for (int i = 0; !rc && o->per_host && i < 2; i++)
+        if (!(c->piece[i] = malloc((size_t)4 << 20)))
+            rc = fsdp_err(err, "checkpoint: out of memory");
+    if (o->per_host && (tckpt_agree(comm, rc, err) || tckpt_pair_ranks(c, err) ||
+                        (o->resume && tckpt_complete_hosts(c, err)))) {
+        tckpt_close(c);
+        return -1;
+    }
+    if (!rc && c->leader)
         rc = claim_and_probe(c, err);
-    if (tckpt_agree(comm, rc, err) ||
+    if (tckpt_agree(comm, rc, err) || (o->per_host && share_generation(c, err)) ||
         comm->bcast_bytes(comm, &c->generation, sizeof c->generation, 0, err) ||
         comm->bcast_bytes(comm, c->tag, sizeof c->tag, 0, err)) {
         tckpt_close(c);
@@ -140,6 +173,11 @@ int tckpt_open(struct tckpt *c, const struct tckpt_opts *o, struct fsdp_engine *
 
 void tckpt_close(struct tckpt *c)
 {
+    free(c->piece[0]);
+    free(c->piece[1]);
+    free(c->held);
+    c->piece[0] = c->piece[1] = NULL;
+    c->held = NULL;
     storage_close(c->st);
     ckpt_codec_free(c->codec);
     json_decref(c->model_json);
@@ -316,7 +354,7 @@ static int commit(struct tckpt *c, uint64_t step, json_t *trainer, const char *a
     if (!rc) {
         *attempted = 1;
         struct ckpt_commit_result res;
-        rc = ckpt_commit_step(c->st, &man, c->tag, &res, err);
+        rc = ckpt_commit_step_held(c->st, &man, c->tag, c->held, &res, err);
         c->stored_bytes = 0;
         for (int r = 0; !rc && r < man.nshards; r++)
             c->stored_bytes += man.shards[r].stored_size;
@@ -355,7 +393,7 @@ static int commit(struct tckpt *c, uint64_t step, json_t *trainer, const char *a
     return rc < 0 ? -1 : rc;
 }
 
-/* Rank 0, after committing step upto: retention and garbage (cleanup.c
+/* A leader, after committing step upto: retention and garbage (cleanup.c
  * decides). */
 int tckpt_retain(struct tckpt *c, uint64_t upto, char *err)
 {
@@ -367,7 +405,7 @@ int tckpt_retain(struct tckpt *c, uint64_t upto, char *err)
     return 0;
 }
 
-/* Rank 0: removes the shards this launch wrote for a step it did not
+/* A leader: removes the shards this launch wrote for a step it did not
  * commit. Best effort and silent: the store may be what failed (its error
  * is the one line the user sees); what stays is garbage of this generation,
  * which the next launch's start-up cleanup removes. */
@@ -404,14 +442,36 @@ static void exit_if_fenced(struct tckpt *c, uint64_t step, const char *why)
     _exit(TCKPT_FENCED_EXIT);
 }
 
+/* Collective, per_host: rank 0's gathered shard records (*all, lens) to
+ * every rank, for every host's leader commits the same manifest. */
+static int share_records(struct tckpt *c, char **all, size_t *lens, char *err)
+{
+    struct fsdp_comm *comm = c->comm;
+    uint64_t n[comm->world], total = 0;
+    for (int r = 0; r < comm->world; r++)
+        total += (n[r] = comm->rank == 0 ? lens[r] : 0);
+    if (comm->bcast_bytes(comm, n, sizeof n, 0, err))
+        return -1;
+    total = 0;
+    for (int r = 0; r < comm->world; r++)
+        total += (lens[r] = (size_t)n[r]);
+    double bad = comm->rank != 0 && !(*all = malloc(total + 1));
+    if (comm->allreduce_sum_f64(comm, &bad, 1, err))
+        return -1;
+    if (bad)
+        return fsdp_err(err, "checkpoint: a rank is out of memory for the shard records");
+    return comm->bcast_bytes(comm, *all, total, 0, err);
+}
+
 /* Collective, after every rank wrote (or failed to write) its shard: the
- * agreement, the shard records to rank 0, the commit, retention. Takes mine. */
+ * agreement, the shard records to rank 0 (with per_host, to every leader),
+ * the commit, retention. Takes mine. */
 int tckpt_finish_save(struct tckpt *c, uint64_t step, json_t *trainer, char *mine, int rc,
                       char *err)
 {
     if (tckpt_agree(c->comm, rc, err)) {
         free(mine);
-        if (c->comm->rank == 0)
+        if (c->leader)
             discard_own(c, step);
         return -1;
     }
@@ -420,19 +480,22 @@ int tckpt_finish_save(struct tckpt *c, uint64_t step, json_t *trainer, char *min
     const char *send = mine ? mine : "";
     rc = c->comm->gather_bytes(c->comm, send, mine ? strlen(mine) : 0, 0, &all, lens, err);
     free(mine);
-    if (!rc && c->comm->rank == 0) {
+    if (!rc && c->o.per_host)
+        rc = share_records(c, &all, lens, err);
+    if (!rc && c->leader) {
         int attempted = 0;
         rc = commit(c, step, trainer, all, lens, &attempted, err);
         c->skipped = rc == 1;
         if (rc == 0) {
             c->newest_committed = step;
-            hb_event("checkpoint_committed step=%llu seconds=%.3f bytes=%llu memory=%d",
-                     (unsigned long long)step, fsdp_now() - c->save_t0,
-                     (unsigned long long)c->stored_bytes, c->o.memory);
+            if (c->comm->rank == 0)
+                hb_event("checkpoint_committed step=%llu seconds=%.3f bytes=%llu memory=%d",
+                         (unsigned long long)step, fsdp_now() - c->save_t0,
+                         (unsigned long long)c->stored_bytes, c->o.memory);
             if (!c->o.memory)
                 testhook_stop("after-commit");
             if (c->async)
-                tckpt_async_retain(c, step); /* rank 0's writer thread deletes old steps */
+                tckpt_async_retain(c, step); /* the leader's writer thread deletes old steps */
             else
                 rc = tckpt_retain(c, step, err); /* a failure here leaves the commit as it is */
         } else if (rc < 0 && !attempted) {       /* never committed: our shards are garbage */
@@ -468,7 +531,7 @@ int tckpt_save(struct tckpt *c, uint64_t step, json_t *trainer, char *err)
 
 /* ---- resume ------------------------------------------------------------------------ */
 
-/* Rank 0, at start-up: garbage of fenced generations goes (incomplete
+/* A leader, at start-up: garbage of fenced generations goes (incomplete
  * steps, losing writers' shards, temporaries); no committed step is
  * touched - retention runs after this launch's own commits. */
 static int clean_for_start(struct tckpt *c, char *err)
@@ -664,7 +727,7 @@ static int start_fresh(struct tckpt *c, const uint64_t *cand, int ncand, char *e
                         "%s already holds committed checkpoints (newest step %llu): "
                         "use --resume auto, or another --ckpt",
                         c->st->uri, (unsigned long long)cand[ncand - 1]);
-    int rc = c->comm->rank == 0 ? clean_for_start(c, err) : 0;
+    int rc = c->leader ? clean_for_start(c, err) : 0;
     return tckpt_agree(c->comm, rc, err);
 }
 
@@ -768,7 +831,7 @@ int tckpt_resume(struct tckpt *c, json_t **trainer, uint64_t *loaded, char *err)
                     (unsigned long long)cand[i], c->st->uri, (unsigned long long)cand[i]);
     }
     free(cand);
-    rc = c->comm->rank == 0 ? clean_for_start(c, err) : 0;
+    rc = c->leader ? clean_for_start(c, err) : 0;
     if (tckpt_agree(c->comm, rc, err)) {
         json_decref(*trainer);
         *trainer = NULL;

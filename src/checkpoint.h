@@ -39,6 +39,10 @@ struct tckpt_opts {
      * says when none of its steps loads is `fallback`. */
     int memory;
     const char *fallback;
+    /* memory only: ranks on several hosts, the store in each host's RAM
+     * under the same path, led by the host's lowest rank, each shard also in
+     * the next host's (checkpoint_buddy.c) */
+    int per_host;
     /* tckpt_resume loads only steps from this one on (0: any): the
      * snapshot loaded from the other store is newer than the rest */
     uint64_t load_from;
@@ -57,6 +61,12 @@ struct tckpt {
     uint64_t newest_committed; /* 0 if none */
     int tried;                 /* steps tckpt_resume began to load into the engine */
     int skipped;               /* rank 0: the last save met a step already committed, kept it */
+    int leader;                /* this rank claims, commits and cleans the store: rank 0, or
+                                  with per_host each host's lowest rank */
+    int buddy, ward;           /* per_host: see tckpt_pair_ranks */
+    unsigned char *piece[2];   /* per_host: the copies' send and receive pieces */
+    unsigned char *held;       /* per_host: held[r] = 1 for the shards this host's store
+                                  holds (its ranks' and their wards'); NULL: all */
     double save_t0;            /* when the save being committed began (its event's seconds) */
     double load_s;             /* how long the resume's load took (0: none) */
     uint64_t stored_bytes;     /* rank 0: what the last commit's shards hold, every rank's */

@@ -17,7 +17,9 @@
  * a tenth of that core). The in-memory snapshots' store (--mem-snapshot-every,
  * train_ckpt.c) has a writer of its own, at nice 0: its write is waited for
  * at the next step's vote, so it must not be starved, and on the CPU it
- * writes the state itself, with no staging copy (tckpt_async_start).
+ * writes the state itself, with no staging copy (tckpt_async_start); with
+ * ranks on several hosts it then copies the shard to its buddy's
+ * (checkpoint_buddy.c) before the write counts as done.
  *
  * At a due step boundary the trainer only hands the writer the step: the
  * thread of the checkpoint store (and a device's snapshot writer) first
@@ -112,6 +114,11 @@ static void *async_main(void *arg)
         pthread_mutex_unlock(&a->mu);
         char *json = NULL, err[FSDP_ERR_LEN] = "";
         int rc = tckpt_write_own_shard(c, step, from, &json, err);
+        if (c->o.per_host) { /* a copy on the next host too (checkpoint_buddy.c) */
+            char sub[FSDP_ERR_LEN] = "";
+            if (tckpt_buddy_copy(c, step, rc == 0, sub) && !rc)
+                rc = fsdp_err(err, "%s", sub);
+        }
         pthread_mutex_lock(&a->mu);
         a->json = json;
         snprintf(a->err, sizeof a->err, "%s", err);

@@ -54,6 +54,8 @@ struct fsdp_comm {
     const char *name;
     int rank, world;
     int local_rank, local_size; /* ranks on this host */
+    int host, hosts;            /* this host's number (hosts in order of their lowest
+                                   rank) and how many there are */
     void *impl;
 
     /* full[r * n .. (r+1) * n) = shard of rank r */
@@ -96,6 +98,13 @@ struct fsdp_comm {
      * them back to back, lens[r] their lengths (root only; others get NULL) */
     int (*gather_bytes)(struct fsdp_comm *c, const void *buf, size_t n, int root, char **out,
                         size_t *lens, char *err);
+    /* Point to point, for one thread besides the collectives' (the
+     * snapshot writer's copies to a buddy host): sends n bytes to rank to
+     * while receiving m from rank from, on a communicator of its own. NULL
+     * unless asked for at start-up and the library runs threads alongside
+     * (MPI_THREAD_MULTIPLE). */
+    int (*side_sendrecv)(struct fsdp_comm *c, const void *send, size_t n, int to, void *recv,
+                         size_t m, int from, char *err);
     /* ends every rank of the job at once (a failed rank must not leave the
      * others waiting in a collective) */
     void (*abort)(struct fsdp_comm *c, int code);
@@ -105,7 +114,8 @@ struct fsdp_comm {
 /* True when this process was started by mpirun (or another PMIx launcher). */
 int fsdp_comm_launched_by_mpi(void);
 
-int fsdp_comm_mpi_init(struct fsdp_comm *c, int *argc, char ***argv, char *err);
+/* side: set up side_sendrecv (MPI_THREAD_MULTIPLE), else FUNNELED. */
+int fsdp_comm_mpi_init(struct fsdp_comm *c, int *argc, char ***argv, int side, char *err);
 void fsdp_comm_local_init(struct fsdp_comm *c);
 
 #endif

@@ -95,6 +95,8 @@ void fsdp_comm_local_init(struct fsdp_comm *c)
         .world = 1,
         .local_rank = 0,
         .local_size = 1,
+        .host = 0,
+        .hosts = 1,
         .allgather = local_allgather,
         .allgather_bf16 = local_allgather_bf16,
         .reduce_scatter = local_reduce_scatter,

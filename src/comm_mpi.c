@@ -429,9 +429,46 @@ static void mpi_abort(struct fsdp_comm *c, int code)
     MPI_Abort(MPI_COMM_WORLD, code);
 }
 
+static MPI_Comm side_comm = MPI_COMM_NULL; /* side_sendrecv's: tags never meet the collectives' */
+
+static int mpi_side_sendrecv(struct fsdp_comm *c, const void *send, size_t n, int to, void *recv,
+                             size_t m, int from, char *err)
+{
+    (void)c;
+    if (count_ok(n, "side send", err) || count_ok(m, "side receive", err))
+        return -1;
+    int rc = MPI_Sendrecv(send, (int)n, MPI_BYTE, to, 0, recv, (int)m, MPI_BYTE, from, 0, side_comm,
+                          MPI_STATUS_IGNORE);
+    return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "a copy to a buddy rank", err);
+}
+
+/* c->host and c->hosts: each host is named by its lowest rank. */
+static void number_hosts(struct fsdp_comm *c, MPI_Comm local)
+{
+    int lowest = c->rank, *all = calloc((size_t)c->world, sizeof *all);
+    MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, local);
+    c->host = 0;
+    c->hosts = 1;
+    if (!all ||
+        MPI_Allgather(&lowest, 1, MPI_INT, all, 1, MPI_INT, MPI_COMM_WORLD) != MPI_SUCCESS) {
+        free(all);
+        return;
+    }
+    c->hosts = 0;
+    for (int r = 0; r < c->world; r++)
+        if (all[r] == r) { /* r is a host's lowest rank */
+            if (r == lowest)
+                c->host = c->hosts;
+            c->hosts++;
+        }
+    free(all);
+}
+
 static void mpi_finalize(struct fsdp_comm *c)
 {
     (void)c;
+    if (side_comm != MPI_COMM_NULL)
+        MPI_Comm_free(&side_comm);
     for (int i = 0; i < MAX_RUNNING; i++)
         free(vec_args[i][0]);
     MPI_Finalize();
@@ -442,10 +479,11 @@ int fsdp_comm_launched_by_mpi(void)
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK");
 }
 
-int fsdp_comm_mpi_init(struct fsdp_comm *c, int *argc, char ***argv, char *err)
+int fsdp_comm_mpi_init(struct fsdp_comm *c, int *argc, char ***argv, int side, char *err)
 {
     int provided = 0;
-    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    int rc =
+        MPI_Init_thread(argc, argv, side ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED, &provided);
     if (rc != MPI_SUCCESS)
         return fsdp_err(err, "mpi: MPI_Init failed (code %d)", rc);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -484,6 +522,12 @@ int fsdp_comm_mpi_init(struct fsdp_comm *c, int *argc, char ***argv, char *err)
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &local);
     MPI_Comm_rank(local, &c->local_rank);
     MPI_Comm_size(local, &c->local_size);
+    number_hosts(c, local);
     MPI_Comm_free(&local);
+    if (side && provided >= MPI_THREAD_MULTIPLE &&
+        MPI_Comm_dup(MPI_COMM_WORLD, &side_comm) == MPI_SUCCESS) {
+        MPI_Comm_set_errhandler(side_comm, MPI_ERRORS_RETURN);
+        c->side_sendrecv = mpi_side_sendrecv;
+    }
     return 0;
 }

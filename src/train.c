@@ -649,7 +649,12 @@ static void keep_freed_memory(void)
 static int start_ranks(struct trainer *t, int *argc, char ***argv, char *err)
 {
     if (fsdp_comm_launched_by_mpi()) {
-        if (fsdp_comm_mpi_init(&t->comm, argc, argv, err)) {
+        /* a snapshot writer copies to its buddy host from its own thread
+         * (the library's locks on every call only when ranks span hosts) */
+        const char *all = getenv("OMPI_COMM_WORLD_SIZE"),
+                   *here = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+        int side = t->o.snap_every > 0 && !(all && here && strcmp(all, here) == 0);
+        if (fsdp_comm_mpi_init(&t->comm, argc, argv, side, err)) {
             fprintf(stderr, "fsdp-train: %s\n", err);
             return 1;
         }

@@ -463,23 +463,45 @@ static int one_host(struct trainer *t, char *err)
     return other == 0;
 }
 
+/* Collective: whether the snapshots' store can be one in each host's RAM
+ * (checkpoint_buddy.c): every host holds as many ranks, each rank writes
+ * a shard, and the library lets the writer thread copy. 1 yes, 0 no (rank
+ * 0 said why), -1 on a failed collective. */
+static int per_host_ok(struct trainer *t, char *err)
+{
+    double size = t->comm.local_size;
+    if (t->comm.bcast_bytes(&t->comm, &size, sizeof size, 0, err))
+        return -1;
+    double bad[2] = {size != t->comm.local_size, !t->comm.side_sendrecv};
+    if (t->comm.allreduce_sum_f64(&t->comm, bad, 2, err))
+        return -1;
+    const char *why = bad[0] > 0   ? "the hosts hold different numbers of ranks"
+                      : bad[1] > 0 ? "this MPI library runs no threads beside its calls "
+                                     "(MPI_THREAD_MULTIPLE)"
+                      : t->eng.shard == FSDP_SHARD_NONE ? "--shard none keeps one shard"
+                                                        : NULL;
+    if (why && t->comm.rank == 0)
+        fprintf(stderr,
+                "fsdp-train: --mem-snapshot-every: off, the ranks are on %d hosts and %s; "
+                "healing reads --ckpt\n",
+                t->comm.hosts, why);
+    return !why;
+}
+
 /* Collective: opens the snapshots' store when --mem-snapshot-every is
- * given and every rank is on one host. */
+ * given: in this host's RAM, or with ranks on several hosts in each
+ * host's, every shard also in the next host's. */
 static int open_snapshots(struct trainer *t, char *err)
 {
     const struct train_opts *o = &t->o;
     if (!o->snap_every)
         return 0;
-    int on = one_host(t, err);
+    int on = one_host(t, err), per_host = 0;
     if (on < 0)
         return -1;
-    if (!on) {
-        if (t->comm.rank == 0)
-            fprintf(stderr, "fsdp-train: --mem-snapshot-every: off, the ranks are on more than "
-                            "one host (copies to a buddy host are not built yet); healing "
-                            "reads --ckpt\n");
-        return 0;
-    }
+    if (!on && (per_host = per_host_ok(t, err)) <= 0)
+        return per_host;
+    int lead = t->comm.rank == 0 || (per_host && t->comm.local_rank == 0);
     double failed = t->comm.rank == 0 && snapshot_dir(t, err) != 0;
     if (t->comm.rank == 0 && !failed && claim_digest(t->ck.st, t->ck.generation, t->ck_claim))
         failed = fsdp_err(err, "%s: generation %llu's claim cannot be read", t->ck.st->uri,
@@ -492,12 +514,20 @@ static int open_snapshots(struct trainer *t, char *err)
     if (t->comm.bcast_bytes(&t->comm, t->snap_dir, sizeof t->snap_dir, 0, err) ||
         t->comm.bcast_bytes(&t->comm, t->ck_claim, sizeof t->ck_claim, 0, err))
         return -1;
+    /* every host's leader makes (or checks) its own */
+    double bad = lead && t->comm.rank != 0 && snapshot_dir_private(t->snap_dir, err) != 0;
+    int mine = bad > 0;
+    if (t->comm.allreduce_sum_f64(&t->comm, &bad, 1, err))
+        return -1;
+    if (bad > 0)
+        return mine ? -1 : fsdp_err(err, "another host could not make %s", t->snap_dir);
     struct tckpt_opts so = o->ckpt;
     so.uri = t->snap_dir;
     so.every = o->snap_every;
     so.keep = 1;
     so.async = 1; /* written while the next step computes; finished before its optimizer */
     so.memory = 1;
+    so.per_host = per_host;
     so.fallback = "no older snapshot: the checkpoint store decides";
     so.check_trainer = check_snapshot;
     so.check_ctx = t;
@@ -509,15 +539,24 @@ static int open_snapshots(struct trainer *t, char *err)
         return -1;
     /* a device's state comes down to a staging copy first (checkpoint_async.c) */
     const int copies = t->eng.k->on_device ? 3 : 2;
-    if (t->comm.rank == 0)
+    const double mib = (double)CKPT_NKINDS * (double)t->eng.shard_total * sizeof(float) / 1048576.0;
+    if (t->comm.rank == 0 && per_host)
+        fprintf(stderr,
+                "fsdp-train: in-memory snapshots every %lld step%s in %s on each of %d hosts, "
+                "written in the background, each rank's shard also to a buddy rank on the next "
+                "host (RAM: %s of each rank's shard of the state and up to two of its ward's, "
+                "%.1f MiB a rank)\n",
+                o->snap_every, o->snap_every == 1 ? "" : "s", t->snap_dir, t->comm.hosts,
+                copies == 3 ? "a staging copy and up to two snapshots" : "up to two snapshots",
+                (copies + 2) * mib);
+    else if (t->comm.rank == 0)
         fprintf(stderr,
                 "fsdp-train: in-memory snapshots every %lld step%s in %s, written in the "
                 "background (RAM: %s of each rank's shard of the state, "
                 "%.1f MiB a rank)\n",
                 o->snap_every, o->snap_every == 1 ? "" : "s", t->snap_dir,
                 copies == 3 ? "a staging copy and up to two snapshots" : "up to two snapshots",
-                copies * (double)CKPT_NKINDS * (double)t->eng.shard_total * sizeof(float) /
-                    1048576.0);
+                copies * mib);
     return 0;
 }
 
@@ -578,7 +617,7 @@ static int collect_key(void *arg, const char *key, uint64_t size)
     return (k->v[k->n] = strdup(key)) ? (k->n++, 0) : -1;
 }
 
-/* Rank 0: removes the objects of the snapshots' store under prefix (a
+/* A leader of the snapshots' store: removes its objects under prefix (a
  * cache of this run's state, never a checkpoint: the one place its
  * contents are deleted besides its own retention). What cannot be removed
  * stays for the next clean-up. */
@@ -603,7 +642,11 @@ void train_end_snapshots(struct trainer *t)
         return;
     /* the checkpoint store holds the last step: the snapshots are spent */
     tckpt_async_stop(&t->snap); /* after its last retention */
-    if (t->comm.rank == 0 && t->ck.newest_committed >= t->snap.newest_committed) {
+    double spent = t->comm.rank == 0 && t->ck.newest_committed >= t->snap.newest_committed;
+    char err[FSDP_ERR_LEN];
+    if (t->snap.o.per_host && t->comm.bcast_bytes(&t->comm, &spent, sizeof spent, 0, err))
+        spent = 0; /* kept: the next launch's start removes what it does not use */
+    if (spent && t->snap.leader) {
         drop_snapshots(t, "");
         rmdir(t->snap_dir);
     }
@@ -675,7 +718,7 @@ int train_setup_checkpoints(struct trainer *t, char *err)
     /* snapshots not resumed from are no use to this run (none, refused, or
      * older than the checkpoint): they go, lest retention keep a stale
      * newer step number over this run's */
-    if (t->have_snap && !from_memory && t->comm.rank == 0)
+    if (t->have_snap && !from_memory && t->snap.leader)
         drop_snapshots(t, "step-");
     if (state) {
         rc = restore_state(t, state, step, err);

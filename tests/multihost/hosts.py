@@ -17,7 +17,8 @@ counter, so runs never collide and a crashed run's leftovers are found):
     ip netns exec fmh-PID-K-w1 unshare --pid --fork --mount-proc --uts \\
         --kill-child python3 hosts.py init HOSTNAME ADDRESS
 
-The init (pid 1 of the host) sets the hostname, starts the host's remote
+The init (pid 1 of the host) sets the hostname, mounts the host's own
+/dev/shm (a tmpfs that dies with it), starts the host's remote
 shell server (rsh.py, on ADDRESS:7022) and reaps orphans. Commands from the
 test enter a host through the init's namespaces (net, pid, uts, mount:
 `hosts.py exec`), never through the network; Open MPI reaches a host only
@@ -550,6 +551,10 @@ def init_main(hostname, addr):
     """hosts.py init HOSTNAME ADDR: pid 1 of a host. Sets the hostname, runs
     the remote shell server, reaps orphans until killed."""
     socket.sethostname(hostname)
+    # the host's own RAM: a tmpfs of its mount namespace (private: unshare's
+    # default), gone with the host, as a node's /dev/shm is at a power loss
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777,size=4g", "tmpfs", "/dev/shm"],
+                   check=True)
     subprocess.Popen([PY, os.path.join(HERE, "rsh.py"), "serve", addr, str(rsh.PORT)],
                      stdin=subprocess.DEVNULL)
     while True:

@@ -8,8 +8,9 @@ next to the same run without faults.
 Each fault is, in turn (seeded), a rank kill (SIGKILL of one fsdp-train
 process) or, one time in three, a job kill (SIGKILL of every rank at once,
 as a lost host takes all of its ranks; the host's RAM, and so its
-snapshots, survive it here: losing the machine itself is the buddy copies'
-part of issue 33, not built yet). A fault due while no
+snapshots, survive it here: losing the machine itself, RAM and all, is
+tests/multihost/test_snapshots.py's, healed from the buddy host's copies).
+A fault due while no
 rank runs (the supervisor relaunching) waits for the next rank to appear:
 a fault never lands on nothing. At the end fsdp-super gets SIGTERM (an
 operator's stop: an emergency checkpoint, exit 0) and its summary event
