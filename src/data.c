@@ -5,7 +5,8 @@
  * socket or directory named as one is refused with one line naming it.
  * Reading opens through fsdp_open_regular (util.h: a FIFO must never hang
  * the trainer in open()); writing never replaces anything but a regular
- * file (rename() would turn /dev/null into a token file).
+ * file (rename() would turn /dev/null into a token file). An HDF5 file
+ * (told by its signature) is data_h5.c's.
  */
 #include "data.h"
 
@@ -27,11 +28,24 @@ static uint32_t le32(const unsigned char *p)
 
 int token_file_open(struct token_file *f, const char *path, int vocab, char *err)
 {
+    return token_file_open_ds(f, path, NULL, vocab, err);
+}
+
+int token_file_open_ds(struct token_file *f, const char *path, const char *dataset, int vocab,
+                       char *err)
+{
     memset(f, 0, sizeof *f);
     int fd;
     uint64_t size;
     if (fsdp_open_regular(path, "a token file", &fd, &size, err))
         return -1;
+    unsigned char head[8];
+    if (pread(fd, head, sizeof head, 0) == (ssize_t)sizeof head &&
+        token_file_is_hdf5(head, sizeof head)) {
+        int rc = token_file_open_hdf5(f, fd, path, dataset, vocab, err);
+        close(fd);
+        return rc;
+    }
     const size_t hdr = DATA_HEADER_INTS * 4, len = (size_t)size;
     if (len < hdr) {
         close(fd);
@@ -91,7 +105,9 @@ int token_file_open(struct token_file *f, const char *path, int vocab, char *err
 
 void token_file_close(struct token_file *f)
 {
-    if (f->map)
+    if (f->heap)
+        free(f->map);
+    else if (f->map)
         munmap(f->map, f->map_len);
     memset(f, 0, sizeof *f);
 }
@@ -136,7 +152,7 @@ int sample_stream_init(struct sample_stream *s, const struct token_file *f, int 
     s->seed = seed;
     s->nsamples = f->ntokens > 0 ? (f->ntokens - 1) / (size_t)T : 0;
     if (s->nsamples == 0)
-        return fsdp_err(err, "data: %zu tokens hold no sample of %d+1 tokens", f->ntokens, T);
+        return fsdp_err(err, "%zu tokens hold no sample of %d+1 tokens", f->ntokens, T);
     s->perm = malloc(s->nsamples * sizeof *s->perm);
     if (!s->perm)
         return fsdp_err(err, "data: out of memory for %llu sample indices",

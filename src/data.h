@@ -10,6 +10,9 @@
  * permutation per epoch of the global sample indices, the same for any world
  * size; the loader's whole state is one cursor (samples consumed so far), so
  * it reshards trivially.
+ *
+ * The same tokens may come from an HDF5 file instead (data_h5.c): a 1-D
+ * integer dataset, read into memory at open.
  */
 #ifndef FSDP_DATA_H
 #define FSDP_DATA_H
@@ -22,19 +25,25 @@
 #define DATA_MAGIC_U32   20240801 /* uint32 tokens */
 #define DATA_VERSION_U32 7
 #define DATA_HEADER_INTS 256
-#define DATA_EOT         0 /* byte-level end-of-text token (NUL never occurs in text) */
+#define DATA_EOT         0        /* byte-level end-of-text token (NUL never occurs in text) */
+#define DATA_H5_DATASET  "tokens" /* an HDF5 file's token dataset unless named */
 
 struct token_file {
     const void *tokens; /* ntokens of width bytes each, little-endian */
     int width;          /* 2 (uint16) or 4 (uint32) */
     size_t ntokens;
-    void *map;
+    void *map; /* the file's bytes (mapped), or heap: the tokens (an HDF5 file's) */
     size_t map_len;
+    int heap;
 };
 
 /* Maps and validates a token file: header, exact length, every token below
  * vocab. Errors name the file and the problem. */
 int token_file_open(struct token_file *f, const char *path, int vocab, char *err);
+/* The same, naming an HDF5 file's dataset (NULL: DATA_H5_DATASET); a token
+ * file is told from an HDF5 file by its first bytes. */
+int token_file_open_ds(struct token_file *f, const char *path, const char *dataset, int vocab,
+                       char *err);
 void token_file_close(struct token_file *f);
 
 /* Token i of an open file. */
@@ -51,6 +60,16 @@ int token_file_write(const char *path, const uint16_t *tokens, size_t n, int wid
  * anything else (device node, FIFO, directory, symbolic link), which a
  * write would replace. */
 int token_file_check_output(const char *path, char *err);
+
+/* data_h5.c. Whether the bytes begin an HDF5 file (its signature at 0). */
+int token_file_is_hdf5(const unsigned char *head, size_t n);
+/* Reads dataset of the HDF5 file open as fd (regular, checked) into f. */
+int token_file_open_hdf5(struct token_file *f, int fd, const char *path, const char *dataset,
+                         int vocab, char *err);
+/* Writes tokens as an HDF5 file (dataset of uint16 or uint32, chunked), as
+ * token_file_write writes a token file: a temporary, renamed into place. */
+int token_file_write_hdf5(const char *path, const char *dataset, const uint16_t *tokens, size_t n,
+                          int width, char *err);
 
 struct sample_stream {
     const struct token_file *file;

@@ -2,7 +2,8 @@
  * data_main.c - fsdp-data: turns UTF-8 text into token files.
  *
  *   fsdp-data prepare --out FILE [--val-out FILE] [--val-fraction F]
- *                     [--doc-sep LINE] [--token-dtype uint16|uint32] INPUT...
+ *                     [--doc-sep LINE] [--token-dtype uint16|uint32]
+ *                     [--format bin|hdf5] [--h5-dataset NAME] INPUT...
  *
  * Tokens are bytes (vocabulary 256). Each input file is one document, or
  * several when --doc-sep names a line that separates documents (fortune
@@ -171,6 +172,8 @@ struct data_opts {
     const char *out, *val_out, *sep;
     double frac;
     int wide; /* --token-dtype uint32 */
+    int hdf5; /* --format hdf5 */
+    const char *dataset;
 };
 
 static const struct opt data_flags[] = {
@@ -186,13 +189,20 @@ static const struct opt data_flags[] = {
      .help = "uint16: llm.c's GPT-2 files (magic 20240520); uint32:\n"
              "its Llama 3 files (magic 20240801), the layout\n"
              "vocabularies over 65,536 need (default uint16)"},
+    {"--format", OPT_WORD, offsetof(struct data_opts, hdf5), .words = {"bin", "hdf5"},
+     .arg = "bin|hdf5",
+     .help = "bin: llm.c's token files (default); hdf5: an HDF5\n"
+             "file with one 1-D dataset of the tokens, chunked"},
+    {"--h5-dataset", OPT_STR, offsetof(struct data_opts, dataset), .arg = "NAME",
+     .help = "the HDF5 dataset's name (default tokens)"},
     {"--help", OPT_HELP, .help = NULL},
 };
 
 static void usage(void)
 {
     printf("usage: fsdp-data prepare --out FILE [--val-out FILE] [--val-fraction F]\n"
-           "                         [--doc-sep LINE] [--token-dtype uint16|uint32] INPUT...\n"
+           "                         [--doc-sep LINE] [--token-dtype uint16|uint32]\n"
+           "                         [--format bin|hdf5] [--h5-dataset NAME] INPUT...\n"
            "\n"
            "Turns UTF-8 text files into byte-level token files in llm.c's format\n"
            "(vocabulary 256, token 0 = end of text before every document).\n");
@@ -215,6 +225,8 @@ static int parse_prepare(struct data_opts *o, int argc, char **argv, int *first)
         rc = fsdp_err(err, "unknown option '--'");
     if (!rc && (!o->out || *first == argc))
         rc = fsdp_err(err, "--out FILE and at least one INPUT are required");
+    if (!rc && o->dataset && !o->hdf5)
+        rc = fsdp_err(err, "--h5-dataset names a dataset of --format hdf5");
     if (rc)
         fprintf(stderr, "fsdp-data: %s (see fsdp-data --help)\n", err);
     return rc;
@@ -261,10 +273,13 @@ int main(int argc, char **argv)
                       "the validation split is empty (%zu documents; use --doc-sep, more "
                       "inputs or a larger --val-fraction)",
                       s.docs);
+    const int width = o.wide ? 4 : 2;
     if (!rc)
-        rc = token_file_write(out, s.train.v, s.train.n, o.wide ? 4 : 2, err);
+        rc = o.hdf5 ? token_file_write_hdf5(out, o.dataset, s.train.v, s.train.n, width, err)
+                    : token_file_write(out, s.train.v, s.train.n, width, err);
     if (!rc && val_out)
-        rc = token_file_write(val_out, s.val.v, s.val.n, o.wide ? 4 : 2, err);
+        rc = o.hdf5 ? token_file_write_hdf5(val_out, o.dataset, s.val.v, s.val.n, width, err)
+                    : token_file_write(val_out, s.val.v, s.val.n, width, err);
     if (!rc)
         fprintf(stderr, "fsdp-data: %zu documents: %zu tokens -> %s", s.docs, s.train.n, out);
     if (!rc && val_out)

@@ -516,12 +516,14 @@ static int setup(struct trainer *t, char *err)
     fsdp_kernels_cpu_threads(t->threads);
     if (model_layout_init(&t->model, &o->cfg, err))
         return -1;
-    if (token_file_open(&t->train_file, o->data, o->cfg.vocab, err))
+    if (token_file_open_ds(&t->train_file, o->data, o->h5_dataset, o->cfg.vocab, err))
         return -1;
-    if (o->val_data && token_file_open(&t->val_file, o->val_data, o->cfg.vocab, err))
+    if (o->val_data &&
+        token_file_open_ds(&t->val_file, o->val_data, o->h5_dataset, o->cfg.vocab, err))
         return -1;
-    if (sample_stream_init(&t->stream, &t->train_file, o->cfg.seq, o->seed, err))
-        return -1;
+    char sub[FSDP_ERR_LEN];
+    if (sample_stream_init(&t->stream, &t->train_file, o->cfg.seq, o->seed, sub))
+        return fsdp_err(err, "%s: %s", o->data, sub);
     if (t->stream.nsamples < (uint64_t)o->global_batch)
         return fsdp_err(err, "%s: only %llu sequences of %d+1 tokens, fewer than one global batch",
                         o->data, (unsigned long long)t->stream.nsamples, o->cfg.seq);

@@ -17,8 +17,9 @@ int train_validate(struct trainer *t, double *out, char *err)
 {
     const int T = t->model.cfg.seq, W = t->comm.world;
     struct sample_stream vs;
-    if (sample_stream_init(&vs, &t->val_file, T, 0, err))
-        return -1;
+    char sub[FSDP_ERR_LEN];
+    if (sample_stream_init(&vs, &t->val_file, T, 0, sub))
+        return fsdp_err(err, "%s: %s", t->o.val_data, sub);
     uint64_t n =
         (uint64_t)t->o.val_samples < vs.nsamples ? (uint64_t)t->o.val_samples : vs.nsamples;
     uint64_t per = n / (uint64_t)W / (uint64_t)t->micro * (uint64_t)t->micro;

@@ -110,8 +110,12 @@ static int parse_compress(void *field, const char *v, char *err)
 static const struct opt train_flags[] = {
     {.kind = OPT_SECTION, .help = "data and model:"},
     {"--data", OPT_STR, AT(o.data), .arg = "FILE",
-     .help = "training tokens (llm.c format; fsdp-data prepare)"},
+     .help = "training tokens (llm.c format, or an HDF5 file;\n"
+             "fsdp-data prepare)"},
     {"--val-data", OPT_STR, AT(o.val_data), .arg = "FILE", .help = "validation tokens"},
+    {"--h5-dataset", OPT_STR, AT(o.h5_dataset), .arg = "NAME",
+     .help = "in an HDF5 --data or --val-data: the 1-D integer\n"
+             "dataset of the tokens (default tokens)"},
     {"--model", OPT_STR, AT(o.model_name), .arg = "NAME", /* checked after the loop */
      .help = "a preset: tiny | small | gpt2-124m (gpt2);\n"
              "llama-tiny | smollm-135m | llama-1b (llama; shapes of\n"

@@ -12,6 +12,7 @@
 
 struct train_opts {
     const char *data, *val_data, *log_path, *model_name;
+    const char *h5_dataset;  /* --h5-dataset: an HDF5 file's token dataset */
     const char *cpu_kernels; /* auto, or an instruction set (kernels.h) */
     const char *matmul;      /* auto, onednn or openblas (kernels.h) */
     int cuda;                /* --device cuda (cuda/cuda.h) */

@@ -9,7 +9,7 @@ set -eu
 PKGS="build-essential pkg-config meson ninja-build python3 curl
       libopenmpi-dev openmpi-bin libopenblas-openmp-dev libdnnl-dev
       libzstd-dev libxxhash-dev libssl-dev libjansson-dev libcurl4-openssl-dev libexpat1-dev
-      python3-numpy python3-matplotlib libmicrohttpd-dev prometheus
+      python3-numpy python3-matplotlib libmicrohttpd-dev prometheus libhdf5-dev python3-h5py
       awscli ceph-mon ceph-osd radosgw ceph-common
       fortunes-min fortunes
       iproute2 procps clang libclang-rt-14-dev clang-format
