@@ -109,10 +109,10 @@ int tckpt_buddy_copy(struct tckpt *c, uint64_t step, int ok, char *err)
     }
     if (comm->side_sendrecv(comm, out, sizeof out, c->buddy, in, sizeof in, c->ward, sub))
         return fsdp_err(err, "%s", sub); /* a lost peer: the job ends anyway */
-    if (in[1] != step)
-        return fsdp_err(err, "snapshot: rank %d sent step %llu for step %llu", c->ward,
-                        (unsigned long long)in[1], (unsigned long long)step);
     int rc = out[0] == COPY_FAILED ? -1 : 0;
+    if (in[1] != step && !rc) /* the pieces still go both ways: the pair must not hang */
+        rc = fsdp_err(err, "snapshot: rank %d sent step %llu for step %llu", c->ward,
+                      (unsigned long long)in[1], (unsigned long long)step);
     uint64_t to_send = out[0] == COPY_FAILED ? 0 : out[0];
     uint64_t to_take = in[0] == COPY_FAILED ? 0 : in[0];
     if (in[0] == COPY_FAILED && !rc)
@@ -120,7 +120,7 @@ int tckpt_buddy_copy(struct tckpt *c, uint64_t step, int ok, char *err)
                       (unsigned long long)step);
     unsigned char *sbuf = c->piece[0], *rbuf = c->piece[1];
     struct storage_writer *w = NULL;
-    if (in[0] != COPY_FAILED && storage_put_begin(c->st, theirs, &w, sub)) {
+    if (in[0] != COPY_FAILED && !rc && storage_put_begin(c->st, theirs, &w, sub)) {
         w = NULL;
         if (!rc)
             rc = fsdp_err(err, "snapshot: rank %d's shard: %s", c->ward, sub);
