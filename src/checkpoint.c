@@ -133,6 +133,22 @@ static int share_generation(struct tckpt *c, char *err)
     return tckpt_agree(comm, rc, err);
 }
 
+/* Collective, per_host, after share_generation: rank 0's writer tag names
+ * its own claim, which may be below the agreed generation (its host's
+ * store was behind: a rebooted host); a commit refuses a tag of another
+ * generation, so the tag is made again for the agreed one. */
+static int retag(struct tckpt *c, char *err)
+{
+    char sub[FSDP_ERR_LEN];
+    uint64_t mine;
+    int rc = c->comm->rank == 0 && ckpt_tag_generation(c->tag, &mine) == 0 &&
+                     mine != c->generation &&
+                     ckpt_new_writer_tag(c->st, c->generation, c->tag, sizeof c->tag, sub)
+                 ? fsdp_err(err, "%s", sub)
+                 : 0;
+    return tckpt_agree(c->comm, rc, err);
+}
+
 int tckpt_open(struct tckpt *c, const struct tckpt_opts *o, struct fsdp_engine *e,
                struct fsdp_comm *comm, const struct model_layout *m, char *err)
 {
@@ -163,6 +179,7 @@ int tckpt_open(struct tckpt *c, const struct tckpt_opts *o, struct fsdp_engine *
     if (!rc && c->leader)
         rc = claim_and_probe(c, err);
     if (tckpt_agree(comm, rc, err) || (o->per_host && share_generation(c, err)) ||
+        (o->per_host && retag(c, err)) ||
         comm->bcast_bytes(comm, &c->generation, sizeof c->generation, 0, err) ||
         comm->bcast_bytes(comm, c->tag, sizeof c->tag, 0, err)) {
         tckpt_close(c);

@@ -35,6 +35,8 @@
  */
 #include "checkpoint_internal.h"
 
+#include "heartbeat.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,7 +134,11 @@ int tckpt_buddy_copy(struct tckpt *c, uint64_t step, int ok, char *err)
         size_t m = to_take - taken < PIECE ? (size_t)(to_take - taken) : PIECE;
         if (n && storage_get_range(c->st, mine, sent, n, sbuf, sub) && !rc)
             rc = fsdp_err(err, "snapshot: %s", sub);
-        if (comm->side_sendrecv(comm, sbuf, n, c->buddy, rbuf, m, c->ward, sub)) {
+        /* each direction has its own count of pieces (a ring: the buddy's
+         * and the ward's shards differ in size): a finished one is left out,
+         * so a message always meets the one its peer sends */
+        if (comm->side_sendrecv(comm, sbuf, n, sent < to_send ? c->buddy : -1, rbuf, m,
+                                taken < to_take ? c->ward : -1, sub)) {
             storage_writer_abort(w);
             return fsdp_err(err, "%s", sub);
         }
@@ -144,6 +150,7 @@ int tckpt_buddy_copy(struct tckpt *c, uint64_t step, int ok, char *err)
         }
         sent += n;
         taken += m;
+        hb_progress(); /* a big shard's copy is work, not a hang */
     }
     if (w && !rc && storage_writer_commit(w, sub))
         rc = fsdp_err(err, "snapshot: rank %d's shard: %s", c->ward, sub);
@@ -162,6 +169,9 @@ struct listing {
 static int list_one(void *arg, const char *key, uint64_t size)
 {
     struct listing *l = arg;
+    for (const char *p = key; *p; p++)
+        if ((unsigned char)*p <= ' ')
+            return 0; /* not a name the store writes, and the listing is lines of words */
     const char *base = strrchr(key, '/');
     base = base ? base + 1 : key;
     if (strcmp(base, CKPT_MANIFEST) != 0 && (strncmp(base, "shard-", 6) || strstr(base, ".tmp.")))
@@ -277,6 +287,7 @@ static int send_object(struct tckpt *c, const char *key, uint64_t size, int hold
                 rc = fsdp_err(err, "snapshot: %s", sub);
         }
         at += n;
+        hb_progress();
     }
     if (w && rc)
         storage_writer_abort(w);

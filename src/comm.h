@@ -100,7 +100,8 @@ struct fsdp_comm {
                         size_t *lens, char *err);
     /* Point to point, for one thread besides the collectives' (the
      * snapshot writer's copies to a buddy host): sends n bytes to rank to
-     * while receiving m from rank from, on a communicator of its own. NULL
+     * while receiving m from rank from, on a communicator of its own (a
+     * negative rank: that direction is left out, MPI_PROC_NULL). NULL
      * unless asked for at start-up and the library runs threads alongside
      * (MPI_THREAD_MULTIPLE). */
     int (*side_sendrecv)(struct fsdp_comm *c, const void *send, size_t n, int to, void *recv,

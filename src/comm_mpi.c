@@ -437,8 +437,9 @@ static int mpi_side_sendrecv(struct fsdp_comm *c, const void *send, size_t n, in
     (void)c;
     if (count_ok(n, "side send", err) || count_ok(m, "side receive", err))
         return -1;
-    int rc = MPI_Sendrecv(send, (int)n, MPI_BYTE, to, 0, recv, (int)m, MPI_BYTE, from, 0, side_comm,
-                          MPI_STATUS_IGNORE);
+    int rc =
+        MPI_Sendrecv(send, (int)n, MPI_BYTE, to < 0 ? MPI_PROC_NULL : to, 0, recv, (int)m, MPI_BYTE,
+                     from < 0 ? MPI_PROC_NULL : from, 0, side_comm, MPI_STATUS_IGNORE);
     return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "a copy to a buddy rank", err);
 }
 

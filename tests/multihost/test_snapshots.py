@@ -15,6 +15,11 @@ in its host's RAM and in the next host's (src/checkpoint_buddy.c).
   unusable, falls back to --ckpt's step 20 (resharded from three ranks to
   two), and the final digest equals that of the same fallback made by
   hand (three ranks to step 20, two from there).
+- Rank 0's host rebooted: the whole job dies after the step 29 snapshot and
+  worker 1 comes back with an empty /dev/shm; a new fsdp-super resumes
+  from worker 2's RAM and snapshots go on (worker 2's store is a
+  generation ahead of worker 1's: rank 0's writer tag follows the agreed
+  generation).
 
 Faults are triggered by events: the rank on worker 2 holds after step 30
 (FSDP_TEST_HOLD_AT, in worker 2's login environment only), so the newest
@@ -116,10 +121,60 @@ def a_lost_host_and_its_buddy_fall_back_to_the_checkpoint_store(tmp):
           f"20, resharded 3 -> 2; digest equal to the fallback made by hand")
 
 
+def a_rebooted_rank_0_host_heals_and_snapshots_go_on(tmp):
+    """The whole job dies at step 30 (supervisor, ranks) and worker 1, rank
+    0's host, comes back rebooted: its RAM store is empty, worker 2's holds
+    the step 29 snapshot and a newer generation than worker 1's. A new
+    fsdp-super resumes from RAM at step 29 (worker 1's store completed from
+    worker 2's), snapshots stay on (rank 0's writer tag is made for the
+    agreed generation), and the digest equals an uninterrupted run's."""
+    data, _ = prepare_corpus(tmp)
+    ref = os.path.join(tmp, "ref")
+    mpirun(2, args(data, ref, 40))
+    with hosts.Cluster(2, tmp, login_env={"w1": {"FSDP_TEST_HOLD_AT": "30"}}) as c:
+        w1, w2 = c.workers
+        ck = os.path.join(tmp, "ck")
+        targs = args(data, ck, 40)
+        sup = ["--hosts", c.hostfile(), "--np", "2", "--heartbeat-timeout", "5",
+               "--max-restarts", "3"]
+        p, ev = start_super(c, tmp, sup, targs)
+        wait_event(p, tmp, ev, "the snapshot of step 29",
+                   lambda e: e["event"] == "checkpoint_committed" and e.get("memory") == 1
+                   and e["step"] == 29, 180)
+        p.kill()
+        p.wait()
+        w1.kill_all(signal.SIGKILL)  # rank 0's host, RAM and all
+        for h in (c.controller, w2):  # the rest of the job, not worker 2's RAM
+            for pid, _ in h.job_pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        assert not c.wait_no_job_processes([c.controller, w2])
+        w1.login_env = {}
+        w1.start()  # rebooted: an empty /dev/shm, no hold
+        c.wait_reachable([w1])
+        os.rename(ev, ev + ".first")
+        p, ev = start_super(c, tmp, sup, targs)
+        rc = finish(p, tmp, 600)
+        err = output(tmp)[1]
+        assert rc == 0, f"fsdp-super exited {rc}:\n{err[-3000:]}"
+        resumed = [e for e in events_of(ev) if e["event"] == "resumed"]
+        assert [(e["step"], bool(e.get("memory"))) for e in resumed] == [(29, True)], \
+            (resumed, err[-3000:])
+        assert "copied to the hosts whose ranks need them" in err, err[-3000:]
+        assert "snapshots are off" not in err, err[-3000:]
+    run([CKPT, "verify", ck])
+    assert digest(ck) == digest(ref), "healing a rebooted rank 0's host changed the bits"
+    print("  worker 1 rebooted after step 29: resumed from worker 2's RAM, snapshots on, "
+          "digest equal to the uninterrupted run's")
+
+
 if __name__ == "__main__":
     why = hosts.unsupported()
     if why:
         print(f"skip: {why}")
         sys.exit(77)  # meson: skipped
     main([a_lost_hosts_shard_comes_from_its_buddys_copy,
-          a_lost_host_and_its_buddy_fall_back_to_the_checkpoint_store])
+          a_lost_host_and_its_buddy_fall_back_to_the_checkpoint_store,
+          a_rebooted_rank_0_host_heals_and_snapshots_go_on])
