@@ -43,6 +43,14 @@ void super_render_metrics(struct super *s, int now_or_later)
         counter(b, n, &len, "fsdp_tokens_per_second", "gauge",
                 "Training throughput at rank 0's last report.", s->tokens_per_s);
     }
+    if (s->have_scale) {
+        counter(b, n, &len, "fsdp_loss_scale", "gauge",
+                "fp16's dynamic loss scale at rank 0's last report.", s->loss_scale);
+        counter(b, n, &len, "fsdp_skipped_steps", "gauge",
+                "fp16 steps an overflowed gradient skipped, in the trained history "
+                "(a resume from before a skip takes it back).",
+                (double)s->skipped_steps);
+    }
     counter(b, n, &len, "fsdp_ranks_up", "gauge", "Ranks of the running launch that reported.", up);
     counter(b, n, &len, "fsdp_ranks_wanted", "gauge", "Ranks of the running launch.",
             s->running ? s->job.np : 0);

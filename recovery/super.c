@@ -210,7 +210,8 @@ static void exec_mpirun(struct super *s, char **argv, int errfd)
         setenv("FSDP_TEST_STOP_AT", s->chaos.stop, 1);
     else
         unsetenv("FSDP_TEST_STOP_AT");
-    if (s->mpiargs.use_env_list) /* the user's list, ours appended (mpiargs.c) */
+    unsetenv("FSDP_TEST_OVERFLOW_AT"); /* a test's, never a supervised launch's */
+    if (s->mpiargs.use_env_list)       /* the user's list, ours appended (mpiargs.c) */
         setenv("OMPI_MCA_mca_base_env_list", s->mpiargs.env_list, 1);
     if (getuid() == 0) { /* Open MPI refuses root without both */
         setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);

@@ -73,6 +73,9 @@ struct super {
     struct metrics *metrics;
     double next_metrics, loss, tokens_per_s, commit_at;
     int have_loss, running;
+    double loss_scale;      /* fp16 runs: rank 0's loss scale at its last report */
+    int have_scale;         /* one was reported */
+    uint64_t skipped_steps; /* fp16: steps an overflow skipped, as rank 0 counts them */
     struct histogram save_s, load_s;
     uint64_t bytes_written;
     /* other hosts: the launch agent, the hosts that did not answer it, those

@@ -22,6 +22,7 @@
 #include "super_internal.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -59,6 +60,13 @@ static void on_event(struct super *s, const struct hbmsg *m)
         s->loss = x;
         s->tokens_per_s = y;
         s->have_loss = 1;
+        uint64_t skipped;
+        if (ev_num(m, "loss_scale", &x) == 0 && isfinite(x) &&
+            hbmsg_event_u64(m, "skipped", &skipped) == 0) { /* fp16 runs say both */
+            s->loss_scale = x;
+            s->skipped_steps = skipped;
+            s->have_scale = 1;
+        }
     } else if (strcmp(m->name, "loaded") == 0 && ev_num(m, "seconds", &x) == 0 && x >= 0) {
         histogram_observe(&s->load_s, x);
     } else if (strcmp(m->name, "checkpoint_committed") == 0) {
@@ -91,6 +99,11 @@ static void on_event(struct super *s, const struct hbmsg *m)
                 "to", to, "digest", digest);
     } else if (strcmp(m->name, "emergency_checkpoint") == 0) {
         ev_emit("emergency_checkpoint", "{s:I}", "step", (json_int_t)step);
+    } else if (strcmp(m->name, "loss_scale_skip") == 0 && ev_num(m, "scale", &x) == 0 &&
+               isfinite(x)) { /* fp16: an overflow skipped the step; the scale now */
+        s->loss_scale = x;
+        s->have_scale = 1;
+        ev_emit("loss_scale_skip", "{s:I, s:f}", "step", (json_int_t)step, "scale", x);
     }
 }
 

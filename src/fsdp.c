@@ -142,6 +142,10 @@ static void set_options(struct fsdp_engine *e, const struct model_layout *m,
     e->flash = e->bf16 && e->passes->flash && k->attention_forward_bf16 &&
                k->matmul_forward_to_bf16 && m->cfg.dim / m->cfg.heads <= k->attention_bf16_max_hs;
     e->reduce_bf16 = o->reduce_bf16;
+    e->fp16 = o->fp16 && !o->bf16;
+    e->half = e->bf16 || e->fp16;
+    e->to16 = e->fp16 ? k->to_fp16 : k->to_bf16;
+    e->from16 = e->fp16 ? k->from_fp16 : k->from_bf16;
     e->prefetch =
         o->prefetch && shard != FSDP_SHARD_NONE && comm->start; /* else nothing overlaps */
     e->holder[0] = e->holder[1] = -1;
@@ -205,20 +209,21 @@ static int alloc_state(struct fsdp_engine *e)
 
 /* none: the shard is the whole unit: parameters and gradients are used in
  * place, always "gathered". In bf16 the kernels read a rounded copy
- * instead, as the other strategies' gathers give them. -1: out of memory. */
+ * instead, as the other strategies' gathers give them (fp16: the fp16
+ * values, widened). -1: out of memory. */
 static int alloc_unsharded(struct fsdp_engine *e)
 {
-    if (e->bf16) {
+    if (e->half) {
         e->gather_buf = e->k->alloc(e->shard_total * sizeof(float));
         if (!e->gather_buf)
             return -1;
         e->mem.gather_bytes = e->shard_total * sizeof(float);
     }
     for (int u = 0; u < e->m->nunits; u++) {
-        float *params = e->bf16 ? e->gather_buf : e->params;
+        float *params = e->half ? e->gather_buf : e->params;
         e->units[u].full = params + e->units[u].shard_off;
         e->units[u].full_grad = e->grads + e->units[u].shard_off;
-        e->units[u].gathered = !e->bf16;
+        e->units[u].gathered = !e->half;
     }
     return 0;
 }
@@ -278,11 +283,11 @@ static int alloc_gathered(struct fsdp_engine *e, size_t max_shard)
     return 0;
 }
 
-/* --bf16: a bf16 twin of every gathered buffer, at the same offsets, and
- * of K shards. -1: out of memory. */
-static int alloc_bf16_params(struct fsdp_engine *e, size_t max_shard)
+/* bf16 and fp16: a 16-bit twin of every gathered buffer, at the same
+ * offsets, and of K shards. -1: out of memory. */
+static int alloc_half_params(struct fsdp_engine *e, size_t max_shard)
 {
-    if (!e->bf16)
+    if (!e->half)
         return 0;
     size_t n16 = e->mem.gather_bytes / sizeof(float);
     float *base = e->gather_buf;
@@ -294,9 +299,10 @@ static int alloc_bf16_params(struct fsdp_engine *e, size_t max_shard)
     for (int u = 0; u < e->m->nunits; u++)
         e->units[u].full16 = e->gather16_buf + (e->units[u].full - base);
     e->mem.gather_bytes += n16 * sizeof(uint16_t);
-    /* A gather widens only what the passes read in fp32 (widen): the rest
-     * of the fp32 buffer is NaN, so a pass that read a twin_only tensor's
-     * fp32 copy would turn every bf16 test's loss to NaN. */
+    /* A bf16 gather widens only what the passes read in fp32 (widen): the
+     * rest of the fp32 buffer is NaN, so a pass that read a twin_only
+     * tensor's fp32 copy would turn every bf16 test's loss to NaN (fp16
+     * widens every tensor). */
     enum { CHUNK = 1 << 16 };
     float *nan = malloc(CHUNK * sizeof *nan);
     if (!nan)
@@ -360,12 +366,17 @@ static int alloc_batch(struct fsdp_engine *e, char *err)
 int fsdp_init(struct fsdp_engine *e, const struct model_layout *m, const struct fsdp_kernels *k,
               struct fsdp_comm *comm, const struct fsdp_opts *o, char *err)
 {
+    if (o->fp16 && (o->bf16 || !k->to_fp16 || !k->from_fp16 || !k->round_fp16)) {
+        memset(e, 0, sizeof *e); /* as a failure below leaves it */
+        return fsdp_err(err, o->bf16 ? "fsdp: fp16 and bf16 at once"
+                                     : "fsdp: this backend has no fp16 conversions");
+    }
     set_options(e, m, k, comm, o);
     const int none = e->shard == FSDP_SHARD_NONE;
     size_t max_shard;
     if (lay_out_units(e, &max_shard) || alloc_state(e) ||
         (none ? alloc_unsharded(e) : alloc_gathered(e, max_shard)) ||
-        alloc_bf16_params(e, max_shard) || alloc_bf16_grads(e, max_shard)) {
+        alloc_half_params(e, max_shard) || alloc_bf16_grads(e, max_shard)) {
         out_of_memory(err);
         goto fail;
     }
@@ -416,7 +427,7 @@ void fsdp_free(struct fsdp_engine *e)
  * place: nothing to forget). */
 static void unit_drop(struct fsdp_engine *e, int u)
 {
-    if (e->shard != FSDP_SHARD_NONE || e->bf16)
+    if (e->shard != FSDP_SHARD_NONE || e->half)
         e->units[u].gathered = 0;
 }
 
@@ -550,10 +561,15 @@ static size_t group_stride(const struct fsdp_engine *e, int g)
 /* bf16: unit u's fp32 copy, widened from the bf16 one that was gathered,
  * so every kernel sees the same values; only the tensors the passes read
  * in fp32 (norms, biases, embeddings), runs of them at a time: a product's
- * weight is read through its bf16 twin alone (model.h: twin_only). */
+ * weight is read through its bf16 twin alone (model.h: twin_only). fp16:
+ * all of it (every kernel reads fp32). */
 static void widen(struct fsdp_engine *e, int u)
 {
     const struct fsdp_unit *U = &e->units[u];
+    if (e->fp16) {
+        e->from16(U->full, U->full16, U->numel);
+        return;
+    }
     size_t lo = 0, hi = 0; /* a run of fp32-read tensors, back to back */
     for (int i = 0; i < e->m->units[u].ntensors; i++) {
         const struct model_tensor *t = model_unit_tensor(e->m, u, i);
@@ -561,13 +577,13 @@ static void widen(struct fsdp_engine *e, int u)
             continue;
         if (t->offset != hi) {
             if (hi > lo)
-                e->k->from_bf16(U->full + lo, U->full16 + lo, hi - lo);
+                e->from16(U->full + lo, U->full16 + lo, hi - lo);
             lo = t->offset;
         }
         hi = t->offset + t->numel;
     }
     if (hi > lo)
-        e->k->from_bf16(U->full + lo, U->full16 + lo, hi - lo);
+        e->from16(U->full + lo, U->full16 + lo, hi - lo);
 }
 
 /* Finishes the gather in flight: its group becomes gathered. */
@@ -581,9 +597,9 @@ static int gather_finish(struct fsdp_engine *e, char *err)
         return -1;
     for (int u = g; u < g + e->units[g].group_n; u++) {
         struct fsdp_unit *U = &e->units[u];
-        if (e->bf16)
+        if (e->half)
             widen(e, u);
-        U->gathered = 1; /* and in bf16, full16 with it */
+        U->gathered = 1; /* and in bf16 or fp16, full16 with it */
     }
     return 0;
 }
@@ -591,7 +607,7 @@ static int gather_finish(struct fsdp_engine *e, char *err)
 /* Starts the gather of unit u's group unless it is gathered or on its way:
  * one collective for the group, each block's slices landing in its buffer.
  * One gather runs at a time (shard16 is its source): one in flight is
- * finished first. bf16 gathers move half the bytes. */
+ * finished first. bf16 and fp16 gathers move half the bytes. */
 static int gather_start(struct fsdp_engine *e, int u, char *err)
 {
     const int g = e->units[u].group, n = e->units[g].group_n;
@@ -610,8 +626,8 @@ static int gather_start(struct fsdp_engine *e, int u, char *err)
     if (e->comm->world == 1 || e->shard == FSDP_SHARD_NONE) { /* the shard is the unit */
         for (int v = g; v < g + n; v++) {
             struct fsdp_unit *U = &e->units[v];
-            if (e->bf16) {
-                e->k->to_bf16(U->full16, e->params + U->shard_off, U->shard_n);
+            if (e->half) {
+                e->to16(U->full16, e->params + U->shard_off, U->shard_n);
                 widen(e, v);
             } else {
                 e->k->copy(U->full, e->params + U->shard_off, U->shard_n);
@@ -623,8 +639,8 @@ static int gather_start(struct fsdp_engine *e, int u, char *err)
     /* a group's shards lie one aligned shard apart in params (and shard16) */
     const size_t sstride = n > 1 ? e->units[g + 1].shard_off - G->shard_off : 0;
     struct fsdp_coll *op = &e->gather_op;
-    if (e->bf16) {
-        e->k->to_bf16(e->shard16, e->params + G->shard_off, sstride * (size_t)(n - 1) + G->shard_n);
+    if (e->half) { /* the 16-bit gather moves bits: bf16 or fp16 alike */
+        e->to16(e->shard16, e->params + G->shard_off, sstride * (size_t)(n - 1) + G->shard_n);
         *op = (struct fsdp_coll){
             .kind = FSDP_COLL_ALLGATHER_BF16, .in = e->shard16, .out = G->full16, .n = G->shard_n};
     } else {
@@ -739,6 +755,8 @@ static int bucket_start(struct fsdp_engine *e, int b, char *err)
     const size_t off = e->units[B->lo].shard_off;
     const size_t n = e->units[B->hi].shard_off + e->units[B->hi].shard_n - off;
     struct fsdp_coll *op = &e->bucket_op;
+    if (e->fp16) /* the step's gradient, as an fp16 backward leaves it */
+        e->k->round_fp16(e->grads + off, n);
     if (e->reduce_bf16) {
         e->k->to_bf16(e->grad16 + off, e->grads + off, n);
         *op = (struct fsdp_coll){
@@ -790,6 +808,9 @@ int fsdp_unit_grad_end(struct fsdp_engine *e, int u, char *err)
     const int g = e->units[u].group, n = e->units[g].group_n;
     const struct fsdp_unit *G = &e->units[g];
     const size_t gstride = group_stride(e, g), span = gstride * (size_t)(n - 1) + G->padded;
+    if (e->fp16) /* the gradient an fp16 backward made (fsdp_opts) */
+        for (int v = g; v < g + n; v++)
+            e->k->round_fp16(e->units[v].full_grad, e->units[v].padded);
     if (e->comm->world == 1) { /* nothing to reduce; bf16 still rounds (fsdp_opts) */
         for (int v = g; v < g + n; v++) {
             const struct fsdp_unit *U = &e->units[v];
@@ -849,6 +870,8 @@ void fsdp_zero_grad(struct fsdp_engine *e) { e->k->zero(e->grads, e->shard_total
 
 int fsdp_reduce_grads(struct fsdp_engine *e, char *err)
 {
+    if (e->shard == FSDP_SHARD_NONE && e->comm->world == 1 && e->fp16)
+        e->k->round_fp16(e->grads, e->shard_total); /* what bucket_start does */
     if (e->shard != FSDP_SHARD_NONE || e->comm->world == 1)
         return 0;
     for (int b = 0; b < e->nbuckets; b++)

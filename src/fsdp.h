@@ -79,6 +79,15 @@ struct fsdp_opts {
      * the backward computes. 0: one all-reduce after the backward. The sums
      * are taken in rank order, so the bits do not depend on the buckets. */
     size_t bucket_bytes;
+    /* Half precision (MixedPrecision with param_dtype fp16, the loss scaled
+     * by the caller, fsdp_backward's dloss): units are all-gathered in
+     * fp16 (half the bytes) and widened to fp32 for every kernel (no fp16
+     * products: fp32 matmuls on fp16 values); each unit's gradient is
+     * rounded to fp16 as it leaves the backward, before its reduction, so
+     * a scaled gradient past fp16's range is an infinity there, as an fp16
+     * backward makes it (none: the step's accumulated gradient, once,
+     * before its all-reduce). Not with bf16. Needs the backend's to_fp16. */
+    int fp16;
 };
 
 /* "none", "blocks" (every block) or "every-N" (blocks 0, N, 2N, ...). */
@@ -145,14 +154,18 @@ struct fsdp_engine {
     int B, T;
     int recompute_every; /* fsdp_opts */
     int bf16;            /* fsdp_opts */
-    int flash;           /* bf16 with the backend's attention_*_bf16: att holds lse */
-    int reduce_bf16;     /* fsdp_opts */
+    int fp16;            /* fsdp_opts */
+    int half;            /* bf16 or fp16: units are gathered in 16 bits (full16) */
+    void (*to16)(uint16_t *dst, const float *src, size_t n); /* the gathers' type */
+    void (*from16)(float *dst, const uint16_t *src, size_t n);
+    int flash;       /* bf16 with the backend's attention_*_bf16: att holds lse */
+    int reduce_bf16; /* fsdp_opts */
 
     struct fsdp_unit *units;
     size_t shard_total;
     float *params, *grads, *exp_avg, *exp_avg_sq;
     float *gather_buf, *grad_full_buf, *rs_tmp;
-    uint16_t *gather16_buf, *shard16; /* bf16: gathered units; a shard on its way out */
+    uint16_t *gather16_buf, *shard16; /* half: gathered units; a shard on its way out */
     uint16_t *grad16, *rs16; /* reduce_bf16: a unit's gradient (none: all of them); a shard */
     void *rs_parts;          /* every rank's part of this rank's shard, on their way in */
     size_t rs_parts_bytes;

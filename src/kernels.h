@@ -66,6 +66,13 @@ struct fsdp_kernels {
      * (NaN stays NaN); from_bf16 is exact. */
     void (*to_bf16)(uint16_t *dst, const float *src, size_t n);
     void (*from_bf16)(float *dst, const uint16_t *src, size_t n);
+    /* IEEE half precision (--precision fp16; NULL where the backend has
+     * none): to_fp16 rounds to nearest even, 65520 and up become an
+     * infinity (what a loss scale too large makes of a gradient);
+     * from_fp16 is exact; round_fp16 is the two in place. */
+    void (*to_fp16)(uint16_t *dst, const float *src, size_t n);
+    void (*from_fp16)(float *dst, const uint16_t *src, size_t n);
+    void (*round_fp16)(float *x, size_t n);
     /* matmul_forward / matmul_backward on bf16 operands: inp is the input
      * already rounded to bf16 (the engine keeps that copy for the backward,
      * as autocast does), w the weight in bf16; dout is rounded to bf16 for

@@ -71,3 +71,25 @@ void testhook_stop(const char *point)
         raise(SIGSTOP);
     }
 }
+
+static uint64_t overflow_step; /* 0: none */
+static uint64_t overflow_rank;
+
+static void overflow_init(void)
+{
+    const char *v = getenv("FSDP_TEST_OVERFLOW_AT"), *colon = v ? strchr(v, ':') : NULL;
+    if (!v)
+        return;
+    if (!colon || hbmsg_parse_uint(v, (size_t)(colon - v), UINT64_MAX, &overflow_step) ||
+        hbmsg_parse_uint(colon + 1, strlen(colon + 1), INT32_MAX, &overflow_rank)) {
+        overflow_step = 0;
+        fprintf(stderr, "fsdp-train: test hook: FSDP_TEST_OVERFLOW_AT is not STEP:RANK; ignored\n");
+    }
+}
+
+int testhook_overflow(uint64_t step, int rank)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, overflow_init);
+    return overflow_step && step == overflow_step && (uint64_t)rank == overflow_rank;
+}

@@ -36,6 +36,12 @@
  *                              after-commit   rank 0: the manifest written,
  *                                             retention not yet applied
  *                            tests/ and recovery/chaos.c name them.
+ *
+ *   FSDP_TEST_OVERFLOW_AT=STEP:RANK  testhook_overflow: rank RANK's
+ *                            gradient shard gets an infinity at step STEP
+ *                            (1-based), after its reduction and before the
+ *                            norm, as a scaled fp16 gradient that overflowed
+ *                            on that rank alone.
  */
 #ifndef FSDP_TESTHOOK_H
 #define FSDP_TESTHOOK_H
@@ -53,5 +59,9 @@ void testhook_hold(uint64_t done);
  * async save's writer). */
 void testhook_save_begins(int nth);
 void testhook_stop(const char *point);
+
+/* FSDP_TEST_OVERFLOW_AT: 1 when this rank's gradient at step (1-based)
+ * is to overflow, else 0 (at once when it is unset). */
+int testhook_overflow(uint64_t step, int rank);
 
 #endif

@@ -171,7 +171,7 @@ static void log_line(struct trainer *t, long long step, const char *line)
 }
 
 static void log_step(struct trainer *t, long long step, double loss, double lr, double norm,
-                     double dt, double val, json_t *samples)
+                     double dt, double val, json_t *samples, int skipped)
 {
     double tps = (double)t->o.global_batch * t->model.cfg.seq / dt;
     if (t->comm.rank != 0)
@@ -179,25 +179,39 @@ static void log_step(struct trainer *t, long long step, double loss, double lr, 
     static double next_progress; /* for a supervisor's metrics: at most one a second */
     if (fsdp_now() >= next_progress) {
         next_progress = fsdp_now() + 1.0;
-        hb_event("progress step=%lld loss=%.6f tokens_per_s=%.1f", step + 1, loss, tps);
+        if (t->fp16) /* no exponent: the events' grammar */
+            hb_event("progress step=%lld loss=%.6f tokens_per_s=%.1f loss_scale=%.24f skipped=%lld",
+                     step + 1, loss, tps, t->scale, t->skipped);
+        else
+            hb_event("progress step=%lld loss=%.6f tokens_per_s=%.1f", step + 1, loss, tps);
     }
-    if ((step + 1) % t->o.log_every == 0 || step + 1 == t->o.steps || !isnan(val)) {
+    if ((step + 1) % t->o.log_every == 0 || step + 1 == t->o.steps || !isnan(val) || skipped) {
         fprintf(stderr,
                 "step %6lld/%lld | loss %.6f | lr %.3e | norm %.4f | %8.0f tok/s | %7.1f ms",
                 step + 1, t->o.steps, loss, lr, norm, tps, dt * 1e3);
         if (!isnan(val))
             fprintf(stderr, " | val %.6f", val);
+        if (t->fp16)
+            fprintf(stderr, " | scale %g%s", t->scale,
+                    skipped ? " | skipped: the gradients overflow; scale halved" : "");
         fputc('\n', stderr);
     }
     if (t->log_fd >= 0) {
-        json_t *j =
-            json_pack("{s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:f, s:I}", "step",
-                      (json_int_t)step + 1, "loss", loss, "lr", lr, "grad_norm", norm,
-                      "tokens_per_s", tps, "ms", dt * 1e3, "samples_seen", (json_int_t)t->cursor,
-                      "elapsed_s", fsdp_now() - t->train_t0, "ckpt_s", t->ckpt_s, "comm_s",
-                      t->eng.comm_seconds, "activation_bytes", (json_int_t)t->eng.mem.act_bytes);
+        json_t *j = json_pack(
+            "{s:I, s:f, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:f, s:I}", "step", (json_int_t)step + 1,
+            "loss", loss, "lr", lr, "grad_norm", isfinite(norm) ? norm : 0.0, "tokens_per_s", tps,
+            "ms", dt * 1e3, "samples_seen", (json_int_t)t->cursor, "elapsed_s",
+            fsdp_now() - t->train_t0, "ckpt_s", t->ckpt_s, "comm_s", t->eng.comm_seconds,
+            "activation_bytes", (json_int_t)t->eng.mem.act_bytes);
         if (j && !isnan(val))
             json_object_set_new(j, "val_loss", json_real(val));
+        if (j && !isfinite(norm)) /* JSON has no infinity: a skipped step's */
+            json_object_set_new(j, "grad_norm", json_null());
+        if (j && t->fp16) {
+            json_object_set_new(j, "loss_scale", json_real(t->scale));
+            json_object_set_new(j, "skipped", json_boolean(skipped));
+            json_object_set_new(j, "skipped_steps", json_integer((json_int_t)t->skipped));
+        }
         if (j && samples)
             json_object_set(j, "samples", samples);
         if (j && hb_generation()) /* the log is appended to by every launch */
@@ -219,6 +233,7 @@ enum step_vote {
     VOTE_WRITES_FAILED,
     VOTE_OUT_OF_TIME, /* rank 0 judged that a time limit is near */
     VOTE_LOG_FAILED,  /* rank 0 could not write the log */
+    VOTE_OVERFLOW,    /* fp16: ranks whose scaled gradient is not finite */
     VOTE_N
 };
 
@@ -279,7 +294,7 @@ static int forward_backward(struct trainer *t, double tokens, double *loss, char
         load_micro(t, m);
         t->eng.final_micro = m == t->accum - 1; /* none: reduce buckets as they finish */
         if (fsdp_forward(&t->eng, t->micro, T, &l, err) ||
-            fsdp_backward(&t->eng, (float)(1.0 / tokens), err))
+            fsdp_backward(&t->eng, (float)((t->fp16 ? t->scale : 1.0) / tokens), err))
             return -1;
         *loss += l;
     }
@@ -311,21 +326,62 @@ static int reduce_and_vote(struct trainer *t, long long step, double loss, doubl
     double margin = 2 * t->step_max + t->val_max + save_s * (1 + t->async_pending);
     if (isfinite(t->limit) && t->comm.rank == 0 && step + 1 < t->o.steps)
         vote[VOTE_OUT_OF_TIME] = fsdp_now() + margin >= t->limit;
-    if (fsdp_reduce_grads(&t->eng, err) || fsdp_grad_norm(&t->eng, norm, err) ||
-        t->comm.allreduce_sum_f64(&t->comm, vote, VOTE_N, err))
+    if (fsdp_reduce_grads(&t->eng, err))
         return -1;
-    return 0;
+    if (t->fp16 && testhook_overflow((uint64_t)step + 1, t->comm.rank)) { /* this rank's only */
+        const float inf = INFINITY;
+        t->eng.k->upload(t->eng.grads, &inf, sizeof inf);
+    }
+    if (fsdp_grad_norm(&t->eng, norm, err))
+        return -1;
+    /* a rank's own verdict: --shard none's norm is not summed over ranks */
+    vote[VOTE_OVERFLOW] = t->fp16 && !isfinite(*norm);
+    return t->comm.allreduce_sum_f64(&t->comm, vote, VOTE_N, err) ? -1 : 0;
 }
 
-/* The optimizer step: clipping to --grad-clip, the schedule's learning
+/* fp16, once every rank has voted: a step whose scaled gradients overflow
+ * on some rank is skipped on every rank and the scale halved; N clean
+ * steps in a row (--loss-scale-window) double it (GradScaler's update).
+ * Returns 1 to skip the step, -1 when the scale has fallen too low. */
+static int update_scale(struct trainer *t, long long step, int overflow, char *err)
+{
+    if (!t->fp16)
+        return 0;
+    if (!overflow) {
+        if (++t->clean >= t->o.scale_window && 2 * t->scale <= TRAIN_SCALE_MAX) {
+            t->scale *= 2;
+            t->clean = 0;
+        } else if (t->clean >= t->o.scale_window) {
+            t->clean = t->o.scale_window; /* at the largest scale: stays */
+        }
+        return 0;
+    }
+    t->skipped++;
+    t->clean = 0;
+    t->scale *= 0.5;
+    if (t->scale < TRAIN_SCALE_MIN) {
+        t->agreed_error = 1; /* every rank's vote said so: rank 0 reports */
+        return fsdp_err(err,
+                        "training diverged: the gradients overflow at every loss scale down to "
+                        "2^-24 (step %lld)",
+                        step + 1);
+    }
+    if (t->comm.rank == 0)
+        hb_event("loss_scale_skip step=%lld scale=%.24f", step + 1,
+                 t->scale); /* no exponent: the grammar */
+    return 1;
+}
+
+/* The optimizer step (norm: the gradient's, unscaled; scale: the loss
+ * scale its gradients carry, 1 but in fp16): clipping to --grad-clip, the schedule's learning
  * rate (returned), AdamW. An async snapshot of the state is waited for
  * first: this is the step's first write of the state. */
-static double optimizer_step(struct trainer *t, long long step, double norm)
+static double optimizer_step(struct trainer *t, long long step, double norm, double scale)
 {
     const struct train_opts *o = &t->o;
-    float gscale = 1.0f;
+    float gscale = (float)(1.0 / scale); /* the gradients are the scaled loss's */
     if (o->grad_clip > 0 && norm > o->grad_clip)
-        gscale = (float)(o->grad_clip / (norm + 1e-6));
+        gscale = (float)(o->grad_clip / (norm + 1e-6) / scale);
     double lr = lr_at(o, step);
     struct fsdp_adamw opt = {(float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
                              (float)o->weight_decay};
@@ -334,7 +390,7 @@ static double optimizer_step(struct trainer *t, long long step, double norm)
         if (tckpt_async_snapshot_wait(&t->ck))
             t->ckpt_s += fsdp_now() - w0;
     }
-    fsdp_adamw_step(&t->eng, &opt, (int)step + 1, gscale);
+    fsdp_adamw_step(&t->eng, &opt, (int)(step + 1 - t->skipped), gscale);
     return lr;
 }
 
@@ -412,7 +468,12 @@ static int train(struct trainer *t, char *err)
             (t->snap_pending && train_finish_snapshot(t, err))) /* the last step's */
             return -1;
         loss = vote[VOTE_LOSS] / tokens;
-        double lr = optimizer_step(t, step, norm);
+        const double used = t->fp16 ? t->scale : 1.0; /* this step's backward's scale */
+        int skip = update_scale(t, step, vote[VOTE_OVERFLOW] > 0, err);
+        if (skip < 0)
+            return -1;
+        double lr = skip ? lr_at(o, step) : optimizer_step(t, step, norm / used, used);
+        norm = skip ? INFINITY : norm / used; /* skipped: some rank's was not finite */
         t->cursor += (uint64_t)o->global_batch;
         double dt = fsdp_now() - t0;
         t->step_max = dt > t->step_max ? dt : t->step_max;
@@ -423,7 +484,7 @@ static int train(struct trainer *t, char *err)
         json_t *samples = NULL;
         if (o->log_samples && gather_samples(t, &samples, err))
             return -1;
-        log_step(t, step, loss, lr, norm, dt, val, samples);
+        log_step(t, step, loss, lr, norm, dt, val, samples, skip);
         json_decref(samples);
         hb_set((uint64_t)step + 1, HB_TRAIN);
         testhook_hold((uint64_t)step + 1);
@@ -451,18 +512,31 @@ static int train(struct trainer *t, char *err)
 static int agree_precision(struct trainer *t, char *err)
 {
     char why[128] = "";
-    int can = t->o.cuda ? fsdp_cuda_bf16(why, sizeof why) : fsdp_kernels_cpu_bf16(why, sizeof why);
-    double lacking = t->o.bf16 && !can; /* ranks that cannot */
+    const int want16 = t->o.precision == TRAIN_FP16, want_bf16 = t->o.precision == TRAIN_BF16;
+    int can = want16      ? !t->o.cuda /* the CUDA backend has no fp16 conversions yet */
+              : t->o.cuda ? fsdp_cuda_bf16(why, sizeof why)
+                          : fsdp_kernels_cpu_bf16(why, sizeof why);
+    double lacking = t->o.precision != TRAIN_FP32 && !can; /* ranks that cannot */
     if (t->comm.allreduce_sum_f64(&t->comm, &lacking, 1, err))
         return -1;
-    t->bf16 = t->o.bf16 && lacking == 0;
+    t->bf16 = want_bf16 && lacking == 0;
+    t->fp16 = want16 && lacking == 0;
+    t->scale = t->fp16 ? t->o.loss_scale : 1.0;
     if (t->o.cuda) /* attention's fp32 products too, as under autocast */
         fsdp_cuda_allow_tf32(t->bf16);
     if (t->bf16)
         snprintf(t->precision, sizeof t->precision,
                  "precision bf16 (gathers and matmuls; fp32 master state)");
-    else if (!t->o.bf16)
+    else if (t->fp16)
+        snprintf(t->precision, sizeof t->precision,
+                 "precision fp16 (gathers and gradients, dynamic loss scale from %g, doubled "
+                 "after %lld clean steps; fp32 matmuls on the fp16 values; fp32 master state)",
+                 t->o.loss_scale, t->o.scale_window);
+    else if (t->o.precision == TRAIN_FP32)
         snprintf(t->precision, sizeof t->precision, "precision fp32");
+    else if (want16)
+        snprintf(t->precision, sizeof t->precision,
+                 "precision fp32 (fp16 asked for, but the CUDA backend has no fp16 kernels)");
     else if (why[0]) /* rank 0 prints the banner: its own reason */
         snprintf(t->precision, sizeof t->precision, "precision fp32 (bf16 asked for, but %s)", why);
     else
@@ -542,7 +616,8 @@ static int setup(struct trainer *t, char *err)
                                  o->shard != FSDP_SHARD_NONE ? 0
                                  : o->bucket_mib < 0         ? (size_t)25 << 20 /* DDP's */
                                  : o->bucket_mib == 0        ? 0 /* one, after the backward */
-                                                      : (size_t)(o->bucket_mib * 1048576.0) + 1};
+                                                      : (size_t)(o->bucket_mib * 1048576.0) + 1,
+                                 t->fp16};
     const struct fsdp_kernels *k = o->cuda ? fsdp_kernels_cuda() : fsdp_kernels_cpu();
     if (fsdp_init(&t->eng, &t->model, k, &t->comm, &fo, err))
         return -1;
@@ -736,10 +811,15 @@ static void report_end(const struct trainer *t, double t0)
         fprintf(stderr, "fsdp-train: stopped at step %lld of %lld (%s)%s\n", t->stopped_at,
                 t->o.steps, t->stopped,
                 t->have_ckpt ? "; the same command continues from its checkpoint" : "");
-    else
+    else {
+        char scaled[96] = "";
+        if (t->fp16)
+            snprintf(scaled, sizeof scaled, "; %lld step%s skipped, loss scale %g", t->skipped,
+                     t->skipped == 1 ? "" : "s", t->scale);
         fprintf(stderr,
-                "fsdp-train: done: %lld steps in %.1f s (%.1f s in collectives on rank 0)\n",
-                t->o.steps, fsdp_now() - t0, t->eng.comm_seconds);
+                "fsdp-train: done: %lld steps in %.1f s (%.1f s in collectives on rank 0)%s\n",
+                t->o.steps, fsdp_now() - t0, t->eng.comm_seconds, scaled);
+    }
 }
 
 int main(int argc, char **argv)

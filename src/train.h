@@ -23,12 +23,18 @@ struct trainer {
     struct sample_stream stream;
     int threads, micro, accum; /* micro: sequences per rank per forward */
     int bf16;                  /* --precision bf16, on every rank (agree_precision) */
-    char precision[160];       /* what the banner says of it */
-    uint64_t cursor;           /* samples of the stream consumed so far */
-    int32_t *in, *tgt;         /* host batch, micro * T each */
-    uint64_t *consumed;        /* sample indices this rank used in the step */
-    int log_fd;                /* rank 0's --log (O_APPEND), -1: none */
-    char log_failed[200];      /* rank 0: why a write of the log failed ("": none) */
+    int fp16;                  /* --precision fp16, on every rank (agree_precision) */
+    /* fp16's dynamic loss scale (ShardedGradScaler): the scale, the steps
+     * in a row without overflow since it last changed, the steps skipped
+     * so far (AdamW's own count is the steps taken less these) */
+    double scale;
+    long long clean, skipped;
+    char precision[256];  /* what the banner says of it */
+    uint64_t cursor;      /* samples of the stream consumed so far */
+    int32_t *in, *tgt;    /* host batch, micro * T each */
+    uint64_t *consumed;   /* sample indices this rank used in the step */
+    int log_fd;           /* rank 0's --log (O_APPEND), -1: none */
+    char log_failed[200]; /* rank 0: why a write of the log failed ("": none) */
     struct tckpt ck;
     int have_ckpt;
     struct tckpt snap; /* --mem-snapshot-every: the snapshots' store in RAM */

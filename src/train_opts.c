@@ -184,11 +184,21 @@ static const struct opt train_flags[] = {
     {"--shard", OPT_PARSE, AT(o.shard), .parse = parse_shard,
      .expect = "one of full, grad-op, none", .arg = "full|grad-op|none",
      .help = "FSDP strategy (default full)"},
-    {"--precision", OPT_WORD, AT(o.bf16), .words = {"fp32", "bf16"}, .arg = "fp32|bf16",
+    {"--precision", OPT_WORD, AT(o.precision), .words = {"fp32", "bf16", "fp16"},
+     .arg = "fp32|bf16|fp16",
      .help = "bf16: mixed precision, as FSDP's MixedPrecision with\n"
              "param_dtype bf16: bf16 all-gathers and matmuls, fp32\n"
              "master state, optimizer and checkpoints (default fp32;\n"
-             "fp32 where the CPU lacks AVX512_BF16, said in the banner)"},
+             "fp32 where the CPU lacks AVX512_BF16, said in the banner).\n"
+             "fp16: fp16 all-gathers and gradients with dynamic loss\n"
+             "scaling (ShardedGradScaler's: a step whose gradients\n"
+             "overflow is skipped on every rank and the scale halved);\n"
+             "the matmuls run in fp32 on the fp16 values"},
+    {"--loss-scale", OPT_NUM, AT(o.loss_scale), .lo = TRAIN_SCALE_MIN, .hi = TRAIN_SCALE_MAX,
+     .arg = "S", .help = "fp16: the first loss scale (default 65536)"},
+    {"--loss-scale-window", OPT_LLONG, AT(o.scale_window), .min = 1, .max = INT32_MAX, .arg = "N",
+     .help = "fp16: the scale doubles after N steps in a row\n"
+             "without overflow (default 2000)"},
     {"--reduce-dtype", OPT_WORD, AT(o.reduce_bf16), .words = {"fp32", "bf16"}, .arg = "fp32|bf16",
      .help = "the gradients' type in their reduce-scatter\n"
              "(all-reduce for --shard none), as MixedPrecision's\n"
@@ -316,6 +326,8 @@ static void set_defaults(struct given *g)
     o->beta2 = 0.95;
     o->eps = 1e-8;
     o->grad_clip = 1.0;
+    o->loss_scale = 65536.0;
+    o->scale_window = 2000;
     o->shard = FSDP_SHARD_FULL;
     o->prefetch = 1;
     o->bucket_mib = -1;

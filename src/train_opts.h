@@ -31,7 +31,9 @@ struct train_opts {
     uint64_t seed;
     enum fsdp_shard shard;
     int recompute_every;    /* --activation-checkpointing (fsdp_opts) */
-    int bf16;               /* --precision bf16 (fsdp_opts) */
+    int precision;          /* --precision: TRAIN_FP32, TRAIN_BF16, TRAIN_FP16 */
+    double loss_scale;      /* --loss-scale: fp16's first scale (GradScaler's init_scale) */
+    long long scale_window; /* --loss-scale-window: clean steps before it doubles */
     int reduce_bf16;        /* --reduce-dtype bf16 (fsdp_opts) */
     int prefetch;           /* --prefetch (fsdp_opts) */
     int unit_blocks;        /* --unit-blocks (fsdp_opts); 0 when not given */
@@ -39,6 +41,12 @@ struct train_opts {
     struct tckpt_opts ckpt; /* ckpt.uri NULL: no checkpoints */
     unsigned allow_changed; /* --allow-changed: TRAIN_CHANGE_* bits */
 };
+
+enum { TRAIN_FP32, TRAIN_BF16, TRAIN_FP16 }; /* --precision's words, in order */
+/* fp16's loss scale stays in [MIN, MAX]: it grows no further than MAX (a
+ * scale past it would not resume), and one halved below MIN fails the run */
+#define TRAIN_SCALE_MIN (1.0 / (1 << 24))
+#define TRAIN_SCALE_MAX 1e30
 
 /* What a resume compares with the checkpoint (train_ckpt.c): each changes
  * the run's trajectory, so a difference is refused unless --allow-changed

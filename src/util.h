@@ -151,6 +151,52 @@ static inline uint16_t fsdp_bf16_round(float f)
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* IEEE half precision in integers (a compiler without _Float16 gets the
+ * same bits): rounding is to nearest even, 65520 and up become an
+ * infinity, a NaN stays a NaN; widening is exact. */
+static inline uint16_t fsdp_fp16_round(float f)
+{
+    union {
+        float f;
+        uint32_t u;
+    } v = {.f = f};
+    const uint16_t sign = (uint16_t)((v.u >> 16) & 0x8000u);
+    const uint32_t a = v.u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return sign | 0x7e00u;
+    if (a >= 0x477ff000u)
+        return sign | 0x7c00u;
+    if (a >= 0x38800000u) { /* a normal half: 13 bits dropped, rounded to even */
+        uint32_t r = a - 0x38000000u;
+        return sign | (uint16_t)((r + 0xfffu + ((r >> 13) & 1u)) >> 13);
+    }
+    if (a < 0x33000000u) /* below 2^-25 (and 2^-25 itself, to even): zero */
+        return sign;
+    /* a subnormal half: the value in units of 2^-24, rounded to even */
+    const uint32_t m = (a & 0x7fffffu) | 0x800000u, shift = 126u - (a >> 23);
+    uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    q += rem > half || (rem == half && (q & 1u));
+    return sign | (uint16_t)q;
+}
+
+static inline float fsdp_fp16_widen(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    union {
+        uint32_t u;
+        float f;
+    } v;
+    if (e == 0x1f)
+        v.u = sign | 0x7f800000u | (m << 13);
+    else if (e)
+        v.u = sign | ((e + 112u) << 23) | (m << 13);
+    else {
+        v.f = (float)m * 0x1p-24f; /* exact: m < 2^10 */
+        v.u |= sign;
+    }
+    return v.f;
+}
+
 /* A whole file written at a path the user named (outfile.c says the rule):
  * what exists there and is not a regular file is never replaced, an
  * existing regular file only when replace is 1; the bytes go to a hidden

@@ -41,25 +41,6 @@ int hf_parse_dtype(const char *s, int *dtype)
     return -1;
 }
 
-static uint16_t f16_round(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) /* NaN stays NaN */
-        return sign | 0x7e00u;
-    if (a >= 0x477ff000u) /* 65520 and up round to infinity */
-        return sign | 0x7c00u;
-    if (a < 0x38800000u) { /* below 2^-14: a subnormal half, in units of 2^-24 */
-        float x;
-        memcpy(&x, &a, 4);
-        return sign | (uint16_t)lrintf(x * 16777216.0f);
-    }
-    uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
-    return sign | (uint16_t)((r - 0x38000000u) >> 13);
-}
-
 /* One tensor of the layout: where it comes from and what it becomes. */
 struct hf_tensor {
     char name[96];
@@ -141,7 +122,7 @@ static int convert(struct ckpt_reader *r, const struct hf_tensor *t, int dtype, 
         if (dtype == HF_F32) {
             memcpy(dst + 4 * i, &v[i], 4); /* little-endian hosts only, as the checkpoints */
         } else {
-            uint16_t h = dtype == HF_BF16 ? fsdp_bf16_round(v[i]) : f16_round(v[i]);
+            uint16_t h = dtype == HF_BF16 ? fsdp_bf16_round(v[i]) : fsdp_fp16_round(v[i]);
             dst[2 * i] = (unsigned char)h;
             dst[2 * i + 1] = (unsigned char)(h >> 8);
         }
@@ -749,13 +730,7 @@ static float widen(const unsigned char *p, int size, int f16)
         return x;
     }
     uint16_t h = (uint16_t)(p[0] | p[1] << 8);
-    if (!f16)
-        return fsdp_bf16_widen(h);
-    int e = (h >> 10) & 31, m = h & 1023;
-    float x = e == 0    ? ldexpf((float)m, -24)
-              : e == 31 ? (m ? NAN : INFINITY)
-                        : ldexpf((float)(m | 1024), e - 25);
-    return h & 0x8000 ? -x : x;
+    return f16 ? fsdp_fp16_widen(h) : fsdp_bf16_widen(h);
 }
 
 int hf_to_native(const char *dir, const struct model_layout *m, int out_fd, char *err)

@@ -56,7 +56,7 @@ if [ $# -eq 0 ]; then
     FSDP_QUICK=1 ASAN_OPTIONS=detect_leaks=0 meson test -C build-asan --print-errorlogs \
         --logbase programs \
         cli token-files checkpoint reshard no-loss bad-inputs bad-files formats s3-signing-and-storage \
-        knobs llama llama-hf snapshots hdf5-data
+        knobs llama llama-hf snapshots hdf5-data fp16
     # ThreadSanitizer: our threads (async checkpoint writers, the O_DIRECT
     # I/O thread, the parallel chunk readers and verifiers, S3 requests from
     # several threads, the heartbeat thread; flash.cu's kernels on emulated

@@ -22,6 +22,7 @@
  * agrees to rounding, not to the bit (--cpu-kernels forces one).
  */
 #include "../kernels.h"
+#include "../util.h"
 #include "gemm.h"
 
 #include <cblas.h>
@@ -315,6 +316,52 @@ static void cpu_from_bf16(float *dst, const uint16_t *src, size_t n)
         uint32_t u = (uint32_t)src[i] << 16;
         memcpy(&dst[i], &u, sizeof u);
     }
+}
+
+/* ---- fp16 ------------------------------------------------------------------ */
+
+/* The compiler's _Float16 where it has one (x86-64-v3 and up: one F16C
+ * instruction per element; x86-64: libgcc's exact conversions), else
+ * util.h's integer rounding: the same bits. */
+#ifdef FSDP_HAVE_FLOAT16
+static inline uint16_t fp16_round(float x)
+{
+    _Float16 h = (_Float16)x;
+    uint16_t b;
+    memcpy(&b, &h, sizeof b);
+    return b;
+}
+
+static inline float fp16_widen(uint16_t b)
+{
+    _Float16 h;
+    memcpy(&h, &b, sizeof h);
+    return (float)h;
+}
+#else
+#define fp16_round fsdp_fp16_round
+#define fp16_widen fsdp_fp16_widen
+#endif
+
+static void cpu_to_fp16(uint16_t *dst, const float *src, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        dst[i] = fp16_round(src[i]);
+}
+
+static void cpu_from_fp16(float *dst, const uint16_t *src, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        dst[i] = fp16_widen(src[i]);
+}
+
+static void cpu_round_fp16(float *x, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++)
+        x[i] = fp16_widen(fp16_round(x[i]));
 }
 
 static uint16_t *scratch16(int slot, size_t n)
@@ -862,6 +909,9 @@ static const struct fsdp_kernels cpu_kernels = {
     .matmul_backward = cpu_matmul_backward,
     .to_bf16 = cpu_to_bf16,
     .from_bf16 = cpu_from_bf16,
+    .to_fp16 = cpu_to_fp16,
+    .from_fp16 = cpu_from_fp16,
+    .round_fp16 = cpu_round_fp16,
     .matmul_forward_bf16 = cpu_matmul_forward_bf16,
     .matmul_backward_bf16 = cpu_matmul_backward_bf16,
     .matmul_backward_from_bf16 = cpu_matmul_backward_from_bf16,

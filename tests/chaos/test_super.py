@@ -30,6 +30,7 @@ import hashlib
 import hmac
 import http.server
 import json
+import math
 import os
 import shutil
 import signal
@@ -580,7 +581,7 @@ def a_real_prometheus_scrapes_restarts_and_the_last_checkpoint(tmp):
                              f"--web.listen-address=127.0.0.1:{pport}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     p = start_super(["--np", "2", "--metrics", f"127.0.0.1:{mport}"],
-                    trainer(data, ck, 100000), ev)
+                    trainer(data, ck, 100000, ["--precision", "fp16"]), ev)
     try:
         first = wait_event(ev, lambda e: e["event"] == "checkpoint_committed")
         launch = [e for e in events_of(ev) if e["event"] == "launch"][0]
@@ -593,9 +594,13 @@ def a_real_prometheus_scrapes_restarts_and_the_last_checkpoint(tmp):
         saves = prom_wait(pport, "fsdp_checkpoint_save_seconds_count", lambda v: v >= 2)
         loss = prom_wait(pport, "fsdp_loss", lambda v: v > 0)
         up = prom_wait(pport, "fsdp_ranks_up", lambda v: v == 2)
+        # fp16: the scale is a power of two at or below the first (65536)
+        scale = prom_wait(pport, "fsdp_loss_scale", lambda v: v > 0)
+        skipped = prom_wait(pport, "fsdp_skipped_steps", lambda v: v >= 0)
+        assert scale <= 65536 and math.log2(scale).is_integer(), scale
         print(f"  Prometheus: restarts {restarts:.0f}, last checkpoint step {step:.0f} (events: "
               f"{first['step']} then {after['step']}), {saves:.0f} saves timed, loss "
-              f"{loss:.3f}, {up:.0f} ranks up")
+              f"{loss:.3f}, {up:.0f} ranks up; fp16 loss scale {scale:g}, {skipped:.0f} skipped")
         assert restarts == 1, restarts
         # what the endpoint itself answers to anything else
         base = f"http://127.0.0.1:{mport}"

@@ -123,7 +123,7 @@ def bad_flags_give_one_line_and_the_usage_hint(tmp):
         ([TRAIN, "--data", train, "--ckpt-every", "5"], "--ckpt-every needs --ckpt"),
         ([TRAIN, "--data", train, "--cpu-kernels", "avx9"], "--cpu-kernels 'avx9'"),
         ([TRAIN, "--data", train, "--matmul", "mkl"], "--matmul 'mkl'"),
-        ([TRAIN, "--data", train, "--precision", "fp16"], "--precision 'fp16'"),
+        ([TRAIN, "--data", train, "--precision", "fp8"], "--precision 'fp8'"),
         ([TRAIN, "--data", train, "--device", "tpu"], "--device 'tpu'"),
         ([TRAIN, "--data", train, "--reduce-dtype", "fp16"], "--reduce-dtype 'fp16'"),
         ([TRAIN, "--data", train, "--prefetch", "maybe"], "--prefetch 'maybe'"),

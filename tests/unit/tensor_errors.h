@@ -22,7 +22,7 @@ static inline int tensor_errors(const struct model_layout *m, int B, const struc
     struct fsdp_comm comm;
     struct fsdp_engine e;
     fsdp_comm_local_init(&comm);
-    const struct fsdp_opts o = {FSDP_SHARD_FULL, B, 0, 0, 0, 0, 0, 0};
+    const struct fsdp_opts o = {FSDP_SHARD_FULL, B, 0, 0, 0, 0, 0, 0, 0};
     int rc = fsdp_init(&e, m, k, &comm, &o, err);
     if (rc == 0) {
         for (int i = 0; i < m->ntensors; i++) {

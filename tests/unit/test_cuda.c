@@ -561,7 +561,7 @@ static int rig_init(struct rig *r, const struct fsdp_kernels *k, int bf16, int p
             return -1;
         }
     }
-    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, 0, bf16, 0, prefetch, 0, 0};
+    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, 0, bf16, 0, prefetch, 0, 0, 0};
     if (fsdp_init(&r->e, &r->m, k, &r->comm, &o, err) != 0) {
         fprintf(stderr, "  %s\n", err);
         return -1;
@@ -722,7 +722,7 @@ static void two_gpu_steps_give_the_same_bits(int bf16)
     struct fsdp_comm comm;
     fsdp_comm_local_init(&comm);
     struct fsdp_engine e;
-    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, 0, 0, 0, 0, 0, 0};
+    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, 0, 0, 0, 0, 0, 0, 0};
     fsdp_init(&e, &m, cpu, &comm, &o, err);
     n = e.shard_total;
     fsdp_free(&e);

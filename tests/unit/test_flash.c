@@ -117,7 +117,7 @@ static float *step_grads(const struct fsdp_kernels *k, int recompute, double *lo
     if (model_layout_init(&m, &ecfg, err) != 0)
         return NULL;
     fsdp_comm_local_init(&comm);
-    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, recompute, 1, 0, 0, 0, 0};
+    const struct fsdp_opts o = {FSDP_SHARD_FULL, EB, recompute, 1, 0, 0, 0, 0, 0};
     float *g = NULL;
     if (fsdp_init(&e, &m, k, &comm, &o, err) != 0) {
         fprintf(stderr, "  %s\n", err);
@@ -263,7 +263,7 @@ static int drift_run(const struct fsdp_kernels *k, int bf16, double *losses)
     if (model_layout_init(&m, &cfg, err))
         return -1;
     fsdp_comm_local_init(&comm);
-    const struct fsdp_opts o = {FSDP_SHARD_FULL, DB, 0, bf16, 0, 0, 0, 0};
+    const struct fsdp_opts o = {FSDP_SHARD_FULL, DB, 0, bf16, 0, 0, 0, 0, 0};
     int rc = fsdp_init(&e, &m, k, &comm, &o, err);
     if (rc == 0) {
         fsdp_init_params(&e, 1);

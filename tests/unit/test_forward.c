@@ -139,7 +139,7 @@ static void forward_matches_reference_gpt2(void)
     struct fsdp_engine e;
     REQUIRE(model_layout_init(&m, &cfg, err) == 0, "%s", err);
     fsdp_comm_local_init(&comm);
-    const struct fsdp_opts fo = {FSDP_SHARD_FULL, B, 0, 0, 0, 0, 0, 0};
+    const struct fsdp_opts fo = {FSDP_SHARD_FULL, B, 0, 0, 0, 0, 0, 0, 0};
     REQUIRE(fsdp_init(&e, &m, fsdp_kernels_cpu(), &comm, &fo, err) == 0, "%s", err);
     for (int ti = 0; ti < m.ntensors; ti++) {
         const struct model_tensor *t = &m.tensors[ti];
@@ -239,6 +239,71 @@ static void bf16_rounds_to_nearest_even(void)
     CHECK(isnan(back[N]) && isnan(back[N + 1]), "NaN did not stay NaN: %04x %04x", out[N],
           out[N + 1]);
     CHECK(back[0] == 1.0f && back[6] == INFINITY, "widening is not exact");
+}
+
+/* fp16 (--precision fp16): every kernel table's to_fp16, from_fp16 and
+ * round_fp16 give util.h's integer bits (what a compiler without
+ * _Float16 runs): every half widened, and floats around every half's
+ * rounding boundary (ties to even, 65504 / 65520, the subnormals, zero,
+ * NaN, the infinities) plus a stride through all 2^32 bit patterns. */
+static void fp16_kernels_are_the_integer_rounding_bit_for_bit(void)
+{
+    enum { N = 1 << 20 };
+    float *in = malloc(N * sizeof *in), *back = malloc(N * sizeof *back);
+    uint16_t *out = malloc(N * sizeof *out);
+    size_t n = 0;
+    for (uint32_t h = 0; h < 0x10000u; h++) { /* each half's value and its neighbours */
+        float x = fsdp_fp16_widen((uint16_t)h);
+        uint32_t u;
+        memcpy(&u, &x, sizeof u);
+        for (int d = -1; d <= 1; d++)
+            in[n++] = f32_bits(u + (uint32_t)d);
+        in[n++] = f32_bits(u + 0x1000u); /* the tie above (a normal half: 13 bits dropped) */
+    }
+    for (uint32_t u = 0; n < N; u += 5279u) /* a stride through every exponent */
+        in[n++] = f32_bits(u * 977u);
+    static const struct {
+        float x;
+        uint16_t want;
+    } fixed[] = {{65504.0f, 0x7bff}, {65519.0f, 0x7bff}, {65520.0f, 0x7c00}, {-65520.0f, 0xfc00},
+                 {1.0f, 0x3c00},     {0x1p-24f, 0x0001}, {0x1p-25f, 0x0000}, {0x1.8p-25f, 0x0001},
+                 {0x1p-14f, 0x0400}, {-0.0f, 0x8000},    {1e30f, 0x7c00}};
+    int tables = 0;
+    static const char *isa[] = {"x86-64", "x86-64-v3", "x86-64-v4", "native"};
+    for (size_t t = 0; t < sizeof isa / sizeof isa[0]; t++) {
+        char err[256];
+        if (fsdp_kernels_cpu_select(isa[t], err, sizeof err))
+            continue;
+        const struct fsdp_kernels *k = fsdp_kernels_cpu();
+        tables++;
+        k->to_fp16(out, in, N);
+        size_t bad = 0;
+        for (size_t i = 0; i < N; i++)
+            bad += out[i] != fsdp_fp16_round(in[i]) &&
+                   !(isnan(in[i]) && (out[i] & 0x7fffu) > 0x7c00u); /* any NaN is a NaN */
+        CHECK(bad == 0, "%s: to_fp16 differs from fsdp_fp16_round on %zu of %d values", isa[t], bad,
+              N);
+        for (uint32_t h = 0; h < 0x10000u; h++)
+            out[h] = (uint16_t)h;
+        k->from_fp16(back, out, 0x10000u);
+        bad = 0;
+        for (uint32_t h = 0; h < 0x10000u; h++) {
+            float want = fsdp_fp16_widen((uint16_t)h);
+            bad += isnan(want) ? !isnan(back[h]) : memcmp(&want, &back[h], sizeof want) != 0;
+        }
+        CHECK(bad == 0, "%s: from_fp16 differs from fsdp_fp16_widen on %zu halves", isa[t], bad);
+        for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+            float x = fixed[i].x;
+            k->round_fp16(&x, 1);
+            CHECK(fsdp_fp16_round(fixed[i].x) == fixed[i].want &&
+                      memcmp(&x, &(float){fsdp_fp16_widen(fixed[i].want)}, sizeof x) == 0,
+                  "%s: %a rounds to %04x (round_fp16: %a), want %04x", isa[t], fixed[i].x,
+                  fsdp_fp16_round(fixed[i].x), x, fixed[i].want);
+        }
+    }
+    CHECK(tables > 0, "no kernel table ran");
+    fsdp_kernels_cpu_select("auto", (char[256]){0}, 256);
+    free(in), free(out), free(back);
 }
 
 /* A bf16 run's LayerNorm and GELU write the products' inputs rounded as
@@ -493,6 +558,7 @@ static void bf16_products_split_by_rows_match_one_product(void)
 }
 
 CHECK_MAIN(TEST(forward_matches_reference_gpt2), TEST(bf16_rounds_to_nearest_even),
+           TEST(fp16_kernels_are_the_integer_rounding_bit_for_bit),
            TEST(fused_rounding_is_to_bf16_bit_for_bit),
            TEST(bf16_matmuls_match_fp32_on_rounded_operands),
            TEST(bf16_backward_in_chunks_matches_fp32),

@@ -71,7 +71,7 @@ struct rig {
 
 /* What a rig asks of the engine besides its sharding (fsdp_opts). */
 struct rig_opts {
-    int recompute_every, bf16, reduce_bf16, unit_blocks;
+    int recompute_every, bf16, reduce_bf16, unit_blocks, fp16, round_params;
 };
 
 static int rig_init_opts(struct rig *r, const struct fsdp_kernels *k, enum fsdp_shard shard,
@@ -81,9 +81,15 @@ static int rig_init_opts(struct rig *r, const struct fsdp_kernels *k, enum fsdp_
     if (model_layout_init(&r->m, cfg, err) != 0)
         return -1;
     fsdp_comm_local_init(&r->comm);
-    const struct fsdp_opts o = {
-        shard,           B, ro->recompute_every, ro->bf16, ro->reduce_bf16, 1 /* prefetch */,
-        ro->unit_blocks, 0};
+    const struct fsdp_opts o = {shard,
+                                B,
+                                ro->recompute_every,
+                                ro->bf16,
+                                ro->reduce_bf16,
+                                1 /* prefetch */,
+                                ro->unit_blocks,
+                                0,
+                                ro->fp16};
     if (fsdp_init(&r->e, &r->m, k, &r->comm, &o, err) != 0)
         return -1;
     struct fsdp_rng rng = {42};
@@ -97,6 +103,8 @@ static int rig_init_opts(struct rig *r, const struct fsdp_kernels *k, enum fsdp_
         float *p = r->e.params + r->e.units[t->unit].shard_off + t->offset;
         for (size_t i = 0; i < t->numel; i++)
             p[i] = t->init_value + 0.3f * fsdp_normal_at(1000 + (uint64_t)ti, i);
+        if (ro->round_params) /* the values an fp16 gather gives */
+            k->round_fp16(p, t->numel);
     }
     fsdp_set_batch(&r->e, r->in, r->tgt);
     return 0;
@@ -208,6 +216,8 @@ static float *grads_of(enum fsdp_shard shard, const struct rig_opts *ro, int mic
     int rc = fsdp_forward(&r.e, 1, T / 2, &loss, err);
     for (int i = 0; i < micro && rc == 0; i++) /* 2: the accumulation path too */
         rc = fsdp_forward(&r.e, B, T, &loss, err) || fsdp_backward(&r.e, 1.0f / (B * T), err);
+    if (rc == 0) /* as the trainer does (none, fp16: where one rank's gradient is rounded) */
+        rc = fsdp_reduce_grads(&r.e, err);
     if (rc) {
         rig_free(&r);
         return NULL;
@@ -409,6 +419,42 @@ static void bf16_reduction_rounds_the_gradient_and_nothing_else(void)
     }
 }
 
+/* fp16 (fsdp_opts): the kernels see the parameters rounded to fp16 and
+ * the gradient leaves as fp16 values, nothing else changes: against an
+ * fp32 engine whose parameters are those rounded values, the same loss
+ * bits and the fp32 gradient rounded to fp16, on every strategy (none with
+ * two micro-batches: its accumulated gradient is rounded once). */
+static void fp16_rounds_the_parameters_and_the_gradient_and_nothing_else(void)
+{
+    for (int s = 0; s < 3; s++) {
+        enum fsdp_shard shard = s == 0   ? FSDP_SHARD_FULL
+                                : s == 1 ? FSDP_SHARD_GRAD_OP
+                                         : FSDP_SHARD_NONE;
+        const int micro = shard == FSDP_SHARD_NONE ? 2 : 1;
+        size_t n, n2, act;
+        struct rig_opts ro = {.round_params = 1};
+        float *g32 = grads_of(shard, &ro, micro, &n, &act);
+        ro = (struct rig_opts){.fp16 = 1};
+        float *g16 = grads_of(shard, &ro, micro, &n2, &act);
+        REQUIRE(g32 && g16 && n == n2, "a step failed");
+        size_t differ = 0, changed = 0;
+        float *want = malloc(n * sizeof *want);
+        memcpy(want, g32, n * sizeof *want);
+        fsdp_kernels_cpu()->round_fp16(want, n);
+        for (size_t i = 0; i < n; i++) {
+            differ += memcmp(&want[i], &g16[i], sizeof *want) != 0;
+            changed += g32[i] != g16[i];
+        }
+        CHECK(differ == 0, "%s: %zu of %zu gradient elements are not the rounded fp32 ones",
+              fsdp_shard_name(shard), differ, n);
+        CHECK(changed > n / 2, "%s: only %zu of %zu elements changed: was anything rounded?",
+              fsdp_shard_name(shard), changed, n);
+        free(want);
+        free(g32);
+        free(g16);
+    }
+}
+
 /* --unit-blocks changes which buffers a block is gathered into and how many
  * collectives move it, never the gradient: the same bits, with and without
  * bf16 reduction and recompute. */
@@ -490,6 +536,7 @@ static void llama_keeps_the_engines_equivalences(void)
         recomputing_blocks_gives_the_same_gradient_bits();
         bf16_gives_the_same_gradients_for_every_strategy();
         bf16_reduction_rounds_the_gradient_and_nothing_else();
+        fp16_rounds_the_parameters_and_the_gradient_and_nothing_else();
         unit_groups_give_the_same_gradient_bits();
     }
     cfg = &gpt2;
