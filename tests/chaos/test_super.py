@@ -32,6 +32,7 @@ import http.server
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -542,6 +543,21 @@ def prom_wait(port, query, pred, limit=90):
                          f"{prom_query(port, query)})")
 
 
+DASHBOARD = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "grafana", "fsdp.json")
+
+
+def dashboard_metrics():
+    """The fsdp_* series every panel's PromQL names."""
+    with open(DASHBOARD) as f:
+        board = json.load(f)
+    names = set()
+    for panel in board["panels"]:
+        assert panel["targets"], panel["title"]
+        for t in panel["targets"]:
+            names |= set(re.findall(r"\bfsdp_[a-z_]+", t["expr"]))
+    return names
+
+
 def a_real_prometheus_scrapes_restarts_and_the_last_checkpoint(tmp):
     """fsdp-super --metrics during a supervised run with one rank killed,
     scraped every second by Debian's Prometheus on 127.0.0.1: its HTTP API
@@ -598,6 +614,14 @@ def a_real_prometheus_scrapes_restarts_and_the_last_checkpoint(tmp):
         scale = prom_wait(pport, "fsdp_loss_scale", lambda v: v > 0)
         skipped = prom_wait(pport, "fsdp_skipped_steps", lambda v: v >= 0)
         assert scale <= 65536 and math.log2(scale).is_integer(), scale
+        # every metric the Grafana board (tools/grafana/fsdp.json) asks for is served
+        served = set()
+        for line in urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics",
+                                           timeout=5).read().decode().splitlines():
+            if line and not line.startswith("#"):
+                served.add(re.split(r"[{ ]", line, 1)[0])
+        wanted = dashboard_metrics()
+        assert wanted and wanted <= served, f"the board names {sorted(wanted - served)}"
         print(f"  Prometheus: restarts {restarts:.0f}, last checkpoint step {step:.0f} (events: "
               f"{first['step']} then {after['step']}), {saves:.0f} saves timed, loss "
               f"{loss:.3f}, {up:.0f} ranks up; fp16 loss scale {scale:g}, {skipped:.0f} skipped")
