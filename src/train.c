@@ -339,39 +339,6 @@ static int reduce_and_vote(struct trainer *t, long long step, double loss, doubl
     return t->comm.allreduce_sum_f64(&t->comm, vote, VOTE_N, err) ? -1 : 0;
 }
 
-/* fp16, once every rank has voted: a step whose scaled gradients overflow
- * on some rank is skipped on every rank and the scale halved; N clean
- * steps in a row (--loss-scale-window) double it (GradScaler's update).
- * Returns 1 to skip the step, -1 when the scale has fallen too low. */
-static int update_scale(struct trainer *t, long long step, int overflow, char *err)
-{
-    if (!t->fp16)
-        return 0;
-    if (!overflow) {
-        if (++t->clean >= t->o.scale_window && 2 * t->scale <= TRAIN_SCALE_MAX) {
-            t->scale *= 2;
-            t->clean = 0;
-        } else if (t->clean >= t->o.scale_window) {
-            t->clean = t->o.scale_window; /* at the largest scale: stays */
-        }
-        return 0;
-    }
-    t->skipped++;
-    t->clean = 0;
-    t->scale *= 0.5;
-    if (t->scale < TRAIN_SCALE_MIN) {
-        t->agreed_error = 1; /* every rank's vote said so: rank 0 reports */
-        return fsdp_err(err,
-                        "training diverged: the gradients overflow at every loss scale down to "
-                        "2^-24 (step %lld)",
-                        step + 1);
-    }
-    if (t->comm.rank == 0)
-        hb_event("loss_scale_skip step=%lld scale=%.24f", step + 1,
-                 t->scale); /* no exponent: the grammar */
-    return 1;
-}
-
 /* The optimizer step (norm: the gradient's, unscaled; scale: the loss
  * scale its gradients carry, 1 but in fp16): clipping to --grad-clip, the schedule's learning
  * rate (returned), AdamW. An async snapshot of the state is waited for
@@ -469,7 +436,7 @@ static int train(struct trainer *t, char *err)
             return -1;
         loss = vote[VOTE_LOSS] / tokens;
         const double used = t->fp16 ? t->scale : 1.0; /* this step's backward's scale */
-        int skip = update_scale(t, step, vote[VOTE_OVERFLOW] > 0, err);
+        int skip = train_scale_update(t, step, vote[VOTE_OVERFLOW] > 0, err);
         if (skip < 0)
             return -1;
         double lr = skip ? lr_at(o, step) : optimizer_step(t, step, norm / used, used);

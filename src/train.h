@@ -79,6 +79,18 @@ int train_snapshot(struct trainer *t, long long step, char *err);
 int train_finish_snapshot(struct trainer *t, char *err);
 void train_end_snapshots(struct trainer *t);
 
+/* train_scaler.c. fp16's loss scale: after every rank's vote, the
+ * update (1: the step is skipped on every rank and the scale halved; N
+ * clean steps in a row double it; -1 when it has fallen below
+ * TRAIN_SCALE_MIN); in a checkpoint's trainer state, the grad_scaler
+ * object (state_dict's), checked before a byte of a resume's shards is
+ * read (check: -1 with err naming what is wrong), and restored with
+ * AdamW's own step count (restore). */
+int train_scale_update(struct trainer *t, long long step, int overflow, char *err);
+json_t *train_scaler_state(const struct trainer *t);
+int train_scaler_check(const json_t *trainer_state, uint64_t step, char *err);
+int train_scaler_restore(struct trainer *t, const json_t *trainer_state, uint64_t step, char *err);
+
 /* train_eval.c. Collective: the mean validation loss over the first
  * --val-samples sequences; --sample's tokens, which rank 0 prints. */
 int train_validate(struct trainer *t, double *out, char *err);

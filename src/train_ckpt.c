@@ -72,11 +72,8 @@ static json_t *trainer_state(const struct trainer *t, long long step)
         (json_int_t)o->steps, "optimizer", "name", "adamw", "beta1", o->beta1, "beta2", o->beta2,
         "eps", o->eps, "weight_decay", o->weight_decay, "grad_clip", o->grad_clip, "t",
         (json_int_t)(step - t->skipped), "ckpt_generation", (json_int_t)t->ck.generation);
-    if (state && t->fp16) /* ShardedGradScaler's state_dict */
-        json_object_set_new(state, "grad_scaler",
-                            json_pack("{s:f, s:I, s:I}", "scale", t->scale, "growth_tracker",
-                                      (json_int_t)t->clean, "growth_interval",
-                                      (json_int_t)o->scale_window));
+    if (state && t->fp16)
+        json_object_set_new(state, "grad_scaler", train_scaler_state(t));
     if (state && t->ck_claim[0]) /* which launch of the store a snapshot belongs to */
         json_object_set_new(state, "ckpt_claim", json_string(t->ck_claim));
     return state;
@@ -142,46 +139,6 @@ static int refused(char *err, const char *fmt, ...)
     return TCKPT_REFUSED;
 }
 
-/* AdamW's own step count (fp16 skips steps; older checkpoints say the
- * step) and fp16's scaler (absent: an fp32 or bf16 run's), checked:
- * check_unchanged refuses a checkpoint whose values are not these before
- * a byte of its shards is read. -1 with err. */
-struct scaler_state {
-    long long skipped;
-    int have; /* grad_scaler recorded */
-    double scale;
-    long long tracker, interval;
-};
-
-static int read_scaler(const json_t *j, uint64_t step, struct scaler_state *st, char *err)
-{
-    const json_t *opt = json_object_get(j, "optimizer"), *tv = json_object_get(opt, "t");
-    *st = (struct scaler_state){0};
-    if (tv) {
-        json_int_t n = json_is_integer(tv) ? json_integer_value(tv) : -1;
-        if (n < 0 || (uint64_t)n > step)
-            return fsdp_err(err, "optimizer.t is not a step count from 0 to %llu",
-                            (unsigned long long)step);
-        st->skipped = (long long)(step - (uint64_t)n);
-    }
-    const json_t *gs = json_object_get(j, "grad_scaler");
-    if (!gs)
-        return 0;
-    json_int_t tracker = -1, interval = 0;
-    st->scale = -1;
-    if (json_unpack((json_t *)gs, "{s:F, s:I, s?I}", "scale", &st->scale, "growth_tracker",
-                    &tracker, "growth_interval", &interval) ||
-        !(st->scale >= TRAIN_SCALE_MIN && st->scale <= TRAIN_SCALE_MAX) || tracker < 0 ||
-        tracker > INT32_MAX || interval < 0 || interval > INT32_MAX)
-        return fsdp_err(err,
-                        "grad_scaler needs a scale from 2^-24 to 1e30 and a growth_tracker and "
-                        "growth_interval from 0 to 2^31-1");
-    st->have = 1;
-    st->tracker = tracker;
-    st->interval = interval;
-    return 0;
-}
-
 /* What would make the resumed run another run: refused, naming both
  * values, unless --allow-changed says the user means it. Called by the
  * resume before a byte of the step's shards is read. */
@@ -222,9 +179,8 @@ static int check_unchanged(void *ctx, json_t *j, uint64_t step, char *err)
                                     : num(b, sizeof b, rs[i].now),
                        change_word(rs[i].allow));
     }
-    struct scaler_state sc;
     char why[FSDP_ERR_LEN];
-    if (read_scaler(j, step, &sc, why))
+    if (train_scaler_check(j, step, why))
         return refused(err, "checkpoint step %llu in %s: %s", (unsigned long long)step, uri, why);
     json_t *was = json_object_get(j, "data");
     if (was && !(o->allow_changed & TRAIN_CHANGE_DATA)) {
@@ -255,34 +211,6 @@ static int check_unchanged(void *ctx, json_t *j, uint64_t step, char *err)
     return 0;
 }
 
-/* Resuming fp16 from fp16, the scale where it was; an fp32 or bf16
- * checkpoint starts fp16 at --loss-scale, and an fp16 one resumed in fp32
- * or bf16 leaves its scale unused. AdamW's count goes on either way. */
-static int restore_scaler(struct trainer *t, json_t *j, uint64_t step, char *err)
-{
-    struct scaler_state st;
-    char why[FSDP_ERR_LEN];
-    if (read_scaler(j, step, &st, why)) /* check_unchanged refused it first */
-        return fsdp_err(err, "checkpoint step %llu: %s", (unsigned long long)step, why);
-    t->skipped = st.skipped;
-    if (!st.have || !t->fp16)
-        return 0;
-    t->scale = st.scale;
-    t->clean = st.tracker;
-    if (t->comm.rank != 0)
-        return 0;
-    fprintf(stderr,
-            "fsdp-train: loss scale %g from the checkpoint (%lld clean steps, %lld steps skipped "
-            "so far)\n",
-            st.scale, st.tracker, st.skipped);
-    if (st.interval && st.interval != t->o.scale_window)
-        fprintf(stderr,
-                "fsdp-train: the checkpoint's run doubled its scale every %lld clean steps, this "
-                "one every %lld (--loss-scale-window)\n",
-                st.interval, t->o.scale_window);
-    return 0;
-}
-
 static int restore_state(struct trainer *t, json_t *j, uint64_t step, char *err)
 {
     json_int_t s = -1, cursor = -1;
@@ -301,7 +229,7 @@ static int restore_state(struct trainer *t, json_t *j, uint64_t step, char *err)
     t->start_step = s;
     t->cursor = (uint64_t)cursor;
     t->sample_rng = (uint64_t)r;
-    return restore_scaler(t, j, step, err);
+    return train_scaler_restore(t, j, step, err);
 }
 
 int train_save(struct trainer *t, long long step, char *err)
