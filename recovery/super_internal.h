@@ -4,12 +4,12 @@
  * ends for, how one launch ended (struct outcome), and the functions one
  * piece calls in another. The pieces:
  *
- *   capacity.c  the host file, the probe of the hosts and the per-host spot
- *               notices: super_wait_capacity, the world size of the next launch
- *   watch.c     one launch until it ends: heartbeats and the ranks' events,
- *               failure checks, preemption, a host leaving: super_watch
- *   report.c    the --metrics page and the run's summary
- *   super.c     main, set-up, launch, the restart policy and teardown
+ *   capacity.c    the host file, the probe of the hosts and the per-host spot
+ *                 notices: super_wait_capacity, the world size of the next launch
+ *   watch.c       one launch until it ends: heartbeats and the ranks' events,
+ *                 failure checks, preemption, a host leaving: super_watch
+ *   report.c      the --metrics page and the run's summary
+ *   fsdp_super.c  main, set-up, launch, the restart policy and teardown
  *
  * super.h stays the folder's header of the library the unit tests call;
  * this one is only for the fsdp-super program's files.

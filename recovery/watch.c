@@ -4,7 +4,7 @@
  * failure checks (mpirun's exit, a dead, silent or stalled rank, a rank
  * that never started), preemption, a host leaving the host file, and the
  * chaos schedule's faults. How the launch ended goes back to main in a
- * struct outcome; what happens next is super.c's restart policy.
+ * struct outcome; what happens next is fsdp_super.c's restart policy.
  *
  * The host file is read once a second during a launch too: a host of the
  * launch that has left it gets a planned restart (host_removed event; an

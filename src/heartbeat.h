@@ -50,7 +50,6 @@
 #define FSDP_HEARTBEAT_H
 
 #include "hbmsg.h"
-#include "testhook.h" /* the training loop's hold is a heartbeat phase */
 
 #include <stdint.h>
 

@@ -11,6 +11,7 @@
 
 #include "cuda/cuda.h"
 #include "heartbeat.h"
+#include "testhook.h" /* the training loop's hold: a heartbeat phase (FSDP_TEST_HOLD_AT) */
 #include "util.h"
 
 #include <errno.h>

@@ -22,8 +22,8 @@
  * agrees to rounding, not to the bit (--cpu-kernels forces one).
  */
 #include "../kernels.h"
-#include "../util.h"
 #include "gemm.h"
+#include "util.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -1,6 +1,6 @@
 /*
  * test_opts.c - the option-table driver every program's command line runs
- * on (src/opts.h): what it accepts, what it refuses and how it says so.
+ * on (src/common/opts.h): what it accepts, what it refuses and how it says so.
  */
 #include "check.h"
 #include "opts.h"

@@ -1,5 +1,5 @@
 /*
- * super.c - fsdp-super: launch the ranks, watch them, tear the job down
+ * fsdp_super.c - fsdp-super: launch the ranks, watch them, tear the job down
  * on any failure, and launch again on whatever capacity is left.
  *
  *   fsdp-super [--np N] [--min-np M] [--hosts FILE] [--max-restarts K]
