@@ -2,10 +2,11 @@
  * reader.c - verified reads of any byte range of a checkpoint, the reshard
  * planner, shard verification and logical digests.
  *
- * Every chunk is checked against its SHA-256 before it is decoded and
- * before any of its bytes are used; a mismatch is an error naming the
- * shard, the chunk and its offsets. Decoded chunks are kept in a small
- * LRU cache so that neighbouring ranges do not fetch a chunk twice.
+ * Every chunk is checked against its digest (XXH3-128 or SHA-256, as the
+ * shard's index says) before it is decoded and before any of its bytes are
+ * used; a mismatch is an error naming the shard, the chunk and its offsets.
+ * Decoded chunks are kept in a small LRU cache so that neighbouring ranges
+ * do not fetch a chunk twice.
  */
 #include "codec.h"
 

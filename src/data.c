@@ -105,7 +105,9 @@ int token_file_open_ds(struct token_file *f, const char *path, const char *datas
 
 void token_file_close(struct token_file *f)
 {
-    if (f->heap)
+    if (f->remote)
+        token_file_close_store(f);
+    else if (f->heap)
         free(f->map);
     else if (f->map)
         munmap(f->map, f->map_len);
@@ -190,12 +192,43 @@ uint64_t sample_stream_index(struct sample_stream *s, uint64_t k)
     return s->perm[k % s->nsamples];
 }
 
-void sample_stream_fetch(const struct sample_stream *s, uint64_t i, int32_t *inputs,
-                         int32_t *targets)
+int token_file_identity_parts(uint64_t len, uint64_t at[TOKEN_ID_BLOCKS + 1],
+                              size_t n[TOKEN_ID_BLOCKS + 1])
 {
+    enum { BLOCK = 4096, HEAD = 1024 };
+    if (len <= (uint64_t)TOKEN_ID_BLOCKS * BLOCK + HEAD) {
+        at[0] = 0;
+        n[0] = (size_t)len;
+        return 1;
+    }
+    at[0] = 0;
+    n[0] = HEAD;
+    for (int i = 0; i < TOKEN_ID_BLOCKS; i++) {
+        at[i + 1] = HEAD + (len - HEAD - BLOCK) / (TOKEN_ID_BLOCKS - 1) * (uint64_t)i;
+        n[i + 1] = BLOCK;
+    }
+    return TOKEN_ID_BLOCKS + 1;
+}
+
+int sample_stream_fetch(const struct sample_stream *s, uint64_t i, int32_t *inputs,
+                        int32_t *targets, char *err)
+{
+    if (s->file->remote) {
+        uint32_t *tok = malloc(((size_t)s->T + 1) * sizeof *tok);
+        if (!tok)
+            return fsdp_err(err, "data: out of memory for a sample");
+        int rc = token_file_sample(s->file, i, tok, err);
+        for (int t = 0; t < s->T && !rc; t++) {
+            inputs[t] = (int32_t)tok[t];
+            targets[t] = (int32_t)tok[t + 1];
+        }
+        free(tok);
+        return rc;
+    }
     const size_t first = i * (uint64_t)s->T;
     for (int t = 0; t < s->T; t++) {
         inputs[t] = (int32_t)token_file_at(s->file, first + (size_t)t);
         targets[t] = (int32_t)token_file_at(s->file, first + (size_t)t + 1);
     }
+    return 0;
 }

@@ -35,6 +35,7 @@ struct token_file {
     void *map; /* the file's bytes (mapped), or heap: the tokens (an HDF5 file's) */
     size_t map_len;
     int heap;
+    struct data_remote *remote; /* data in a store (data_store.c): tokens and map NULL */
 };
 
 /* Maps and validates a token file: header, exact length, every token below
@@ -46,7 +47,40 @@ int token_file_open_ds(struct token_file *f, const char *path, const char *datas
                        char *err);
 void token_file_close(struct token_file *f);
 
-/* Token i of an open file. */
+/* data_store.c. Whether path is a store's URI (s3://, file://): token data
+ * read with ranged GETs as training goes, never whole. */
+int token_file_is_store(const char *path);
+/* Lists the token files of the store whose names start with the URI's last
+ * part (every one when it ends in '/'; the one it names exactly), checks
+ * each header against its size, and reads the data's identity. Samples are
+ * of T + 1 tokens; ahead is how many the read-ahead holds at once. */
+int token_file_open_store(struct token_file *f, const char *uri, int vocab, int T, int ahead,
+                          char *err);
+void token_file_close_store(struct token_file *f);
+/* The read-ahead: sample's tokens will be wanted soon (returns at once; a
+ * full read-ahead or a store read on one thread ignores it). */
+void token_file_prefetch(const struct token_file *f, uint64_t sample);
+/* Sample's T + 1 tokens, from the read-ahead (waiting for it) or read now;
+ * every token checked against the vocabulary. */
+int token_file_sample(const struct token_file *f, uint64_t sample, uint32_t *tok, char *err);
+/* Samples taken from the read-ahead and read when asked, the seconds
+ * token_file_sample took (what the read-ahead did not hide); the store's
+ * GETs and bytes. */
+void token_file_store_stats(const struct token_file *f, uint64_t *ahead, uint64_t *on_demand,
+                            double *wait_s, uint64_t *gets, uint64_t *bytes);
+/* The identity's digest (token_file_identity), read at open; *bytes: the
+ * objects' bytes. */
+const char *token_file_store_identity(const struct token_file *f, uint64_t *bytes);
+
+/* A data file's identity reads its 1 KiB header and TOKEN_ID_BLOCKS blocks
+ * of 4 KiB spread evenly over its len bytes (the whole file when smaller):
+ * a few hundred KiB whatever the size. Fills the parts' offsets and
+ * lengths; returns how many. */
+#define TOKEN_ID_BLOCKS 64
+int token_file_identity_parts(uint64_t len, uint64_t at[TOKEN_ID_BLOCKS + 1],
+                              size_t n[TOKEN_ID_BLOCKS + 1]);
+
+/* Token i of an open file (not of a store's). */
 static inline uint32_t token_file_at(const struct token_file *f, size_t i)
 {
     return f->width == 4 ? ((const uint32_t *)f->tokens)[i] : ((const uint16_t *)f->tokens)[i];
@@ -85,8 +119,9 @@ int sample_stream_init(struct sample_stream *s, const struct token_file *f, int 
 void sample_stream_free(struct sample_stream *s);
 /* The sample index at global stream position k. */
 uint64_t sample_stream_index(struct sample_stream *s, uint64_t k);
-/* Copies T inputs and T targets of sample index i as int32. */
-void sample_stream_fetch(const struct sample_stream *s, uint64_t i, int32_t *inputs,
-                         int32_t *targets);
+/* Copies T inputs and T targets of sample index i as int32. Fails only
+ * for data in a store (a read, a token outside the vocabulary). */
+int sample_stream_fetch(const struct sample_stream *s, uint64_t i, int32_t *inputs,
+                        int32_t *targets, char *err);
 
 #endif

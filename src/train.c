@@ -101,20 +101,43 @@ static void print_banner(const struct trainer *t)
             "fsdp-train: global batch %lld = %d ranks x %d micro-batch x %d accumulation, %zu "
             "training sequences\n",
             t->o.global_batch, t->comm.world, t->micro, t->accum, (size_t)t->stream.nsamples);
+    if (t->train_file.remote)
+        fprintf(stderr,
+                "fsdp-train: data %s: %zu tokens in a store, read with ranged GETs, each step's "
+                "samples and the next %d steps' asked for ahead\n",
+                t->o.data, t->train_file.ntokens, DATA_AHEAD_STEPS);
+}
+
+/* Data in a store: this rank's samples of this step and the next
+ * DATA_AHEAD_STEPS, asked of the read-ahead (those asked for already stay
+ * as they are). */
+static void read_ahead(struct trainer *t)
+{
+    const uint64_t G = (uint64_t)t->o.global_batch, per_rank = G / (uint64_t)t->comm.world;
+    for (uint64_t s = 0; s <= DATA_AHEAD_STEPS; s++)
+        for (uint64_t b = 0; b < per_rank; b++)
+            token_file_prefetch(
+                &t->train_file,
+                sample_stream_index(&t->stream, t->cursor + s * G + t->comm.rank * per_rank + b));
 }
 
 /* Loads micro-batch m of this rank for the step that starts at the cursor. */
-static void load_micro(struct trainer *t, int m)
+static int load_micro(struct trainer *t, int m, char *err)
 {
     const int T = t->model.cfg.seq;
     const uint64_t per_rank = (uint64_t)t->o.global_batch / (uint64_t)t->comm.world;
     uint64_t base = t->cursor + (uint64_t)t->comm.rank * per_rank + (uint64_t)m * t->micro;
+    if (m == 0 && t->train_file.remote)
+        read_ahead(t);
     for (int b = 0; b < t->micro; b++) {
         uint64_t idx = sample_stream_index(&t->stream, base + (uint64_t)b);
         t->consumed[(size_t)m * t->micro + b] = idx;
-        sample_stream_fetch(&t->stream, idx, t->in + (size_t)b * T, t->tgt + (size_t)b * T);
+        if (sample_stream_fetch(&t->stream, idx, t->in + (size_t)b * T, t->tgt + (size_t)b * T,
+                                err))
+            return -1;
     }
     fsdp_set_batch(&t->eng, t->in, t->tgt);
+    return 0;
 }
 
 /* --log-samples: every rank's indices of the step, on rank 0, in global
@@ -292,7 +315,8 @@ static int forward_backward(struct trainer *t, double tokens, double *loss, char
     fsdp_zero_grad(&t->eng);
     for (int m = 0; m < t->accum; m++) {
         double l;
-        load_micro(t, m);
+        if (load_micro(t, m, err))
+            return -1;
         t->eng.final_micro = m == t->accum - 1; /* none: reduce buckets as they finish */
         if (fsdp_forward(&t->eng, t->micro, T, &l, err) ||
             fsdp_backward(&t->eng, (float)((t->fp16 ? t->scale : 1.0) / tokens), err))
@@ -540,6 +564,22 @@ static int open_log(struct trainer *t, const char *path, char *err)
     return 0;
 }
 
+/* A token file, an HDF5 file, or token files in a store (read ahead by
+ * up to `ahead` samples). */
+static int open_data(struct trainer *t, struct token_file *f, const char *path, int ahead,
+                     char *err)
+{
+    const struct train_opts *o = &t->o;
+    if (!token_file_is_store(path))
+        return token_file_open_ds(f, path, o->h5_dataset, o->cfg.vocab, err);
+    if (o->h5_dataset)
+        return fsdp_err(err,
+                        "--h5-dataset names an HDF5 file's dataset; %s is a store, whose "
+                        "data are token files",
+                        path);
+    return token_file_open_store(f, path, o->cfg.vocab, o->cfg.seq, ahead, err);
+}
+
 static int setup(struct trainer *t, char *err)
 {
     const struct train_opts *o = &t->o;
@@ -558,10 +598,9 @@ static int setup(struct trainer *t, char *err)
     fsdp_kernels_cpu_threads(t->threads);
     if (model_layout_init(&t->model, &o->cfg, err))
         return -1;
-    if (token_file_open_ds(&t->train_file, o->data, o->h5_dataset, o->cfg.vocab, err))
+    if (open_data(t, &t->train_file, o->data, (DATA_AHEAD_STEPS + 2) * (int)per_rank, err))
         return -1;
-    if (o->val_data &&
-        token_file_open_ds(&t->val_file, o->val_data, o->h5_dataset, o->cfg.vocab, err))
+    if (o->val_data && open_data(t, &t->val_file, o->val_data, 1, err))
         return -1;
     char sub[FSDP_ERR_LEN];
     if (sample_stream_init(&t->stream, &t->train_file, o->cfg.seq, o->seed, sub))
@@ -614,6 +653,17 @@ static void teardown(struct trainer *t)
     t->log_fd = -1;
     fsdp_free(&t->eng);
     sample_stream_free(&t->stream);
+    if (t->train_file.remote && t->comm.rank == 0) {
+        uint64_t ahead, asked, gets, bytes;
+        double wait_s;
+        token_file_store_stats(&t->train_file, &ahead, &asked, &wait_s, &gets, &bytes);
+        if (ahead + asked)
+            fprintf(stderr,
+                    "fsdp-train: data: rank 0 took %llu samples from its read-ahead, read %llu "
+                    "when wanted, waited %.2f s for them (%llu GETs, %.2f MiB)\n",
+                    (unsigned long long)ahead, (unsigned long long)asked, wait_s,
+                    (unsigned long long)gets, (double)bytes / 1048576.0);
+    }
     token_file_close(&t->train_file);
     token_file_close(&t->val_file);
     model_layout_free(&t->model);

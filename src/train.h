@@ -14,6 +14,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* Data in a store (--data s3://...): each step asks the read-ahead for its
+ * own samples and those of this many steps after it. */
+#define DATA_AHEAD_STEPS 2
+
 struct trainer {
     struct train_opts o;
     struct fsdp_comm comm;

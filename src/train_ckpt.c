@@ -22,36 +22,35 @@
 #include <unistd.h>
 
 /* The training data's identity: its size and the SHA-256 of its header and
- * 64 blocks of 4 KiB spread evenly over it (the whole file when smaller):
- * a few hundred KiB read whatever the file's size, and no two token files
- * a user would mix up agree on all of it. */
+ * blocks spread over it (token_file_identity_parts): a few hundred KiB read
+ * whatever its size, and no two token files a user would mix up agree on
+ * all of it. Data in a store has it from its open (data_store.c, the same
+ * bytes over its objects back to back: one object's is its file's). */
 static json_t *data_identity(const struct token_file *f)
 {
-    enum { BLOCKS = 64, BLOCK = 4096 };
-    const unsigned char *b = f->map;
-    const size_t len = f->map_len;
-    unsigned char *buf = malloc((size_t)BLOCKS * BLOCK + 1024);
-    size_t n = 0;
-    if (!buf)
-        return NULL;
-    if (len <= (size_t)BLOCKS * BLOCK + 1024) {
-        memcpy(buf, b, len);
-        n = len;
-    } else {
-        memcpy(buf, b, 1024);
-        n = 1024;
-        for (size_t i = 0; i < BLOCKS; i++) {
-            size_t at = 1024 + (len - 1024 - BLOCK) / (BLOCKS - 1) * i;
-            memcpy(buf + n, b + at, BLOCK);
-            n += BLOCK;
-        }
-    }
     char hex[65];
-    int rc = fsdp_sha256_hex(buf, n, hex);
-    free(buf);
-    return rc ? NULL
-              : json_pack("{s:I, s:I, s:s}", "bytes", (json_int_t)len, "tokens",
-                          (json_int_t)f->ntokens, "sample_sha256", hex);
+    uint64_t len;
+    if (f->remote) {
+        snprintf(hex, sizeof hex, "%s", token_file_store_identity(f, &len));
+    } else {
+        uint64_t at[TOKEN_ID_BLOCKS + 1];
+        size_t n[TOKEN_ID_BLOCKS + 1], total = 0;
+        const int parts = token_file_identity_parts(f->map_len, at, n);
+        len = f->map_len;
+        for (int i = 0; i < parts; i++)
+            total += n[i];
+        unsigned char *buf = malloc(total ? total : 1);
+        if (!buf)
+            return NULL;
+        for (size_t i = 0, k = 0; i < (size_t)parts; k += n[i], i++)
+            memcpy(buf + k, (const unsigned char *)f->map + at[i], n[i]);
+        int rc = fsdp_sha256_hex(buf, total, hex);
+        free(buf);
+        if (rc)
+            return NULL;
+    }
+    return json_pack("{s:I, s:I, s:s}", "bytes", (json_int_t)len, "tokens", (json_int_t)f->ntokens,
+                     "sample_sha256", hex);
 }
 
 static json_t *trainer_state(const struct trainer *t, long long step)

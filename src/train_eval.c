@@ -31,8 +31,9 @@ int train_validate(struct trainer *t, double *out, char *err)
     double sum = 0;
     for (uint64_t s = 0; s < per; s += (uint64_t)t->micro) {
         for (int b = 0; b < t->micro; b++)
-            sample_stream_fetch(&vs, (uint64_t)t->comm.rank * per + s + (uint64_t)b,
-                                t->in + (size_t)b * T, t->tgt + (size_t)b * T);
+            if (sample_stream_fetch(&vs, (uint64_t)t->comm.rank * per + s + (uint64_t)b,
+                                    t->in + (size_t)b * T, t->tgt + (size_t)b * T, err))
+                goto fail;
         fsdp_set_batch(&t->eng, t->in, t->tgt);
         double l;
         if (fsdp_forward(&t->eng, t->micro, T, &l, err))

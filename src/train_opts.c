@@ -109,9 +109,11 @@ static int parse_compress(void *field, const char *v, char *err)
 /* Every flag; the usage text is this table in this order. */
 static const struct opt train_flags[] = {
     {.kind = OPT_SECTION, .help = "data and model:"},
-    {"--data", OPT_STR, AT(o.data), .arg = "FILE",
+    {"--data", OPT_STR, AT(o.data), .arg = "FILE|URI",
      .help = "training tokens (llm.c format, or an HDF5 file;\n"
-             "fsdp-data prepare)"},
+             "fsdp-data prepare); s3://BUCKET/PREFIX or\n"
+             "file://DIR/PREFIX: the token files there, read\n"
+             "with ranged GETs ahead of the step"},
     {"--val-data", OPT_STR, AT(o.val_data), .arg = "FILE", .help = "validation tokens"},
     {"--h5-dataset", OPT_STR, AT(o.h5_dataset), .arg = "NAME",
      .help = "in an HDF5 --data or --val-data: the 1-D integer\n"

@@ -47,8 +47,8 @@ static int split_uri(const char *arg, char *uri, size_t n, uint64_t *step, int *
     if (!*d || strspn(d, "0123456789") != strlen(d))
         return 0;
     long long v;
-    if (at[1] == '-' || fsdp_parse_i64(at + 1, 1, MAX_STEP, &v))
-        return fsdp_err(err, "%s: '%s' is not a step number (1 to %lld)", arg, at + 1,
+    if (at[1] == '-' || fsdp_parse_i64(at + 1, 0, MAX_STEP, &v))
+        return fsdp_err(err, "%s: '%s' is not a step number (0 to %lld)", arg, at + 1,
                         (long long)MAX_STEP);
     *at = 0;
     *step = (uint64_t)v;

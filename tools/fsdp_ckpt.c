@@ -39,9 +39,10 @@ static const struct command {
     {"reshard", "SRC[@STEP] DST --world-size M [--compress C] [--chunk-kib N] [--hash H]",
      "write the step again for M ranks, streaming (a few chunks of memory)"},
     {"export",
-     "SRC[@STEP] OUT [--all | --layout hf [--dtype D] [--max-shard-size S] | --layout llmc "
-     "[--dtype D]]",
-     "the parameters (--all: and both AdamW moments) as one safetensors file OUT; with\n"
+     "SRC[@STEP] OUT [--force] [--all | --layout hf [--dtype D] [--max-shard-size S] | "
+     "--layout llmc [--dtype D]]",
+     "the parameters (--all: and both AdamW moments) as one safetensors file OUT (an\n"
+     "existing regular file is replaced only with --force); with\n"
      "--layout hf, the directory OUT that GPT2LMHeadModel (a llama checkpoint:\n"
      "LlamaForCausalLM, Qwen2ForCausalLM with q/k/v biases) .from_pretrained(OUT)\n"
      "loads: config.json and model.safetensors (HF's names; GPT-2's Conv1D weights\n"

@@ -1,6 +1,6 @@
 /*
  * kernels_cpu_isa.c - the CPU compute kernels, compiled once per instruction
- * set: OpenMP loops and OpenBLAS sgemm.
+ * set: OpenMP loops, and the matmuls through gemm.c (oneDNN or OpenBLAS).
  *
  * src/meson.build builds this file several times, each with its own -march
  * (x86-64, x86-64-v3, x86-64-v4 on x86-64; one build elsewhere or with

@@ -41,8 +41,8 @@ static void use(const struct token_file *f, size_t size, int vocab)
     uint64_t first = sample_stream_index(&s, 0), last = sample_stream_index(&s, s.nsamples - 1);
     uint64_t next = sample_stream_index(&s, s.nsamples); /* the next epoch's first */
     FUZZ_CHECK(first < s.nsamples && last < s.nsamples && next < s.nsamples);
-    sample_stream_fetch(&s, first, in, tg);
-    sample_stream_fetch(&s, last, in, tg);
+    FUZZ_CHECK(sample_stream_fetch(&s, first, in, tg, err) == 0 &&
+               sample_stream_fetch(&s, last, in, tg, err) == 0);
     sample_stream_free(&s);
 }
 

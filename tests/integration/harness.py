@@ -145,6 +145,12 @@ def slow(test):
 
 def main(tests):
     only = sys.argv[1:]
+    if only == ["--list"]:
+        print("\n".join(t.__name__ for t in tests))
+        sys.exit(0)
+    unknown = sorted(set(only) - {t.__name__ for t in tests})
+    if unknown:
+        sys.exit(f"{sys.argv[0]}: no test named {', '.join(unknown)} (--list names them)")
     failed = 0
     for t in tests:
         if only and t.__name__ not in only:

@@ -237,7 +237,9 @@ def cases(f):
         ("ckpt verify: step 10^20", [CKPT, "verify", f"{f.ck}@99999999999999999999"],
          ["99999999999999999999", "not a step number"]),
         ("ckpt verify: step -1", [CKPT, "verify", f"{f.ck}@-1"], ["'-1'", "not a step number"]),
-        ("ckpt inspect: step 0", [CKPT, "inspect", f"{f.ck}@0"], ["'0'", "not a step number"]),
+        # step 0 is an imported checkpoint's: a store without one says so
+        ("ckpt inspect: step 0 not there", [CKPT, "inspect", f"{f.ck}@0"],
+         ["step-00000000/MANIFEST.json", "not found"]),
         ("ckpt ls: a path that does not exist", [CKPT, "ls", f.path("nothing-here")],
          ["nothing-here", "no such checkpoint store"]),
         ("ckpt prune: a path that does not exist", [CKPT, "prune", f.path("nothing-here"),

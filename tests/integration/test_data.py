@@ -7,7 +7,7 @@ import os
 import random
 import struct
 
-from harness import DATA, TRAIN, main, run, token_file
+from harness import DATA, TRAIN, main, mpirun, read_log, run, token_file
 
 
 def read_tokens(path):
@@ -105,9 +105,41 @@ def trains_on_gpt2_token_files(tmp):
     refused(tmp, path, "outside the model's vocabulary of 256")
 
 
+def token_files_in_a_store_train_as_one_file(tmp):
+    """--data file://DIR/PREFIX: the token files there whose names start
+    with PREFIX, back to back in name order (one empty, samples spanning
+    two), read with ranged reads by the read-ahead's threads, train on 2
+    ranks to the losses of one file of the same tokens; every sample comes
+    from the read-ahead; the fault store (reads on one thread) reads each
+    sample when it is wanted, to the same losses."""
+    rng = random.Random(5)
+    tokens = [rng.randrange(256) for _ in range(40000)]
+    token_file(f"{tmp}/whole.bin", tokens)
+    os.makedirs(f"{tmp}/shards")
+    for name, lo, hi in (("tr_a.bin", 0, 10001), ("tr_b.bin", 10001, 10001),
+                         ("tr_c.bin", 10001, 25000), ("tr_d.bin", 25000, 40000)):
+        token_file(f"{tmp}/shards/{name}", tokens[lo:hi])
+    token_file(f"{tmp}/shards/val.bin", tokens[:5000])  # another prefix: left out
+    common = ["--model", "tiny", "--global-batch", "8", "--steps", "10", "--log-every", "100"]
+
+    def losses(data, log, np=2):
+        p = mpirun(np, [TRAIN, "--data", data, "--log", f"{tmp}/{log}"] + common)
+        return [r["loss"] for r in read_log(f"{tmp}/{log}")], p.stderr
+
+    want, _ = losses(f"{tmp}/whole.bin", "file.jsonl")
+    got, err = losses(f"file://{tmp}/shards/tr_", "store.jsonl")
+    assert got == want, (got, want)
+    assert "40000 tokens in a store" in err, err
+    assert "took 40 samples from its read-ahead, read 0 when wanted" in err, err
+    got, err = losses(f"fault:seed=1;file://{tmp}/shards/tr_", "fault.jsonl", np=1)
+    want1, _ = losses(f"{tmp}/whole.bin", "file1.jsonl", np=1)
+    assert got == want1 and "took 0 samples from its read-ahead, read 80 when wanted" in err, err
+
+
 if __name__ == "__main__":
     main([prepare_writes_llmc_format_with_end_of_text_between_documents,
           validation_split_is_deterministic_and_disjoint,
           prepare_refuses_invalid_utf8_and_nul,
           trainer_refuses_bad_token_files,
-          trains_on_gpt2_token_files])
+          trains_on_gpt2_token_files,
+          token_files_in_a_store_train_as_one_file])

@@ -21,8 +21,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 from harness import (BUILD, CKPT, ENV, TRAIN, committed_steps, digest, job_pids,  # noqa: E402
-                     kill_job, launch, main, mpirun, prepare_corpus, run, slow,
-                     wait_stopped_or_exit)
+                     kill_job, launch, main, mpirun, prepare_corpus, read_log, run, slow,
+                     token_file, wait_stopped_or_exit)
 from fault_proxy import FaultProxy  # noqa: E402
 
 CAT = os.path.join(BUILD, "tests", "s3", "s3_cat")
@@ -438,6 +438,108 @@ def training_and_every_tool_work_on_s3(tmp):
     assert p.returncode == 1 and "already holds committed checkpoints" in p.stderr, p.stderr
 
 
+def token_shards(tmp, data, cuts):
+    """data's tokens as one token file and as shards cut at `cuts` (written
+    by the format's rules, not by our code); returns (file, shard paths)."""
+    import struct
+    raw = open(data, "rb").read()
+    n = struct.unpack("<i", raw[8:12])[0]
+    tokens = list(struct.unpack(f"<{n}H", raw[1024:1024 + 2 * n]))[:cuts[-1]]
+    whole = f"{tmp}/whole.bin"
+    token_file(whole, tokens)
+    os.makedirs(f"{tmp}/shards", exist_ok=True)
+    paths, lo = [], 0
+    for i, hi in enumerate(cuts):
+        paths.append(f"{tmp}/shards/train_{i:03d}.bin")
+        token_file(paths[-1], tokens[lo:hi])
+        lo = hi
+    return whole, paths
+
+
+def losses(log):
+    return [(r["step"], r["loss"]) for r in read_log(log) if "loss" in r]
+
+
+def training_reads_token_shards_from_s3(tmp):
+    """--data s3://BUCKET/PREFIX: the token files there, read with ranged
+    GETs ahead of the step (samples span shards; one shard is empty), train
+    to the same losses as the same tokens in one local file, on 2 ranks;
+    every sample comes from the read-ahead; a run stopped and resumed on the
+    S3 data ends with the uninterrupted run's digest; one object alone
+    (the URI names it) has its local file's identity, so a checkpoint made
+    from the file resumes on it; other data is refused."""
+    data, _ = prepare_corpus(tmp)
+    # shards of 120001, 0, 80000 and 199999 tokens: sample boundaries fall
+    # inside shards and across them
+    whole, shards = token_shards(tmp, data, [120001, 120001, 200001, 400000])
+    b = bucket("tokens")
+    aws("s3", "cp", "--recursive", f"{tmp}/shards/", f"{b}/fineweb/")
+    aws("s3", "cp", whole, f"{b}/one/whole.bin")
+    aws("s3", "cp", whole, f"{b}/fineweb/val_000.bin")  # not a train_ shard: left out
+    common = ["--model", "tiny", "--global-batch", "8", "--steps", "12", "--ckpt-every", "4",
+              "--log-every", "1"]
+    mpirun(2, [TRAIN, "--data", whole, "--ckpt", f"{tmp}/ck-file", "--log", f"{tmp}/file.jsonl"]
+           + common)
+    want = losses(f"{tmp}/file.jsonl")
+    s3data = f"{b}/fineweb/train_"
+    p = mpirun(2, [TRAIN, "--data", s3data, "--ckpt", f"{tmp}/ck-s3", "--log", f"{tmp}/s3.jsonl"]
+               + common)
+    assert losses(f"{tmp}/s3.jsonl") == want, "the S3 shards trained otherwise"
+    assert "400000 tokens in a store" in p.stderr, p.stderr
+    line = [l for l in p.stderr.splitlines() if "fsdp-train: data: rank 0" in l]
+    assert line and "took 48 samples from its read-ahead, read 0 when wanted" in line[0], line
+    assert digest(f"{tmp}/ck-s3") == digest(f"{tmp}/ck-file")
+    # stopped at step 6, resumed at the same cursor
+    argv = [TRAIN, "--data", s3data, "--ckpt", f"{tmp}/ck-stop"] + common
+    mpirun(2, argv + ["--stop-at-step", "6"])
+    p = mpirun(2, argv)
+    assert "resumed from checkpoint step" in p.stderr, p.stderr
+    assert digest(f"{tmp}/ck-stop") == digest(f"{tmp}/ck-file")
+    # the file's checkpoint goes on from its single object
+    run(["cp", "-r", f"{tmp}/ck-file", f"{tmp}/ck-one"])
+    p = mpirun(2, [TRAIN, "--data", f"{b}/one/whole.bin", "--ckpt", f"{tmp}/ck-one"] + common[:4]
+               + ["--steps", "16"])
+    assert "resumed from checkpoint step 12" in p.stderr, p.stderr
+    # the shards are other bytes than the file: refused, one line
+    p = mpirun(1, [TRAIN, "--data", s3data, "--ckpt", f"{tmp}/ck-one"] + common[:4]
+               + ["--steps", "20", "--allow-changed", "lr"], check=False)
+    assert p.returncode != 0 and "was trained on other data" in p.stderr, p.stderr
+
+
+def bad_token_objects_are_refused_in_one_line(tmp):
+    """A store's bad token data: no object under the prefix, an object that
+    is no token file, a header whose count is not the object's size, uint32
+    tokens beside uint16 ones, a token outside the vocabulary (found when
+    its sample is read: the run stops naming the object and index), and
+    --h5-dataset with a store."""
+    b = bucket("badtokens")
+    common = ["--model", "tiny", "--global-batch", "8", "--steps", "3", "--log-every", "100"]
+    good = list(range(1, 200)) * 40
+    token_file(f"{tmp}/good.bin", good)
+    token_file(f"{tmp}/short.bin", good, count=len(good) + 5)
+    token_file(f"{tmp}/wide.bin", [], magic=20240801, version=7)
+    token_file(f"{tmp}/vocab.bin", good[:1000] + [300] + good[:24])  # 8 samples: one step's
+    open(f"{tmp}/junk.bin", "wb").write(b"PK\x03\x04" + bytes(2000))
+    for name in ("good", "short", "wide", "vocab", "junk"):
+        aws("s3", "cp", f"{tmp}/{name}.bin", f"{b}/{name}/a.bin")
+    aws("s3", "cp", f"{tmp}/good.bin", f"{b}/wide/0.bin")  # before the uint32 one
+    cases = [(f"{b}/nothing/", "s3://badtokens/nothing/: no object there"),
+             (f"{b}/junk/", "s3://badtokens/junk/a.bin: not a token file: magic 67324752"),
+             (f"{b}/short/", "s3://badtokens/short/a.bin: the header says 7965 tokens"),
+             (f"{b}/wide/", "s3://badtokens/wide/a.bin: uint32 tokens, the objects before it "
+                            "hold uint16"),
+             (f"{b}/vocab/a.bin", "s3://badtokens/vocab/a.bin: token 300 at index 1000 is "
+                                  "outside the model's vocabulary of 256")]
+    for uri, want in cases:
+        p = mpirun(1, [TRAIN, "--data", uri] + common, check=False)
+        assert p.returncode != 0 and p.stderr.count(want) == 1, (uri, p.stderr[-2000:])
+        assert "Traceback" not in p.stderr and "Segmentation" not in p.stderr, p.stderr
+    p = mpirun(1, [TRAIN, "--data", f"{b}/good/", "--h5-dataset", "tokens"] + common, check=False)
+    assert p.returncode != 0 and "whose data are token files" in p.stderr, p.stderr
+    p = mpirun(1, [TRAIN, "--data", f"{b}/good/"] + common)
+    assert "done: 3 steps" in p.stderr, p.stderr
+
+
 def run_all():
     global server
     server = Server()
@@ -453,7 +555,9 @@ def run_all():
               a_lost_answer_to_a_conditional_put_is_told_apart,
               training_rides_through_ten_percent_transient_faults,
               a_server_gone_for_good_stops_training_and_keeps_the_checkpoint,
-              training_and_every_tool_work_on_s3])
+              training_and_every_tool_work_on_s3,
+              training_reads_token_shards_from_s3,
+              bad_token_objects_are_refused_in_one_line])
     finally:
         server.stop()
 

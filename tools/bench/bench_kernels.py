@@ -3,7 +3,7 @@
 ratios measured in the same run.
 
 The default build runs on any x86-64 host and picks its kernel table at
-start (README: "One binary for a mixed fleet"). This measures what that
+start (src/README.md: "One binary for a mixed fleet"). This measures what that
 costs on the build host: fsdp-train's tokens/s with each table the CPU runs
 (--cpu-kernels x86-64, x86-64-v3, x86-64-v4; auto is the widest) against the
 same job from a -Dnative=true build (build-native/, configured and built

@@ -15,7 +15,13 @@ disk, then measures, R rounds (default 2) interleaved, medians:
              fsdp-ckpt cp s3://... DIR     (the same, written to disk with fsync)
              aws s3 cp --recursive s3://... DIR   (written, no fsync)
 
-    tools/bench/bench_s3.py [--out FILE] [--repeats R] [--dir DIR]
+And training with its data from the server (--only data): fsdp-train on
+2 ranks x 1 thread, tiny and small, its tokens from a local file and from
+the same file as one object on RGW (--data s3://..., ranged GETs ahead of
+the step), R rounds alternating, tokens/s of each run's steps after the
+first two (medians), and the ratio S3 / local.
+
+    tools/bench/bench_s3.py [--out FILE] [--repeats R] [--dir DIR] [--only checkpoint|data]
 
 Ratios are ours / the AWS CLI's GB/s (above 1: ours is faster). Bytes are
 the checkpoint's stored bytes (the manifest included)."""
@@ -33,6 +39,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import BIG, build, corpus, stored_bytes, train  # noqa: E402
 from bench_train import BUILD, ENV, ROOT  # noqa: E402
+
+TRAIN = os.path.join(BUILD, "src", "fsdp-train")
 
 CKPT = os.path.join(BUILD, "tools", "fsdp-ckpt")
 CEPH = os.path.join(ROOT, "tests", "s3", "ceph-s3.sh")
@@ -76,26 +84,81 @@ def main():
                     help="rounds; RGW frees deleted objects lazily, and each round stores "
                          "3 GB in an 8 GB memstore")
     ap.add_argument("--dir", default=BUILD, help="scratch directory")
+    ap.add_argument("--only", choices=("checkpoint", "data"), help="one section")
+    ap.add_argument("--steps", type=int, default=30, help="steps of each data run")
     a = ap.parse_args()
     build()
     with tempfile.TemporaryDirectory(dir=a.dir, prefix="bench-s3-") as tmp:
         data = corpus(tmp)
-        src = os.path.join(tmp, "src")
-        print("bench: a checkpoint of GPT-2 124M's shapes", file=sys.stderr)
-        train(data, 2, 1, 1, ["--ckpt", src, "--compress", "none"],
-              os.path.join(tmp, "log.jsonl"), BIG, 4)
-        step = os.path.join(src, "step-00000001")
-        nbytes = stored_bytes(step)
-        rgw, env = start_server(tmp)
-        try:
-            res = measure(tmp, src, step, nbytes, env, a.repeats)
-        finally:
-            subprocess.run([CEPH, "stop", rgw], capture_output=True)
+        res = {}
+        if a.only != "data":
+            res = checkpoint_section(tmp, data, a.repeats)
+        if a.only != "checkpoint":
+            rgw, env = start_server(tmp)
+            try:
+                res["data"] = data_section(tmp, data, env, a.repeats, a.steps)
+            finally:
+                subprocess.run([CEPH, "stop", rgw], capture_output=True)
     report(res)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
     print(f"wrote {a.out}")
+
+
+def data_run(data, model, steps, log, env):
+    """tokens/s of the steps after the first two, and rank 0's seconds
+    waiting for its samples (what the read-ahead did not hide; 0 local)"""
+    if os.path.exists(log):
+        os.unlink(log)
+    argv = ["mpirun", "-np", "2", "--bind-to", "core", TRAIN, "--data", data, "--threads", "1",
+            "--global-batch", "8", "--steps", str(steps), "--log", log, "--log-every", "1000",
+            "--model", model]
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, errors="replace")
+    if p.returncode != 0:
+        sys.exit(f"bench: {' '.join(argv)} failed:\n{p.stderr[-2000:]}")
+    rows = [json.loads(line) for line in open(log)]
+    tokens = rows[0]["tokens_per_s"] * rows[0]["ms"] / 1000  # a step's
+    waited = [float(l.split("waited ")[1].split()[0]) for l in p.stderr.splitlines()
+              if "fsdp-train: data: rank 0" in l]
+    return (tokens * (len(rows) - 2) / (rows[-1]["elapsed_s"] - rows[1]["elapsed_s"]),
+            waited[0] if waited else 0.0)
+
+
+def data_section(tmp, data, env, repeats, steps):
+    aws = [AWS, "--endpoint-url", env["AWS_ENDPOINT_URL"]]
+    timed(aws + ["s3", "mb", "s3://benchdata"], env)
+    timed(aws + ["s3", "cp", "--quiet", data, "s3://benchdata/fortunes/train.bin"], env)
+    out = {}
+    for model in ("tiny", "small"):
+        t, w = {"local": [], "s3": []}, []
+        for r in range(repeats):
+            for where, uri in (("local", data), ("s3", "s3://benchdata/fortunes/train.bin")):
+                v, waited = data_run(uri, model, steps, os.path.join(tmp, "data.jsonl"), env)
+                print(f"  {model} data {where:<5} round {r + 1}: {v:9.0f} tokens/s"
+                      + (f", rank 0 waited {waited:.2f} s for samples" if where == "s3" else ""),
+                      file=sys.stderr)
+                t[where].append(v)
+                if where == "s3":
+                    w.append(waited)
+        med = {k: statistics.median(v) for k, v in t.items()}
+        out[model] = {"tokens_per_s": t, "median": med, "ratio": med["s3"] / med["local"],
+                      "waited_s": w, "steps": steps}
+    return out
+
+
+def checkpoint_section(tmp, data, repeats):
+    src = os.path.join(tmp, "src")
+    print("bench: a checkpoint of GPT-2 124M's shapes", file=sys.stderr)
+    train(data, 2, 1, 1, ["--ckpt", src, "--compress", "none"],
+          os.path.join(tmp, "log.jsonl"), BIG, 4)
+    step = os.path.join(src, "step-00000001")
+    nbytes = stored_bytes(step)
+    rgw, env = start_server(tmp)
+    try:
+        return measure(tmp, src, step, nbytes, env, repeats)
+    finally:
+        subprocess.run([CEPH, "stop", rgw], capture_output=True)
 
 
 def measure(tmp, src, step, nbytes, env, repeats):
@@ -130,6 +193,15 @@ def measure(tmp, src, step, nbytes, env, repeats):
 
 
 def report(res):
+    if "data" in res:
+        print("training, 2 ranks x 1 thread, data from a local file and from RGW (ranged GETs)")
+        print("  model      local tokens/s    s3 tokens/s   s3 / local   waited for samples")
+        for model, d in res["data"].items():
+            m = d["median"]
+            print(f"  {model:<8} {m['local']:15.0f} {m['s3']:14.0f}   {d['ratio']:9.2f}"
+                  f"   {statistics.median(d['waited_s']):.2f} s in {d['steps']} steps")
+    if "gb_s" not in res:
+        return
     g = res["gb_s"]
     print(f"S3 on {res['server']}: a {res['bytes'] / 1e9:.2f} GB checkpoint "
           f"(median of {res['repeats']} rounds)")
