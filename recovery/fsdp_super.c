@@ -361,7 +361,7 @@ static int teardown(struct super *s, int cause)
     return left;
 }
 
-enum { NEXT_LAUNCH, STOP_OK, STOP_FAILED };
+enum { NEXT_LAUNCH, STOP_OK, STOP_FAILED, STOP_REFUSED };
 
 /* 1 when another launcher has claimed the store since this launch (its
  * current generation is newer than ours): the launch was fenced. A store
@@ -468,6 +468,14 @@ static int end_failed(struct super *s, const struct outcome *out, uint64_t reach
         s->final_step = reached;
         super_summary(s, "fenced");
         return STOP_FAILED;
+    }
+    if (s->job.refused) { /* the same command is refused the same way: nothing to heal */
+        say("the trainer refused to run (its line is above): a relaunch would be refused "
+            "again, so there is none; fix the command or pass its --allow-changed");
+        ev_emit("give_up", "{s:i, s:s}", "restarts", s->restarts.failures, "why", "refused");
+        s->final_step = reached;
+        super_summary(s, "refused");
+        return STOP_REFUSED;
     }
     account_failure(s);
     s->by_cause[out->cause]++;
@@ -672,7 +680,7 @@ int main(int argc, char **argv)
         super_watch(&s, &o, &preempt_from_signal);
         int next = end_launch(&s, &o, preempt_from_signal);
         if (next != NEXT_LAUNCH) {
-            rc = next == STOP_FAILED;
+            rc = next == STOP_REFUSED ? 2 : next == STOP_FAILED;
             break;
         }
     }

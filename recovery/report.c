@@ -33,8 +33,15 @@ void super_render_metrics(struct super *s, int now_or_later)
     for (int r = 0; s->running && r < s->job.np; r++)
         up += s->job.ranks[r].seen;
     double wall = now - s->start, step_s = s->step_count ? s->step_time_sum / s->step_count : 0;
-    double productive =
-        step_s * (double)(s->max_step_seen > s->steps_lost ? s->max_step_seen - s->steps_lost : 0);
+    /* productive: the steps of the run's history trained under this
+     * supervisor (a step computed again after a failure counts once) */
+    uint64_t now_step = 0;
+    for (int r = 0; s->running && r < s->job.np; r++)
+        if (s->job.ranks[r].seen && s->job.ranks[r].step > now_step)
+            now_step = s->job.ranks[r].step;
+    if (!s->running)
+        now_step = s->final_step ? s->final_step : s->max_step_seen;
+    double productive = step_s * (double)(now_step > s->first_step ? now_step - s->first_step : 0);
     counter(b, n, &len, "fsdp_step", "gauge", "The newest training step a rank reported.",
             (double)s->max_step_seen);
     if (s->have_loss) {
@@ -108,7 +115,8 @@ void super_summary(struct super *s, const char *end)
     super_render_metrics(s, 0);
     double wall = fsdp_now() - s->start;
     double step_s = s->step_count ? s->step_time_sum / (double)s->step_count : 0;
-    double productive = step_s * (double)s->final_step;
+    double productive =
+        step_s * (double)(s->final_step > s->first_step ? s->final_step - s->first_step : 0);
     int restarts = 0;
     for (int c = 0; c < C_NCAUSE; c++)
         restarts += s->by_cause[c];

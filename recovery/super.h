@@ -53,6 +53,7 @@ struct rank_state {
     uint64_t step, progress;
     enum hb_phase phase;
     double last_seen, last_change;
+    double step_at; /* rank 0: when a training heartbeat last showed a new step (0: none) */
     struct hbmsg_window win;      /* its SEQs: replays are dropped */
     enum hb_ctl order;            /* what every answer to it says */
     int order_due;                /* an order to send before the next beat */
@@ -83,6 +84,7 @@ struct job {
     double launched, first_train;
     uint64_t resumed_from;
     int resumed_known;
+    int refused; /* rank 0 said the trainer refused the run (fsdp-train's exit status 2) */
     struct rank_state ranks[SUPER_MAX_RANKS];
     struct rank_env env;
     int exited, status;

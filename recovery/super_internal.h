@@ -62,6 +62,10 @@ struct super {
     uint64_t launch_from;            /* the step the current launch resumed at */
     int by_cause[C_NCAUSE];
     uint64_t steps_lost, last_committed, max_step_seen, final_step;
+    /* the step this supervisor's first launch started from (a resume of an
+     * earlier run's checkpoint: what it trained is its own from there) */
+    uint64_t first_step;
+    int first_known;
     double step_time_sum;
     uint64_t step_count;
     int notice_seen;

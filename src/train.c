@@ -804,7 +804,9 @@ static int setup_failed(struct trainer *t, int rc, const char *err)
  * status. */
 static int end_after_failure(struct trainer *t, int rc, const char *err)
 {
-    if (t->agreed_error) { /* every rank knows; rank 0 speaks for all */
+    if (rc == TCKPT_REFUSED && t->comm.rank == 0)
+        hb_event("refused step=0"); /* fsdp-super: relaunching cannot help */
+    if (t->agreed_error) {          /* every rank knows; rank 0 speaks for all */
         if (t->comm.rank == 0)
             fprintf(stderr, "fsdp-train: %s\n", err);
     } else {

@@ -515,6 +515,37 @@ def a_run_stopped_by_its_time_limit_ends_the_supervisor_without_a_relaunch(tmp):
     assert rc == 0 and "training finished at step 12" in err, err
 
 
+def a_refused_resume_is_not_relaunched(tmp):
+    """A resume the trainer refuses (another --seed than the checkpoint's)
+    fails the same way on every launch: fsdp-super relaunches nothing, says
+    why, exits 2 as fsdp-train does, and its summary and events say
+    refused; it accounts the run from the step it resumed at, not from 0."""
+    data, _ = prepare_corpus(tmp)
+    ck, ev = f"{tmp}/ck", f"{tmp}/ev.jsonl"
+    mpirun(2, trainer(data, ck, 200))
+    rc, err, _ = run_super(["--np", "2", "--events", ev, "--restart-backoff", "5"],
+                           trainer(data, ck, 260, ["--seed", "7"]))
+    assert rc == 2, (rc, err)
+    assert "was trained with --seed 1337, this run has --seed 7" in err, err
+    assert "a relaunch would be refused again" in err and "launch 2" not in err, err
+    assert "summary (refused)" in err, err
+    evs = events_of(ev)
+    assert [e for e in evs if e["event"] == "give_up"][0]["why"] == "refused", evs
+    assert not [e for e in evs if e["event"] == "restart"], evs
+    # the same store goes on under the supervisor from step 200: its goodput
+    # counts its own 60 steps (the summary's productive time over the steps'
+    # mean time, read from the log), not the 260 of the history
+    log = f"{tmp}/log.jsonl"
+    rc, err, _ = run_super(["--np", "2", "--events", f"{tmp}/ev2.jsonl"],
+                           trainer(data, ck, 260, ["--log", log, "--allow-changed", "lr"]))
+    assert rc == 0 and "training finished at step 260" in err, err
+    summary = [e for e in events_of(f"{tmp}/ev2.jsonl") if e["event"] == "summary"][0]
+    ms = [r["ms"] for r in read_log(log)]
+    credited = summary["goodput"] * summary["wall_s"] / (sum(ms) / len(ms) / 1000)
+    print(f"  goodput {summary['goodput']:.3f}: {credited:.0f} steps' time of 60")
+    assert len(ms) == 60 and 20 < credited < 150, (credited, summary, ms)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -1119,6 +1150,7 @@ if __name__ == "__main__":
           a_store_without_a_claimable_generation_is_not_launched_on,
           a_malformed_generation_stops_the_trainer_at_start,
           a_run_stopped_by_its_time_limit_ends_the_supervisor_without_a_relaunch,
+          a_refused_resume_is_not_relaunched,
           a_real_prometheus_scrapes_restarts_and_the_last_checkpoint,
           the_report_plots_a_supervised_run_with_its_restart,
           independent_failures_relaunch_at_once_recurring_ones_back_off,
