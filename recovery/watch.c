@@ -86,13 +86,17 @@ static void on_event(struct super *s, const struct hbmsg *m)
     } else if (strcmp(m->name, "resumed") == 0 && ev_int(m, "world", &to) == 0) {
         s->job.resumed_from = step;
         s->job.resumed_known = 1;
-        if (!s->first_known && s->step_count == 0) /* before any step trained here */
+        if (!s->first_known && (s->launches == 1 || s->step_count == 0)) /* none trained here */
             s->first_step = step;
         s->first_known = 1;
         /* what it resumed from is committed (a checkpoint or a snapshot):
-         * a failure before the next commit loses the steps since then */
-        if (step > s->last_committed)
-            s->last_committed = step;
+         * a failure before the next commit loses the steps since then; a
+         * resume below the newest commit (a snapshot lost with its host)
+         * loses the steps between */
+        if (step < s->last_committed)
+            s->steps_lost += s->last_committed - step;
+        s->last_committed = step;
+        s->launch_from = step;
         int memory = 0;
         ev_int(m, "memory", &memory); /* 1: from the snapshots in RAM, no shard from --ckpt */
         ev_emit("resumed", "{s:I, s:i, s:b}", "step", (json_int_t)step, "np", to, "memory",
@@ -104,7 +108,7 @@ static void on_event(struct super *s, const struct hbmsg *m)
                ev_int(m, "to", &to) == 0 && digest) {
         ev_emit("load_verified", "{s:I, s:i, s:i, s:s}", "step", (json_int_t)step, "from", from,
                 "to", to, "digest", digest);
-    } else if (strcmp(m->name, "refused") == 0 && m->rank == 0) {
+    } else if (strcmp(m->name, "refused") == 0) {
         s->job.refused = 1; /* a resume that would be another run, another model's checkpoint */
     } else if (strcmp(m->name, "emergency_checkpoint") == 0) {
         ev_emit("emergency_checkpoint", "{s:I}", "step", (json_int_t)step);
@@ -124,11 +128,12 @@ static void on_beat(struct super *s, const struct hbmsg *m)
         /* the mean step time, from one training beat with a new step to the
          * next: the first interval of a launch (start-up, the load) is not
          * one, nor a step's partial time since a beat inside it */
-        if (r->seen && r->step_at > 0 && m->step > r->step && m->phase == HB_TRAIN) {
+        const int stepping = m->phase == HB_TRAIN || m->phase == HB_SAVE; /* a step's save */
+        if (r->seen && r->step_at > 0 && m->step > r->step && stepping) {
             s->step_time_sum += now - r->step_at;
             s->step_count += m->step - r->step;
         }
-        r->step_at = m->phase == HB_TRAIN && (r->seen || m->step > 0) ? now : 0;
+        r->step_at = stepping && (r->seen || m->step > 0) ? now : 0;
     }
     if (!r->seen || r->progress != m->progress || r->step != m->step)
         r->last_change = now;

@@ -63,9 +63,9 @@ void token_file_prefetch(const struct token_file *f, uint64_t sample);
 /* Sample's T + 1 tokens, from the read-ahead (waiting for it) or read now;
  * every token checked against the vocabulary. */
 int token_file_sample(const struct token_file *f, uint64_t sample, uint32_t *tok, char *err);
-/* Samples taken from the read-ahead and read when asked, the seconds
- * token_file_sample took (what the read-ahead did not hide); the store's
- * GETs and bytes. */
+/* At the end: stops the read-ahead, then gives the samples taken from it
+ * and read when asked, the seconds token_file_sample took (what the
+ * read-ahead did not hide), the store's GETs and bytes. */
 void token_file_store_stats(const struct token_file *f, uint64_t *ahead, uint64_t *on_demand,
                             double *wait_s, uint64_t *gets, uint64_t *bytes);
 /* The identity's digest (token_file_identity), read at open; *bytes: the

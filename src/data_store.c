@@ -93,7 +93,12 @@ static int list_one(void *arg, const char *key, uint64_t size)
 {
     struct listing *l = arg;
     if (strncmp(key, l->prefix, strlen(l->prefix)) || strchr(key, '/'))
-        return 0; /* another name, or deeper down */
+        return 0;              /* another name, or deeper down */
+    if (storage_special(size)) /* never opened or followed */
+        return fsdp_err(l->err,
+                        "%s is %s, not a token file (name the file it stands for; a store's token "
+                        "files are regular files)",
+                        key, storage_special(size));
     if (l->n == DATA_STORE_MAX_OBJECTS)
         return fsdp_err(l->err, "more than %d objects", DATA_STORE_MAX_OBJECTS);
     if (l->n == l->cap) {
@@ -249,21 +254,28 @@ static void *reader(void *arg)
     return NULL;
 }
 
+/* Ends the read-ahead: what is queued is dropped, reads in flight end. */
+static void stop_readers(struct data_remote *r)
+{
+    if (!r->nthreads)
+        return;
+    pthread_mutex_lock(&r->mu);
+    r->stop = 1;
+    for (int i = 0; i < r->nslots; i++) /* what is still queued is not wanted */
+        if (r->slot[i].state == SLOT_QUEUED)
+            r->slot[i].state = SLOT_FREE;
+    pthread_cond_broadcast(&r->work);
+    pthread_mutex_unlock(&r->mu);
+    for (int i = 0; i < r->nthreads; i++)
+        pthread_join(r->thread[i], NULL);
+    r->nthreads = 0;
+}
+
 static void remote_free(struct data_remote *r)
 {
     if (!r)
         return;
-    if (r->nthreads) {
-        pthread_mutex_lock(&r->mu);
-        r->stop = 1;
-        for (int i = 0; i < r->nslots; i++) /* what is still queued is not wanted */
-            if (r->slot[i].state == SLOT_QUEUED)
-                r->slot[i].state = SLOT_FREE;
-        pthread_cond_broadcast(&r->work);
-        pthread_mutex_unlock(&r->mu);
-        for (int i = 0; i < r->nthreads; i++)
-            pthread_join(r->thread[i], NULL);
-    }
+    stop_readers(r);
     if (r->slot) {
         for (int i = 0; i < r->nslots; i++)
             free(r->slot[i].tok);
@@ -330,8 +342,10 @@ int token_file_open_store(struct token_file *f, const char *uri, int vocab, int 
                           char *err)
 {
     memset(f, 0, sizeof *f);
-    const char *slash = strrchr(uri, '/');
-    const char *after = strstr(uri, "://") + 3;
+    const char *scheme = strstr(uri, "://"), *slash = strrchr(uri, '/');
+    if (!scheme || !slash)
+        return fsdp_err(err, "%s: a store's URI is s3://BUCKET/PREFIX or file://DIR/PREFIX", uri);
+    const char *after = scheme + 3;
     struct data_remote *r = calloc(1, sizeof *r);
     if (!r)
         return fsdp_err(err, "%s: out of memory", uri);
@@ -351,7 +365,7 @@ int token_file_open_store(struct token_file *f, const char *uri, int vocab, int 
         snprintf(r->uri, sizeof r->uri, "%s/", uri);
     int rc = storage_open(root, &r->store, sub);
     if (!rc)
-        rc = storage_list(r->store, l.prefix, list_one, &l, sub);
+        rc = storage_list_special(r->store, l.prefix, list_one, &l, sub);
     r->obj = l.obj;
     r->nobj = l.n;
     if (rc) {
@@ -380,11 +394,7 @@ int token_file_open_store(struct token_file *f, const char *uri, int vocab, int 
     qsort(r->obj, (size_t)r->nobj, sizeof *r->obj, by_key);
     uint64_t tokens = 0;
     for (int i = 0; i < r->nobj && !rc; i++) {
-        if (storage_special(r->obj[i].size))
-            rc = fsdp_err(err, "%s%s: is %s, not a token file", r->uri, r->obj[i].key,
-                          storage_special(r->obj[i].size));
-        else
-            rc = check_header(r, &r->obj[i], err);
+        rc = check_header(r, &r->obj[i], err);
         r->obj[i].first = tokens;
         tokens += r->obj[i].ntokens;
         r->bytes += r->obj[i].size;
@@ -452,13 +462,17 @@ int token_file_sample(const struct token_file *f, uint64_t sample, uint32_t *tok
     }
     while (s->state == SLOT_QUEUED || s->state == SLOT_BUSY)
         pthread_cond_wait(&r->done, &r->mu);
-    int rc = 0;
-    if (s->state == SLOT_FAILED)
-        rc = fsdp_err(err, "%s", s->err);
-    else
+    const int failed = s->state == SLOT_FAILED;
+    if (!failed)
         memcpy(tok, s->tok, ((size_t)r->T + 1) * sizeof *tok);
     s->state = SLOT_FREE;
-    r->ahead++;
+    r->ahead += !failed;
+    r->on_demand += failed;
+    pthread_mutex_unlock(&r->mu);
+    /* a read ahead that failed (a throttling burst past the retries) is
+     * read once more now, and its error is this one's */
+    int rc = failed ? read_tokens(r, sample * (uint64_t)r->T, (size_t)r->T + 1, tok, err) : 0;
+    pthread_mutex_lock(&r->mu);
     r->wait_s += fsdp_now() - t0;
     pthread_mutex_unlock(&r->mu);
     return rc;
@@ -468,6 +482,7 @@ void token_file_store_stats(const struct token_file *f, uint64_t *ahead, uint64_
                             double *wait_s, uint64_t *gets, uint64_t *bytes)
 {
     struct data_remote *r = f->remote;
+    stop_readers(r); /* the store's counters are read with no read in flight */
     pthread_mutex_lock(&r->mu);
     *ahead = r->ahead;
     *on_demand = r->on_demand;

@@ -111,24 +111,26 @@ static void print_banner(const struct trainer *t)
 /* Data in a store: this rank's samples of this step and the next
  * DATA_AHEAD_STEPS, asked of the read-ahead (those asked for already stay
  * as they are). */
-static void read_ahead(struct trainer *t)
+static void read_ahead(struct trainer *t, long long step)
 {
     const uint64_t G = (uint64_t)t->o.global_batch, per_rank = G / (uint64_t)t->comm.world;
-    for (uint64_t s = 0; s <= DATA_AHEAD_STEPS; s++)
+    const uint64_t left = (uint64_t)(t->o.steps - step); /* this step's and those after */
+    for (uint64_t s = 0; s <= DATA_AHEAD_STEPS && s < left; s++)
         for (uint64_t b = 0; b < per_rank; b++)
             token_file_prefetch(
                 &t->train_file,
                 sample_stream_index(&t->stream, t->cursor + s * G + t->comm.rank * per_rank + b));
 }
 
-/* Loads micro-batch m of this rank for the step that starts at the cursor. */
-static int load_micro(struct trainer *t, int m, char *err)
+/* Loads micro-batch m of this rank for step (0-based), which starts at the
+ * cursor. */
+static int load_micro(struct trainer *t, long long step, int m, char *err)
 {
     const int T = t->model.cfg.seq;
     const uint64_t per_rank = (uint64_t)t->o.global_batch / (uint64_t)t->comm.world;
     uint64_t base = t->cursor + (uint64_t)t->comm.rank * per_rank + (uint64_t)m * t->micro;
     if (m == 0 && t->train_file.remote)
-        read_ahead(t);
+        read_ahead(t, step);
     for (int b = 0; b < t->micro; b++) {
         uint64_t idx = sample_stream_index(&t->stream, base + (uint64_t)b);
         t->consumed[(size_t)m * t->micro + b] = idx;
@@ -308,14 +310,15 @@ static int stop_early(struct trainer *t, long long step, const char *why, int ph
 
 /* One step's forward and backward over this rank's micro-batches; *loss:
  * their summed loss (the step's mean comes with the vote). */
-static int forward_backward(struct trainer *t, double tokens, double *loss, char *err)
+static int forward_backward(struct trainer *t, long long step, double tokens, double *loss,
+                            char *err)
 {
     const int T = t->model.cfg.seq;
     *loss = 0;
     fsdp_zero_grad(&t->eng);
     for (int m = 0; m < t->accum; m++) {
         double l;
-        if (load_micro(t, m, err))
+        if (load_micro(t, step, m, err))
             return -1;
         t->eng.final_micro = m == t->accum - 1; /* none: reduce buckets as they finish */
         if (fsdp_forward(&t->eng, t->micro, T, &l, err) ||
@@ -455,7 +458,7 @@ static int train(struct trainer *t, char *err)
     t->train_t0 = fsdp_now();
     for (long long step = t->start_step; step < o->steps; step++) {
         double t0 = fsdp_now(), loss, norm, vote[VOTE_N], val;
-        if (forward_backward(t, tokens, &loss, err) ||
+        if (forward_backward(t, step, tokens, &loss, err) ||
             reduce_and_vote(t, step, loss, vote, &norm, err) ||
             (t->snap_pending && train_finish_snapshot(t, err))) /* the last step's */
             return -1;
@@ -638,6 +641,31 @@ static int setup(struct trainer *t, char *err)
     return 0;
 }
 
+/* Collective, after set-up: every rank opened the same data in a store (a
+ * listing taken while objects were uploaded could differ between ranks,
+ * and so would every rank's samples). */
+static int agree_data(struct trainer *t, char *err)
+{
+    if (!t->train_file.remote || t->comm.world == 1)
+        return 0;
+    struct {
+        uint64_t ntokens;
+        char sha[65];
+    } mine = {t->train_file.ntokens, ""}, root;
+    uint64_t bytes;
+    snprintf(mine.sha, sizeof mine.sha, "%s", token_file_store_identity(&t->train_file, &bytes));
+    root = mine;
+    if (t->comm.bcast_bytes(&t->comm, &root, sizeof root, 0, err))
+        return -1;
+    if (root.ntokens != mine.ntokens || memcmp(root.sha, mine.sha, sizeof mine.sha))
+        return fsdp_err(err,
+                        "%s: rank %d found %llu tokens, rank 0 %llu, or other bytes (the store "
+                        "changed while the ranks listed it): start again",
+                        t->o.data, t->comm.rank, (unsigned long long)mine.ntokens,
+                        (unsigned long long)root.ntokens);
+    return 0;
+}
+
 static void teardown(struct trainer *t)
 {
     if (t->have_snap) {
@@ -804,9 +832,11 @@ static int setup_failed(struct trainer *t, int rc, const char *err)
  * status. */
 static int end_after_failure(struct trainer *t, int rc, const char *err)
 {
-    if (rc == TCKPT_REFUSED && t->comm.rank == 0)
-        hb_event("refused step=0"); /* fsdp-super: relaunching cannot help */
-    if (t->agreed_error) {          /* every rank knows; rank 0 speaks for all */
+    if (rc == TCKPT_REFUSED && t->comm.rank == 0) { /* fsdp-super: relaunching cannot help */
+        hb_event("refused step=0");
+        hb_event("refused step=0"); /* a datagram: once more, in case one is lost */
+    }
+    if (t->agreed_error) { /* every rank knows; rank 0 speaks for all */
         if (t->comm.rank == 0)
             fprintf(stderr, "fsdp-train: %s\n", err);
     } else {
@@ -870,7 +900,12 @@ int main(int argc, char **argv)
     if ((rc = join_run(&t, err)))
         return rc;
     rc = setup(&t, err);
-    if (setup_failed(&t, rc, err)) {
+    int failed = setup_failed(&t, rc, err);
+    if (!failed) {
+        rc = agree_data(&t, err);
+        failed = setup_failed(&t, rc, err);
+    }
+    if (failed) {
         teardown(&t);
         t.comm.finalize(&t.comm);
         return 1;

@@ -69,6 +69,7 @@ if [ $# -eq 0 ]; then
     TSAN_OPTIONS="halt_on_error=1:exitcode=66:suppressions=$PWD/tests/sanitizers/tsan.supp" \
         meson test -C build-tsan --print-errorlogs --logbase tsan \
         storage ckpt s3-requests super-parsers tsan-async-checkpoint tsan-snapshots tsan-heartbeat \
+        tsan-data-store \
         tsan-flash-emu
     # libFuzzer: every target over its seeds (the regression inputs among
     # them), then 20000 executions each (tests/fuzz/README.md)

@@ -111,7 +111,9 @@ def token_files_in_a_store_train_as_one_file(tmp):
     two), read with ranged reads by the read-ahead's threads, train on 2
     ranks to the losses of one file of the same tokens; every sample comes
     from the read-ahead; the fault store (reads on one thread) reads each
-    sample when it is wanted, to the same losses."""
+    sample when it is wanted, to the same losses; ranks that found other
+    data there are refused at start, and so is a store URI without a
+    scheme."""
     rng = random.Random(5)
     tokens = [rng.randrange(256) for _ in range(40000)]
     token_file(f"{tmp}/whole.bin", tokens)
@@ -134,6 +136,29 @@ def token_files_in_a_store_train_as_one_file(tmp):
     got, err = losses(f"fault:seed=1;file://{tmp}/shards/tr_", "fault.jsonl", np=1)
     want1, _ = losses(f"{tmp}/whole.bin", "file1.jsonl", np=1)
     assert got == want1 and "took 0 samples from its read-ahead, read 80 when wanted" in err, err
+    # ranks that list other objects (a store changing while they start:
+    # here each rank is given its own directory) are refused at start
+    os.makedirs(f"{tmp}/other")
+    token_file(f"{tmp}/other/tr_a.bin", tokens[:30000])
+    p = run(["mpirun", "--oversubscribe", "-np", "1", TRAIN, "--data", f"file://{tmp}/shards/tr_"]
+            + common + [":", "-np", "1", TRAIN, "--data", f"file://{tmp}/other/tr_"] + common,
+            check=False)
+    line = "rank 1 found 30000 tokens, rank 0 40000, or other bytes"
+    assert p.returncode != 0 and p.stderr.count(line) == 1, p.stderr
+    # a link under the prefix is named, never followed; one deeper down, or
+    # under another name, is none of the data's business
+    os.makedirs(f"{tmp}/shards/tr_deeper")
+    os.symlink("/etc/passwd", f"{tmp}/shards/tr_deeper/x.bin")
+    os.symlink("/etc/passwd", f"{tmp}/shards/zz.bin")
+    got, _ = losses(f"file://{tmp}/shards/tr_", "store2.jsonl")
+    assert got == want
+    os.symlink(f"{tmp}/whole.bin", f"{tmp}/shards/tr_e.bin")
+    p = run([TRAIN, "--data", f"file://{tmp}/shards/tr_"] + common, check=False)
+    assert p.returncode != 0 and "tr_e.bin is a symbolic link, not a token file" in p.stderr, \
+        p.stderr
+    for uri in (f"fault:seed=1;{tmp}/shards/tr_", "fault:x"):  # no scheme inside
+        p = run([TRAIN, "--data", uri] + common, check=False)
+        assert p.returncode != 0 and "a store's URI is s3://BUCKET/PREFIX" in p.stderr, p.stderr
 
 
 if __name__ == "__main__":
