@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 /* fields after the ")" of /proc/PID/stat: state ppid pgrp session ... */
-static int read_stat(pid_t pid, char *state, pid_t *sid)
+static int read_stat_parent(pid_t pid, char *state, pid_t *sid, pid_t *parent)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
@@ -43,7 +43,14 @@ static int read_stat(pid_t pid, char *state, pid_t *sid)
         return -1;
     *state = st;
     *sid = session;
+    *parent = ppid;
     return 0;
+}
+
+static int read_stat(pid_t pid, char *state, pid_t *sid)
+{
+    pid_t parent;
+    return read_stat_parent(pid, state, sid, &parent);
 }
 
 char proc_state(pid_t pid)
@@ -107,6 +114,28 @@ static void signal_all(pid_t sid, int sig)
         kill(pids[i], sig);
 }
 
+/* Processes of session sid that have ended and wait for this process to
+ * reap them. */
+static int dead_children(pid_t sid)
+{
+    DIR *d = opendir("/proc");
+    if (!d)
+        return 0;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        char *end;
+        long pid = strtol(de->d_name, &end, 10);
+        char st;
+        pid_t s, parent;
+        if (!*end && pid > 0 && read_stat_parent((pid_t)pid, &st, &s, &parent) == 0 && s == sid &&
+            (st == 'Z' || st == 'X') && parent == getpid())
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
 int job_teardown(struct job *j, double grace)
 {
     pid_t sid = j->mpirun, pids[1024];
@@ -132,7 +161,13 @@ int job_teardown(struct job *j, double grace)
             j->status = st;
         }
     }
-    reap_children(j);
+    /* the ranks of a dead mpirun are this process's children (the
+     * subreaper): each is reaped before the teardown is told, not left a
+     * zombie for the next launch's checks (a second at most) */
+    until = fsdp_now() + 1;
+    do
+        reap_children(j);
+    while (dead_children(sid) > 0 && fsdp_now() < until && (nap(0.01), 1));
     return left;
 }
 
